@@ -1,0 +1,118 @@
+"""Egress: one CLIENT span around each logical ``nemo_gym.server_utils.request`` call.
+
+``request`` is the only place Gym talks to another server (agent -> model, agent ->
+resources, model -> the upstream OpenAI-compatible endpoint).  It retries internally on
+disconnects and errors, so the span covers every attempt and records how many resends
+there were (``http.request.resend_count``).  ``traceparent``/``tracestate`` are injected
+once, inside the span, into a *copy* of the caller's headers.
+
+Exactly one layer injects: the inner aiohttp call runs under
+``suppress_http_instrumentation()``, so an aiohttp-client instrumentor installed beside
+us neither adds a second CLIENT span nor re-parents the callee with its own span id.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from typing import Any
+
+from opentelemetry import propagate
+from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+from opentelemetry.trace import SpanKind
+
+from . import coexistence, groups
+from .redaction import redact_url
+from .spans import mark_error, tracer
+
+# One mutable cell per traced request: aiohttp attempts made inside it.
+_attempts: contextvars.ContextVar["list[int] | None"] = contextvars.ContextVar("gym_autoinstr_attempts", default=None)
+
+
+def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
+    """The caller's headers plus ``carrier``, in a new object of a compatible type."""
+    if headers is None:
+        return dict(carrier)
+    if isinstance(headers, dict):
+        merged = dict(headers)
+        merged.update(carrier)
+        return merged
+    copy = getattr(headers, "copy", None)
+    if callable(copy):  # multidict.CIMultiDict and friends
+        merged = copy()
+        for key, value in carrier.items():
+            merged[key] = value
+        return merged
+    try:
+        return {**dict(headers), **carrier}
+    except Exception:
+        return headers  # unknown shape: leave the request untouched rather than break it
+
+
+def _bind(args: tuple, kwargs: dict) -> tuple[str, Any]:
+    method = args[0] if len(args) > 0 else kwargs.get("method", "")
+    url = args[1] if len(args) > 1 else kwargs.get("url", "")
+    return str(method).upper(), url
+
+
+def current_rollout_id() -> "str | None":
+    module = sys.modules.get("nemo_gym.rollout_correlation")
+    getter = getattr(module, "current_rollout_id", None) if module is not None else None
+    if getter is None:
+        return None
+    try:
+        value = getter()
+    except Exception:
+        return None
+    return str(value) if value else None
+
+
+async def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
+        return await wrapped(*args, **kwargs)
+    method, url = _bind(args, kwargs)
+    full, host, port = redact_url(url)
+    attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
+    if host:
+        attributes["server.address"] = host
+    if port is not None:
+        attributes["server.port"] = port
+    rollout_id = current_rollout_id()
+    if rollout_id:
+        attributes["nemo.gym.rollout.id"] = rollout_id
+    with tracer().start_as_current_span(
+        f"HTTP {method}",
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if carrier:
+            kwargs["headers"] = _copy_with(kwargs.get("headers"), carrier)
+        attempts = [0]
+        token = _attempts.set(attempts)
+        try:
+            with suppress_http_instrumentation():
+                response = await wrapped(*args, **kwargs)
+        except BaseException as error:
+            if isinstance(error, Exception):
+                mark_error(span, error)
+            raise
+        finally:
+            _attempts.reset(token)
+            if attempts[0] > 1:
+                span.set_attribute("http.request.resend_count", attempts[0] - 1)
+        status = getattr(response, "status", None)
+        if isinstance(status, int):
+            span.set_attribute("http.response.status_code", status)
+        return response
+
+
+def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Around ``aiohttp.ClientSession.request``: count attempts inside a traced request."""
+    attempts = _attempts.get()
+    if attempts is not None:
+        attempts[0] += 1
+    return wrapped(*args, **kwargs)

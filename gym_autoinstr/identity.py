@@ -1,0 +1,157 @@
+"""Who this process is in a Gym fleet, and the resource that says so.
+
+Every Python process started under ``opentelemetry-instrument`` runs our start-up code,
+Ray's daemons and the server venvs' children included.  Gym names its servers by the
+top-level config key, which every spawned server finds in ``NEMO_GYM_CONFIG_PATH`` from
+interpreter start, so identity is known before any Gym module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+
+# What the orchestrator sets so that every process it starts shares one run id.
+RUN_ID_VARIABLE = "GYM_AUTOINSTR_RUN_ID"
+DEFAULT_SERVICE_NAMESPACE = "nemo-gym"
+
+ORCHESTRATOR_COMMANDS = frozenset({"gym", "ng"})
+ORCHESTRATOR_PREFIXES = ("ng_", "nemo_gym_")
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    role: str  # "server" | "orchestrator" | "ray" | "process"
+    name: str  # the Gym server name, "orchestrator", or the program's name
+
+    @property
+    def is_gym(self) -> bool:
+        return self.role in ("server", "orchestrator")
+
+
+def _command_line() -> list[str]:
+    return list(getattr(sys, "orig_argv", None) or sys.argv)
+
+
+def _is_ray_process(argv: list[str]) -> bool:
+    # Ray's daemons and workers run scripts from inside the ray package
+    # (.../site-packages/ray/_private/workers/default_worker.py, dashboard.py, ...),
+    # or `python -m ray...`.
+    for i, arg in enumerate(argv[:4]):
+        normalized = arg.replace("\\", "/")
+        if "/site-packages/ray/" in normalized or "/dist-packages/ray/" in normalized:
+            return True
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1].split(".")[0] == "ray":
+            return True
+    return False
+
+
+def _program_name(argv: list[str]) -> str:
+    script = sys.argv[0] if sys.argv else ""
+    if script in ("", "-c"):
+        return "python"
+    if script == "-m":
+        # orig_argv: [python, -m, module, ...]
+        try:
+            return argv[argv.index("-m") + 1]
+        except (ValueError, IndexError):
+            return "python"
+    base = os.path.basename(script)
+    return base[:-3] if base.endswith(".py") else base
+
+
+def detect(environ: "dict[str, str] | os._Environ[str] | None" = None) -> ProcessIdentity:
+    environ = os.environ if environ is None else environ
+    argv = _command_line()
+    if _is_ray_process(argv):
+        return ProcessIdentity("ray", "ray")
+    server_name = environ.get("NEMO_GYM_CONFIG_PATH")
+    if server_name:
+        return ProcessIdentity("server", server_name)
+    program = _program_name(argv)
+    if program in ORCHESTRATOR_COMMANDS or program.startswith(ORCHESTRATOR_PREFIXES):
+        return ProcessIdentity("orchestrator", "orchestrator")
+    return ProcessIdentity("process", program)
+
+
+def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: bool = False) -> "str | None":
+    """The fleet's run id: explicit settings first, then one the orchestrator minted.
+
+    With ``mint`` (the orchestrator), a new id is created when none is set and exported
+    in the environment so that every process Gym spawns inherits it.
+    """
+    environ = os.environ if environ is None else environ
+    for variable in ("NEMO_GYM_OTEL_RUN_ID", "SLURM_JOB_ID", RUN_ID_VARIABLE):
+        value = environ.get(variable)
+        if value:
+            return value
+    if mint:
+        value = uuid.uuid4().hex[:16]
+        environ[RUN_ID_VARIABLE] = value
+        return value
+    return None
+
+
+def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
+    environ = os.environ if environ is None else environ
+    base = environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAMESPACE
+    if environ.get("GYM_AUTOINSTR_SERVICE_NAME_SUFFIX", "true").strip().lower() in ("0", "false", "no", "off"):
+        return base
+    return f"{base}/{identity.name}"
+
+
+def gym_version() -> "str | None":
+    try:
+        from importlib.metadata import version
+
+        return version("nemo-gym")
+    except Exception:
+        return None
+
+
+def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os._Environ[str] | None" = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    attributes = {
+        "service.name": service_name(identity, environ),
+        "service.instance.id": uuid.uuid4().hex,
+        "nemo.gym.process.role": identity.role,
+    }
+    if identity.role == "server":
+        attributes["nemo.gym.server.name"] = identity.name
+        attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
+        server_type = _server_type_from_directory()
+        if server_type:
+            attributes["nemo.gym.server.type"] = server_type
+    elif identity.role == "orchestrator":
+        attributes["nemo.gym.server.name"] = "orchestrator"
+        attributes["nemo.gym.server.type"] = "orchestrator"
+    rid = run_id(environ, mint=identity.role == "orchestrator")
+    if rid:
+        attributes["nemo.gym.run.id"] = rid
+    version = gym_version()
+    if version:
+        attributes["nemo.gym.version"] = version
+    return attributes
+
+
+SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
+
+
+def _server_type_from_directory() -> "str | None":
+    # Gym starts every server from its own directory, <type>/<implementation>/.
+    try:
+        parent = os.path.basename(os.path.dirname(os.getcwd()))
+    except OSError:
+        return None
+    return parent if parent in SERVER_TYPES else None
+
+
+def _unsuffixed(name: str) -> str:
+    # Gym suffixes replicated server names with a number ("math_0", "math-1"); the
+    # service group is the name without it.
+    stem, sep, tail = name.rpartition("_")
+    if not sep:
+        stem, sep, tail = name.rpartition("-")
+    return stem if sep and tail.isdigit() and stem else name

@@ -1,0 +1,82 @@
+"""The OpenTelemetry instrumentor for NeMo Gym (entry point ``nemo_gym``).
+
+``opentelemetry-instrument`` loads it at interpreter start, before the program runs.
+It registers one post-import hook per module named in ``pointcuts.POINTCUTS``; each
+hook patches its targets the moment Gym's module finishes loading (or at once, if it is
+already loaded).  Hook bodies never raise: a target that cannot be patched is skipped
+with one warning naming it, and Gym keeps working.
+
+Usage without ``opentelemetry-instrument``::
+
+    from gym_autoinstr.instrumentor import GymInstrumentor
+    GymInstrumentor().instrument()
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Collection
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+
+from . import groups, identity
+from ._log import logger, warn_once
+from .patching import PatchSet
+from .pointcuts import POINTCUTS, Pointcut
+
+
+class GymInstrumentor(BaseInstrumentor):
+    """Traces NeMo Gym's hops and seams on unmodified Gym, any version 0.2.0 to 0.7.x."""
+
+    def __init__(self) -> None:
+        if not hasattr(self, "patches"):
+            self.patches = PatchSet()
+            self._hooked_modules: set[str] = set()
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # Gym is found through post-import hooks; a process without it costs nothing.
+        return ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        who = identity.detect()
+        if who.role == "ray" and not kwargs.get("force"):
+            logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
+            return
+        try:
+            from .configurator import adopt_foreign_provider
+
+            adopt_foreign_provider()
+        except Exception as error:
+            warn_once("adopt", "could not check the active tracer provider: %r", error)
+        groups.reload()
+        self.patches.active = True
+        for module_name in sorted({p.module for p in POINTCUTS}):
+            if module_name in self._hooked_modules:
+                # Hooks are registered once per process; a re-instrument re-applies now.
+                if module_name in sys.modules:
+                    self._on_import(sys.modules[module_name], late=True)
+                continue
+            self._hooked_modules.add(module_name)
+            late = module_name in sys.modules
+            wrapt.register_post_import_hook(self._hook_for(late), module_name)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self.patches.remove_all()
+
+    def _hook_for(self, late: bool) -> Any:
+        def hook(module: Any) -> None:
+            self._on_import(module, late=late)
+
+        return hook
+
+    def _on_import(self, module: Any, *, late: bool) -> None:
+        try:
+            for pointcut in _pointcuts_for(module.__name__):
+                self.patches.apply(pointcut, module, late=late)
+        except Exception as error:  # never break Gym's import statement
+            warn_once(f"hook:{getattr(module, '__name__', '?')}", "instrumenting %r failed: %r", module, error)
+
+
+def _pointcuts_for(module_name: str) -> list[Pointcut]:
+    return [p for p in POINTCUTS if p.module == module_name]

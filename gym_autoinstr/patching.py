@@ -1,0 +1,165 @@
+"""Applying and removing pointcuts, reversibly and without ever raising into Gym.
+
+A patch replaces one attribute with a wrapt ``FunctionWrapper`` around the original
+(resolved through the class ``__dict__``, so classmethods stay classmethods) and keeps
+the original object, so that removing it restores Gym by identity.  Targets that other
+modules copy by name (``from nemo_gym.server_utils import request``) are patched in a
+post-import hook, which runs before any importer can bind the name; when we arrive
+late (the module was imported before instrumentation), the copies already made are
+found by identity and rebound, and each of them is restored on removal too.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import wrapt
+
+from ._log import logger, warn_once
+from .pointcuts import Pointcut
+
+
+@dataclass
+class AppliedPatch:
+    pointcut: Pointcut
+    owner: Any  # the module or class holding the attribute
+    name: str
+    original: Any  # exactly what stood in owner.__dict__[name]
+    wrapper: Any
+    copies: list[tuple[ModuleType, str]] = field(default_factory=list)
+
+
+class PatchSet:
+    """The patches one instrumentor applied; thread-safe, idempotent per pointcut."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.applied: dict[str, AppliedPatch] = {}
+        self.absent: dict[str, str] = {}  # pointcut name -> why it could not apply
+        self.active = False
+
+    # -- applying ---------------------------------------------------------------
+    def apply(self, pointcut: Pointcut, module: ModuleType, *, late: bool) -> None:
+        """Patch ``pointcut`` in ``module``; log once and carry on if it cannot be done."""
+        with self._lock:
+            if not self.active or pointcut.name in self.applied:
+                return
+            try:
+                patch = _patch(pointcut, module)
+            except _Absent as absent:
+                self.absent[pointcut.name] = str(absent)
+                if not pointcut.optional:
+                    warn_once(
+                        f"absent:{pointcut.name}",
+                        "%s: %s.%s not found in this Gym (%s); skipping that seam, everything else is traced.",
+                        pointcut.name,
+                        pointcut.module,
+                        pointcut.attribute,
+                        absent,
+                    )
+                return
+            except Exception as error:
+                self.absent[pointcut.name] = f"failed: {error!r}"
+                warn_once(
+                    f"failed:{pointcut.name}",
+                    "%s: patching %s.%s failed (%r); skipping that seam, Gym runs unchanged there.",
+                    pointcut.name,
+                    pointcut.module,
+                    pointcut.attribute,
+                    error,
+                )
+                return
+            if late and pointcut.rebind_copies:
+                _rebind_copies(patch)
+            self.applied[pointcut.name] = patch
+            logger.debug("applied %s to %s.%s", pointcut.name, pointcut.module, pointcut.attribute)
+
+    # -- removing ---------------------------------------------------------------
+    def remove_all(self) -> None:
+        with self._lock:
+            self.active = False
+            for name in list(self.applied):
+                patch = self.applied.pop(name)
+                try:
+                    setattr(patch.owner, patch.name, patch.original)
+                    for module, attribute in patch.copies:
+                        if getattr(module, attribute, None) is patch.wrapper:
+                            setattr(module, attribute, _original_callable(patch))
+                except Exception as error:
+                    warn_once(f"unpatch:{name}", "could not remove %s: %r", name, error)
+            self.absent.clear()
+
+
+class _Absent(Exception):
+    pass
+
+
+def _resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
+    owner: Any = module
+    parts = path.split(".")
+    for part in parts[:-1]:
+        try:
+            owner = getattr(owner, part)
+        except AttributeError:
+            raise _Absent(f"no {part!r} in {getattr(owner, '__name__', owner)!r}") from None
+    name = parts[-1]
+    if isinstance(owner, type):
+        # Through the MRO's __dict__s, not getattr: keep the descriptor itself.
+        for klass in owner.__mro__:
+            if name in vars(klass):
+                return owner, name, vars(klass)[name]
+        raise _Absent(f"no attribute {name!r} on {owner.__name__}")
+    if not hasattr(owner, name):
+        raise _Absent(f"no attribute {name!r} in {getattr(owner, '__name__', owner)!r}")
+    return owner, name, getattr(owner, name)
+
+
+def _patch(pointcut: Pointcut, module: ModuleType) -> AppliedPatch:
+    owner, name, original = _resolve(module, pointcut.attribute)
+    if isinstance(original, wrapt.ObjectProxy) and getattr(original, "_self_gym_autoinstr", False):
+        raise RuntimeError("already wrapped by another gym-autoinstr instrumentor")
+    wrapper = wrapt.FunctionWrapper(original, pointcut.advice)
+    wrapper._self_gym_autoinstr = True
+    setattr(owner, name, wrapper)
+    return AppliedPatch(pointcut, owner, name, original, wrapper)
+
+
+def _original_callable(patch: AppliedPatch) -> Any:
+    # Module-level copies hold the plain function, never a descriptor.
+    return patch.original
+
+
+def _rebind_copies(patch: AppliedPatch) -> None:
+    """Late instrumentation: rebind ``from m import f`` copies made before we patched."""
+    target = patch.original
+    for module in list(sys.modules.values()):
+        if module is None or module is patch.owner:
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        for attribute, value in list(namespace.items()):
+            if value is target:
+                try:
+                    setattr(module, attribute, patch.wrapper)
+                    patch.copies.append((module, attribute))
+                except Exception:
+                    warn_once(
+                        f"rebind:{module.__name__}.{attribute}",
+                        "%s: could not rebind %s.%s; calls through it are not traced.",
+                        patch.pointcut.name,
+                        module.__name__,
+                        attribute,
+                    )
+    if patch.copies:
+        logger.debug(
+            "%s: rebound %d copies made before instrumentation: %s",
+            patch.pointcut.name,
+            len(patch.copies),
+            ", ".join(f"{m.__name__}.{a}" for m, a in patch.copies),
+        )

@@ -1,0 +1,55 @@
+"""Shared fixtures.
+
+In-process tests share one SDK provider that records into memory; the real-process
+tests (``tests/realgym``) use the harness in ``tests/harness`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(scope="session")
+def memory_exporter():
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "tests"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:
+        pytest.skip("another test already set a global tracer provider")
+    return exporter
+
+
+@pytest.fixture
+def spans(memory_exporter):
+    memory_exporter.clear()
+    yield memory_exporter
+    memory_exporter.clear()
+
+
+@pytest.fixture(scope="session")
+def instrumented(memory_exporter):
+    # Gym reads its whole config from this variable in a spawned server; an empty
+    # config is enough for `server_utils.request` (its aiohttp client uses defaults).
+    os.environ.setdefault("NEMO_GYM_CONFIG_DICT", "{}")
+    from gym_autoinstr.instrumentor import GymInstrumentor
+
+    os.environ.setdefault("GYM_AUTOINSTR_SPAN_GROUPS", "all")
+    instrumentor = GymInstrumentor()
+    instrumentor.instrument()
+    yield instrumentor
+    instrumentor.uninstrument()

@@ -1,0 +1,132 @@
+"""Egress on Gym's real ``server_utils.request`` against a real local HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fastapi import FastAPI, Request
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tests.servers import run_async, serve
+
+pytest.importorskip("nemo_gym")
+
+
+def _echo_app() -> FastAPI:
+    app = FastAPI()
+    seen: list[dict] = []
+    app.state.seen = seen
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        seen.append({k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate", "x-caller")})
+        return {"ok": True}
+
+    return app
+
+
+def _call(url: str, **kwargs):
+    from nemo_gym import server_utils
+
+    async def go():
+        response = await server_utils.request("POST", url, **kwargs)
+        status = response.status
+        await response.read()
+        return status
+
+    return run_async(go())
+
+
+def _client_spans(spans):
+    return [s for s in spans.get_finished_spans() if s.kind == SpanKind.CLIENT]
+
+
+def test_one_client_span_per_request_with_context_injected(instrumented, spans):
+    app = _echo_app()
+    with serve(app) as base:
+        status = _call(f"http://user:hunter2@{base[len('http://'):]}/echo?api_key=SECRET&task=private#frag", json={"a": 1})
+    assert status == 200
+    (span,) = _client_spans(spans)
+    assert span.name == "HTTP POST"
+    assert span.attributes["http.request.method"] == "POST"
+    assert span.attributes["http.response.status_code"] == 200
+    assert span.attributes["url.full"].endswith("/echo")
+    full = span.attributes["url.full"]
+    assert "SECRET" not in full and "private" not in full and "hunter2" not in full and "frag" not in full
+    (received,) = app.state.seen
+    trace_id, span_id = received["traceparent"].split("-")[1:3]
+    assert int(trace_id, 16) == span.context.trace_id
+    assert int(span_id, 16) == span.context.span_id
+
+
+def test_caller_headers_are_not_mutated(instrumented, spans):
+    app = _echo_app()
+    headers = {"x-caller": "yes"}
+    with serve(app) as base:
+        _call(f"{base}/echo", headers=headers, data=b"{}")
+    assert headers == {"x-caller": "yes"}
+    assert app.state.seen[0]["x-caller"] == "yes"
+    assert "traceparent" in app.state.seen[0]
+
+
+def test_client_span_is_child_of_the_current_span(instrumented, spans):
+    from opentelemetry import trace
+
+    app = _echo_app()
+    tracer = trace.get_tracer("test")
+    with serve(app) as base:
+        with tracer.start_as_current_span("outer") as outer:
+            _call(f"{base}/echo", json={})
+    (span,) = _client_spans(spans)
+    assert span.parent is not None and span.parent.span_id == outer.context.span_id
+    assert span.context.trace_id == outer.context.trace_id
+
+
+def test_4xx_does_not_set_error(instrumented, spans):
+    app = _echo_app()
+    with serve(app) as base:
+        status = _call(f"{base}/missing", json={})
+    assert status == 404
+    (span,) = _client_spans(spans)
+    assert span.attributes["http.response.status_code"] == 404
+    assert span.status.status_code != StatusCode.ERROR
+
+
+def test_retries_stay_inside_one_span_with_resend_count(instrumented, spans):
+    """A server that drops the first connection: Gym retries; we record one span, one resend."""
+    import socket
+    import threading
+
+    from tests.servers import free_port
+
+    port = free_port()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(8)
+    requests_seen: list[bytes] = []
+
+    def serve_two():
+        # first connection: read the request, close without answering (ServerDisconnectedError)
+        conn, _ = listener.accept()
+        requests_seen.append(conn.recv(65536))
+        conn.close()
+        conn, _ = listener.accept()
+        requests_seen.append(conn.recv(65536))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        conn.close()
+
+    thread = threading.Thread(target=serve_two, daemon=True)
+    thread.start()
+    try:
+        status = _call(f"http://127.0.0.1:{port}/x", json={})
+    finally:
+        thread.join(5)
+        listener.close()
+    assert status == 200
+    (span,) = _client_spans(spans)
+    assert span.attributes["http.request.resend_count"] == 1
+    # both attempts carried the same traceparent: the logical request's span
+    parents = {line for r in requests_seen for line in r.decode().split("\r\n") if line.lower().startswith("traceparent")}
+    assert len(requests_seen) == 2 and len(parents) == 1
