@@ -1,0 +1,302 @@
+"""Build (once) and cache virtualenvs holding a real NeMo Gym release.
+
+``gym_venv("0.7.0")`` returns a venv directory with ``nemo-gym==0.7.0`` and the
+minimal third-party set needed to run ``gym env start`` with the example trio
+(resources ``example_single_tool_call``, agent ``simple_agent``, model
+``openai_model``), plus -- when ``with_project`` -- this repository installed
+editable, so edits to ``gym_autoinstr/`` apply without a rebuild.
+
+Venvs live under ``$GYM_AUTOINSTR_TEST_CACHE`` (default ``<repo>/.cache/gymenvs``).
+A stamp file records what was installed; a changed ``pyproject.toml``, a changed
+``extra`` list or a changed recipe in this file triggers a rebuild.  A lock file
+keeps two pytest processes from building the same venv at once.
+
+Interpreters: Python 3.12 for Gym < 0.5, 3.13 for Gym >= 0.5 (0.5+ declare
+``>=3.13.14``; they run on 3.13.0 when installed with ``--ignore-requires-python``).
+Found via ``$GYM_AUTOINSTR_PY312`` / ``$GYM_AUTOINSTR_PY313``, else
+``$(pyenv root)/versions/3.1x.*/bin/python3``, else ``python3.1x`` on PATH (only
+if it actually runs: pyenv shims for a non-global version exit 127).
+
+Run as a script to pre-build: ``python -m tests.harness.gym_install 0.4.0 0.7.0 [--bare]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterable, Sequence
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Bump when the install recipe below changes in a way that needs a rebuild.
+RECIPE_VERSION = 3
+
+# Third-party packages the example trio actually needs at run time (found by
+# trying: removing any of these breaks import of a server or the CLI).  Gym's own
+# version specifiers for these names are taken from the installed METADATA, so
+# e.g. 0.4.0 gets ``openai<=2.7.2`` and 0.7.0 ``openai==2.44.0``.  Extras are
+# dropped (``ray[default]`` pulls in the dashboard stack, which the trio never uses).
+MINIMAL_DEPS: tuple[str, ...] = (
+    "fastapi",
+    "uvicorn",
+    "uvloop",
+    "httptools",
+    "pydantic",
+    "pydantic_core",
+    "aiohttp",
+    "omegaconf",
+    "hydra-core",
+    "openai",
+    "anthropic",
+    "requests",
+    "orjson",
+    "rich",
+    "devtools",
+    "psutil",
+    "itsdangerous",
+    "ray",
+    "yappi",
+    "pydot",
+    "gprof2dot",
+    "pandas",
+    "scipy",
+    "wandb",
+    "tqdm",
+    "mcp",
+    "python-multipart",
+    "packaging",
+    "jinja2",
+)
+
+# Always installed (test-side tools used from inside the venv, cheap).
+HARNESS_DEPS: tuple[str, ...] = ("psutil", "pyyaml")
+
+
+def _log(msg: str) -> None:
+    print(f"[gym_install] {msg}", file=sys.stderr, flush=True)
+
+
+def _vtuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def python_minor_for(version: str) -> str:
+    """The Python minor version ("3.12"/"3.13") a Gym release is run on here."""
+    return "3.12" if _vtuple(version) < (0, 5) else "3.13"
+
+
+def _runs(python: str) -> bool:
+    try:
+        r = subprocess.run([python, "-c", "import sys; print(sys.version)"],
+                           capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def find_python(minor: str) -> str:
+    """Locate a working interpreter for ``minor`` ("3.12" or "3.13")."""
+    env_name = "GYM_AUTOINSTR_PY" + minor.replace(".", "")
+    cand = os.environ.get(env_name)
+    if cand:
+        if not _runs(cand):
+            raise RuntimeError(f"${env_name}={cand} does not run")
+        return cand
+    pyenv = shutil.which("pyenv")
+    roots = []
+    if os.environ.get("PYENV_ROOT"):
+        roots.append(os.environ["PYENV_ROOT"])
+    if pyenv:
+        try:
+            roots.append(subprocess.run([pyenv, "root"], capture_output=True, text=True,
+                                        timeout=30, check=True).stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            pass
+    for root in roots:
+        vdir = pathlib.Path(root) / "versions"
+        if not vdir.is_dir():
+            continue
+        found = sorted((p for p in vdir.iterdir() if re.fullmatch(re.escape(minor) + r"\.\d+", p.name)),
+                       key=lambda p: _vtuple(p.name), reverse=True)
+        for p in found:
+            exe = p / "bin" / "python3"
+            if exe.exists() and _runs(str(exe)):
+                return str(exe)
+    exe = shutil.which("python" + minor)
+    if exe and _runs(exe):
+        return exe
+    raise RuntimeError(f"no working Python {minor}: set ${env_name} to its interpreter")
+
+
+def cache_root() -> pathlib.Path:
+    p = os.environ.get("GYM_AUTOINSTR_TEST_CACHE")
+    return pathlib.Path(p) if p else REPO_ROOT / ".cache" / "gymenvs"
+
+
+def _pyproject_hash() -> str:
+    return hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+
+
+def _stamp_for(version: str, with_project: bool, extra: Sequence[str], python: str) -> dict:
+    return {
+        "recipe": RECIPE_VERSION,
+        "nemo_gym": version,
+        "with_project": with_project,
+        "pyproject_sha256": _pyproject_hash() if with_project else None,
+        "extra": sorted(extra),
+        "python": python,
+        "deps": list(MINIMAL_DEPS),
+    }
+
+
+def _venv_name(version: str, with_project: bool, extra: Sequence[str]) -> str:
+    name = f"gym-{version}-{'proj' if with_project else 'bare'}"
+    if extra:
+        name += "-" + hashlib.sha256("\n".join(sorted(extra)).encode()).hexdigest()[:8]
+    return name
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        t0 = time.monotonic()
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for lock {path.name} (another process is building)...")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            _log(f"got lock after {time.monotonic() - t0:.0f}s")
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], **kw) -> None:
+    _log("$ " + " ".join(cmd))
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout[-6000:])
+        raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}")
+    _log(f"  done in {time.monotonic() - t0:.1f}s")
+
+
+_REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def gym_requirements(python: str) -> dict[str, str]:
+    """``{normalized name: specifier}`` of the installed nemo-gym's base requirements."""
+    code = ("import json, importlib.metadata as m;"
+            "print(json.dumps(m.requires('nemo-gym') or []))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+    reqs: dict[str, str] = {}
+    for line in json.loads(out):
+        spec, _, marker = line.partition(";")
+        if "extra" in marker:
+            continue
+        mo = _REQ_NAME.match(spec)
+        if not mo:
+            continue
+        reqs[_norm(mo.group(1))] = mo.group(3).strip().strip("()").replace(" ", "")
+    return reqs
+
+
+def _requirements_for(python: str, names: Iterable[str]) -> list[str]:
+    gym = gym_requirements(python)
+    out = []
+    for n in names:
+        spec = gym.get(_norm(n), "")
+        out.append(n + spec)
+    return out
+
+
+def _build(venv: pathlib.Path, version: str, with_project: bool, extra: Sequence[str],
+           python: str) -> None:
+    t0 = time.monotonic()
+    if venv.exists():
+        shutil.rmtree(venv)
+    _log(f"building {venv.name} with {python}")
+    # Built in place under its final name (a venv's scripts embed its path); the
+    # stamp is written last, so an interrupted build is simply redone.
+    _run([python, "-m", "venv", str(venv)])
+    vpy = str(venv / "bin" / "python")
+    pip = [vpy, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    if _vtuple(version) >= (0, 5):
+        pip.append("--ignore-requires-python")
+    _run(pip + ["--no-deps", f"nemo-gym=={version}"])
+    reqs = _requirements_for(vpy, MINIMAL_DEPS)
+    have = {_norm(n) for n in MINIMAL_DEPS}
+    reqs += [d for d in HARNESS_DEPS if _norm(d) not in have]
+    reqs += list(extra)
+    # Ray and the project in ONE resolve: Ray pins opentelemetry ranges that the
+    # project's exporters must agree with.
+    if with_project:
+        reqs += ["-e", str(REPO_ROOT)]
+    _run(pip + reqs)
+    # Fail early (and clearly) if the CLI cannot start.
+    # (cwd: a scratch dir -- Gym's Hydra setup may write outputs/ into the cwd.)
+    check = "import nemo_gym.cli.main, ray, fastapi, openai"
+    if with_project:
+        check += ", opentelemetry.sdk, gym_autoinstr"
+    with tempfile.TemporaryDirectory() as scratch:
+        _run([vpy, "-c", check], cwd=scratch)
+    _log(f"built {venv.name} in {time.monotonic() - t0:.0f}s")
+
+
+def gym_venv(version: str, *, with_project: bool = True, extra: Sequence[str] = ()) -> pathlib.Path:
+    """Return a ready venv for ``nemo-gym==version`` (built once, then cached)."""
+    extra = list(extra)
+    python = find_python(python_minor_for(version))
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / _venv_name(version, with_project, extra)
+    stamp_path = venv / "gym-autoinstr-stamp.json"
+    want = _stamp_for(version, with_project, extra, python)
+
+    def current() -> bool:
+        try:
+            return json.loads(stamp_path.read_text()) == want and (venv / "bin" / "gym").exists()
+        except (OSError, ValueError):
+            return False
+
+    if current():
+        return venv
+    with _file_lock(root / (venv.name + ".lock")):
+        if current():  # built by another process while we waited
+            return venv
+        _build(venv, version, with_project, extra, python)
+        stamp_path.write_text(json.dumps(want, indent=1) + "\n")
+    return venv
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("versions", nargs="+")
+    ap.add_argument("--bare", action="store_true", help="without this project")
+    ap.add_argument("--extra", action="append", default=[])
+    a = ap.parse_args(argv)
+    for v in a.versions:
+        print(gym_venv(v, with_project=not a.bare, extra=a.extra))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

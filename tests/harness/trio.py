@@ -1,0 +1,516 @@
+"""A real NeMo Gym agent + model + resources trio, launched through ``gym env start``.
+
+    venv = gym_venv("0.7.0")
+    with GymTrio(venv, "0.7.0", tmp_path, policy_url="http://127.0.0.1:P/v1") as trio:
+        result = trio.rollout()          # one task row through the agent's /run
+        assert result["reward"] == 1.0
+
+What runs is Gym's own orchestrator (head server, Ray start, process spawning,
+readiness polling, SIGINT shutdown); only the per-server venv installs are
+skipped (``+skip_venv_if_present=true`` with ``<type>/<name>/.venv`` symlinks in
+the working directory pointing at the shared venv).
+
+Servers (top-level config keys, fixed by this harness):
+
+* ``example_single_tool_call`` -- resources ``resources_servers/example_single_tool_call``
+* ``example_single_tool_call_simple_agent`` -- agent ``responses_api_agents/simple_agent``
+* ``policy_model`` -- model ``responses_api_models/openai_model`` -> ``policy_url``
+* 0.7.0+: ``example_single_tool_call_environment_server`` -- the
+  ``environment_servers/legacy_agent`` relay in front of the agent.  Gym would
+  generate one itself (random port, deprecation warning); we declare it so its
+  port is fixed.  Rollouts are posted to the relay's ``/run``, which forwards the
+  body to the agent's ``/run`` unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import copy
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any, Mapping
+
+import psutil
+
+RESOURCES = "example_single_tool_call"
+AGENT = "example_single_tool_call_simple_agent"
+MODEL = "policy_model"
+ENVIRONMENT = "example_single_tool_call_environment_server"
+
+_MARKER_ENV = "GYM_AUTOINSTR_TRIO_ID"
+_READY_RE = re.compile(r"All (\d+) / (\d+) servers ready!")
+
+
+def _vtuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the kernel considers free right now."""
+    socks, ports = [], []
+    try:
+        while len(ports) < n:
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _deep_merge(dst: dict, src: Mapping) -> dict:
+    for k, v in src.items():
+        if isinstance(v, Mapping) and isinstance(dst.get(k), dict):
+            _deep_merge(dst[k], v)
+        else:
+            dst[k] = copy.deepcopy(v)
+    return dst
+
+
+class GymTrioError(RuntimeError):
+    pass
+
+
+class GymTrio:
+    """Start/stop one real Gym trio; see the module docstring."""
+
+    host = "127.0.0.1"
+
+    def __init__(
+        self,
+        venv: pathlib.Path | str,
+        gym_version: str,
+        workdir: pathlib.Path | str,
+        policy_url: str,
+        env: Mapping[str, str] | None = None,
+        instrument: bool = False,
+        extra_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.venv = pathlib.Path(venv).absolute()
+        self.gym_version = gym_version
+        self.workdir = pathlib.Path(workdir).absolute()
+        self.policy_url = policy_url
+        self.extra_env = dict(env or {})
+        self.instrument = instrument
+        self.extra_config = dict(extra_config or {})
+        self.has_relay = _vtuple(gym_version) >= (0, 7)
+        self.has_rollout_ids = _vtuple(gym_version) >= (0, 5)
+
+        names = [RESOURCES, AGENT, MODEL] + ([ENVIRONMENT] if self.has_relay else [])
+        ports = free_ports(len(names) + 1, self.host)
+        self.head_port = ports[0]
+        self.ports: dict[str, int] = dict(zip(names, ports[1:]))
+        self.server_names = names
+        self.trio_id = uuid.uuid4().hex
+        self.config_path = self.workdir / "gym_trio_config.yaml"
+        self.log_path = self.workdir / "gym_env_start.log"
+        self.proc: subprocess.Popen | None = None
+        self.ray_tmpdir: str | None = None
+        self.startup_seconds: float | None = None
+        self._log_fh = None
+        self._known: dict[int, psutil.Process] = {}
+        self._rollout_counter = 0
+
+    # ------------------------------------------------------------------ config
+
+    def url(self, name: str) -> str:
+        return f"http://{self.host}:{self.ports[name]}"
+
+    @property
+    def run_url(self) -> str:
+        """Where a task row is POSTed: the relay on 0.7+, else the agent."""
+        return self.url(ENVIRONMENT if self.has_relay else AGENT) + "/run"
+
+    def build_config(self) -> dict:
+        h = self.host
+        cfg: dict[str, Any] = {
+            "head_server": {"host": h, "port": self.head_port},
+            RESOURCES: {"resources_servers": {"example_single_tool_call": {
+                "entrypoint": "app.py", "host": h, "port": self.ports[RESOURCES],
+                "domain": "agent", "verified": False,
+                "description": "Basic single-step tool calling",
+            }}},
+            AGENT: {"responses_api_agents": {"simple_agent": {
+                "entrypoint": "app.py", "host": h, "port": self.ports[AGENT],
+                "resources_server": {"type": "resources_servers", "name": RESOURCES},
+                "model_server": {"type": "responses_api_models", "name": MODEL},
+            }}},
+            MODEL: {"responses_api_models": {"openai_model": {
+                "entrypoint": "app.py", "host": h, "port": self.ports[MODEL],
+                "openai_base_url": self.policy_url,
+                "openai_api_key": "dummy-key",
+                "openai_model": "policy",
+                "openai_default_headers": {},
+            }}},
+        }
+        if self.has_relay:
+            cfg[ENVIRONMENT] = {"environment_servers": {"legacy_agent": {
+                "entrypoint": "app.py", "host": h, "port": self.ports[ENVIRONMENT],
+                "agent_server": {"type": "responses_api_agents", "name": AGENT},
+            }}}
+        # extra_config: a key naming one of our servers merges into that server's
+        # inner block (e.g. {"policy_model": {"num_workers": 2}}); anything else
+        # merges at the top level (e.g. {"telemetry": {...}}).
+        for key, value in self.extra_config.items():
+            if key in cfg and key != "head_server" and isinstance(value, Mapping):
+                inner = next(iter(next(iter(cfg[key].values())).values()))
+                _deep_merge(inner, value)
+            elif isinstance(value, Mapping) and isinstance(cfg.get(key), dict):
+                _deep_merge(cfg[key], value)
+            else:
+                cfg[key] = copy.deepcopy(value)
+        return cfg
+
+    def _server_dirs(self, cfg: dict) -> list[tuple[str, str]]:
+        out = []
+        for name in self.server_names:
+            (typ, inner), = cfg[name].items()
+            (impl, _), = inner.items()
+            out.append((typ, impl))
+        return out
+
+    def prepare(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cfg = self.build_config()
+        # JSON is valid YAML; no PyYAML needed on the test side.
+        self.config_path.write_text(json.dumps(cfg, indent=1) + "\n")
+        for typ, impl in self._server_dirs(cfg):
+            d = self.workdir / typ / impl
+            d.mkdir(parents=True, exist_ok=True)
+            link = d / ".venv"
+            if link.is_symlink() or link.exists():
+                if link.resolve() == self.venv.resolve():
+                    continue
+                link.unlink()
+            link.symlink_to(self.venv, target_is_directory=True)
+
+    # ------------------------------------------------------------------ start
+
+    def command(self) -> list[str]:
+        cmd = [str(self.venv / "bin" / "gym"), "env", "start",
+               f"+config_paths=[{self.config_path}]", "+skip_venv_if_present=true"]
+        if self.instrument:
+            cmd = [str(self.venv / "bin" / "opentelemetry-instrument")] + cmd
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # The test process may itself run inside some venv: do not leak it.
+        for k in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH"):
+            env.pop(k, None)
+        env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["RAY_AUTH_MODE"] = "disabled"
+        env["RAY_TMPDIR"] = self.ray_tmpdir or ""
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env["PYTHONUNBUFFERED"] = "1"
+        env["WANDB_MODE"] = "disabled"
+        env[_MARKER_ENV] = self.trio_id
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout: float = 180) -> "GymTrio":
+        if self.proc is not None:
+            raise GymTrioError("already started")
+        self.prepare()
+        # Ray's unix sockets live under RAY_TMPDIR; keep that path short (socket
+        # paths are limited to ~107 bytes), private to this trio, and removed in stop().
+        self.ray_tmpdir = tempfile.mkdtemp(prefix="gtray-")
+        self._log_fh = open(self.log_path, "ab")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.command(),
+            cwd=self.workdir,
+            env=self.environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # An inherited SIG_IGN for SIGINT (background job of a non-interactive
+            # shell) would make Gym deaf to the SIGINT stop() sends.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        deadline = t0 + timeout
+        try:
+            while True:
+                text = self.log_text()
+                m = _READY_RE.search(text)
+                if m and m.group(1) == m.group(2):
+                    break
+                if self.proc.poll() is not None:
+                    raise GymTrioError(f"gym env start exited early (rc={self.proc.returncode}):\n"
+                                       + self.log_tail())
+                if time.monotonic() > deadline:
+                    raise GymTrioError(f"Gym servers not ready after {timeout:.0f}s:\n" + self.log_tail())
+                self._track()
+                time.sleep(0.25)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        self._track()
+        return self
+
+    # ------------------------------------------------------------------ logs
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    # ------------------------------------------------------------------ processes
+
+    def _marked(self) -> list[psutil.Process]:
+        """Every live process carrying this trio's marker in its environment."""
+        out = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.environ().get(_MARKER_ENV) == self.trio_id:
+                    out.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return out
+
+    def _track(self) -> None:
+        procs = []
+        if self.proc is not None:
+            try:
+                root = psutil.Process(self.proc.pid)
+                procs = [root] + root.children(recursive=True)
+            except psutil.Error:
+                pass
+        for p in procs:
+            self._known.setdefault(p.pid, p)
+
+    def processes(self) -> list[psutil.Process]:
+        """The gym process and every live descendant (Ray daemons included)."""
+        self._track()
+        live = {p.pid: p for p in self._known.values() if _alive(p)}
+        for p in self._marked():
+            live.setdefault(p.pid, p)
+        return list(live.values())
+
+    def all_server_processes(self) -> dict[str, list[psutil.Process]]:
+        """Server name -> its Python processes (several with ``num_workers > 1``), oldest first."""
+        out: dict[str, list[psutil.Process]] = collections.defaultdict(list)
+        for p in self.processes():
+            try:
+                name = p.environ().get("NEMO_GYM_CONFIG_PATH")
+                if name not in self.ports:
+                    continue
+                if not os.path.basename(p.exe()).startswith("python"):
+                    continue
+                out[name].append(p)
+            except (psutil.Error, OSError):
+                continue
+        for v in out.values():
+            v.sort(key=lambda p: (p.create_time(), p.pid))
+        return dict(out)
+
+    def server_processes(self) -> dict[str, psutil.Process]:
+        """Server name -> the server's main Python process (the one running ``app.py``)."""
+        out = {}
+        for name, procs in self.all_server_processes().items():
+            pids = {p.pid for p in procs}
+            roots = [p for p in procs if _safe_ppid(p) not in pids]
+            out[name] = (roots or procs)[0]
+        return out
+
+    # ------------------------------------------------------------------ rollouts
+
+    def default_row(self) -> dict:
+        data = (self.site_packages() / "resources_servers" / "example_single_tool_call"
+                / "data" / "example.jsonl")
+        with open(data) as fh:
+            return json.loads(fh.readline())
+
+    def site_packages(self) -> pathlib.Path:
+        found = sorted(self.venv.glob("lib/python3*/site-packages"))
+        if not found:
+            raise GymTrioError(f"no site-packages in {self.venv}")
+        return found[0]
+
+    def rollout(self, row: Mapping | None = None, *, timeout: float = 60,
+                task_index: int | None = None, rollout_index: int | None = None,
+                headers: Mapping[str, str] | None = None) -> dict:
+        """POST one task row to ``/run`` and return the JSON result.
+
+        On 0.5+ the row gets ``_ng_task_index``/``_ng_rollout_index`` (as Gym's
+        rollout collection adds them) unless it has them, so a rollout id exists.
+        """
+        body = dict(row if row is not None else self.default_row())
+        if self.has_rollout_ids and "_ng_rollout_id" not in body:
+            if rollout_index is None:
+                rollout_index = self._rollout_counter
+                self._rollout_counter += 1
+            body.setdefault("_ng_task_index", 0 if task_index is None else task_index)
+            body.setdefault("_ng_rollout_index", rollout_index)
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.run_url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            raise GymTrioError(f"/run returned {e.code}: {e.read()[:2000]!r}\n" + self.log_tail(30)) from e
+
+    def rollouts(self, n: int, concurrency: int = 4, row: Mapping | None = None,
+                 timeout: float = 120) -> list[dict]:
+        row = row if row is not None else self.default_row()
+        start = self._rollout_counter
+        self._rollout_counter += n
+        with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as ex:
+            futs = [ex.submit(self.rollout, row, timeout=timeout, rollout_index=start + i)
+                    for i in range(n)]
+            return [f.result() for f in futs]
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int | None:
+        """Stop Gym the way a user does (SIGINT), then make sure nothing survives.
+
+        Returns gym's exit code (None if it had to be killed).
+        """
+        if self.proc is None:
+            self._cleanup_tmp()
+            return None
+        self._track()
+        rc = self.proc.poll()
+        if rc is None:
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                rc = self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+        # Fallback: everything in gym's process group / session, everything we saw
+        # descend from it, everything carrying our marker.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if rc is None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        leftovers = [p for p in self._known.values() if _alive(p)] + self._marked()
+        self._kill(leftovers)
+        self.leftover_pids = [p.pid for p in leftovers]
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        self._cleanup_tmp()
+        self.returncode = rc
+        self.proc_pid = self.proc.pid
+        self.proc = None
+        return rc
+
+    def _kill(self, procs: list[psutil.Process]) -> None:
+        uniq = {p.pid: p for p in procs if p.pid != os.getpid()}
+        for p in uniq.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(list(uniq.values()), timeout=10)
+
+    def _cleanup_tmp(self) -> None:
+        if self.ray_tmpdir:
+            shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
+            self.ray_tmpdir = None
+
+    def __enter__(self) -> "GymTrio":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class PolicyModel:
+    """``examples/policy_model.py`` as a subprocess (context manager); ``.url`` is its ``/v1`` base."""
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "policy_model.py"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, args: tuple[str, ...] = (),
+                 python: str | None = None) -> None:
+        import sys
+
+        self.cmd = [python or sys.executable, str(self.script), "--host", host, "--port", str(port), *args]
+        self.proc: subprocess.Popen | None = None
+        self.base: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/v1"
+
+    def start(self, timeout: float = 30) -> "PolicyModel":
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(r"policy model listening on (http://\S+)", line)
+            if m:
+                self.base = m.group(1).rstrip("/")
+                return self
+        self.stop()
+        raise GymTrioError("policy model did not start:\n" + "".join(seen))
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+
+    def __enter__(self) -> "PolicyModel":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _safe_ppid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None

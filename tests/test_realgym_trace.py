@@ -1,0 +1,185 @@
+"""One rollout, one trace: real Gym processes, real ``opentelemetry-instrument``, a real
+collector (rotel) forwarding OTLP to the test's sink.
+
+Each test starts the real ``gym env start`` (agent + model + resources, plus the 0.7
+relay) under ``opentelemetry-instrument`` with this project installed in the Gym venv,
+runs rollouts against the deterministic policy model in ``examples/``, and asserts on
+the trace the collector delivered.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+import json
+
+import pytest
+
+from tests.harness.collector import Collector
+from tests.harness.gym_install import gym_venv
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, PolicyModel
+
+pytestmark = pytest.mark.realgym
+
+
+@pytest.fixture(scope="module")
+def policy_model():
+    with PolicyModel() as model:
+        yield model
+
+
+@pytest.fixture
+def collector(tmp_path):
+    with Collector(log_dir=tmp_path / "collector") as running:
+        yield running
+
+
+def _otel_env(collector: Collector, protocol: str, **extra: str) -> dict[str, str]:
+    endpoint = collector.http_endpoint if protocol == "http/protobuf" else collector.grpc_endpoint
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        **extra,
+    }
+
+
+def _received_upstream(policy_model: PolicyModel) -> list[dict]:
+    with urllib.request.urlopen(policy_model.base + "/_received", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _reset_upstream(policy_model: PolicyModel) -> None:
+    request = urllib.request.Request(policy_model.base + "/_reset", data=b"", method="POST")
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+def _strip_ids(value):
+    """A rollout result without its run-specific ids and timestamps."""
+    if isinstance(value, dict):
+        return {k: _strip_ids(v) for k, v in value.items() if not (k == "id" or k.endswith("_id") or k.startswith("created"))}
+    if isinstance(value, list):
+        return [_strip_ids(v) for v in value]
+    return value
+
+
+def _service(span: dict) -> str:
+    return span["resource"].get("service.name", "")
+
+
+def _rollout_traces(spans: list[dict], run_service: str) -> dict[str, list[dict]]:
+    """trace id -> spans, for every trace whose root is the ``POST /run`` the test sent."""
+    roots = [
+        s for s in spans
+        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["parent_span_id"] is None and _service(s) == run_service
+    ]
+    return {root["trace_id"]: [s for s in spans if s["trace_id"] == root["trace_id"]] for root in roots}
+
+
+def _expected_services(trio: GymTrio) -> set[str]:
+    return {f"nemo-gym/{name}" for name in trio.server_names}
+
+
+def _assert_one_connected_trace(trace: list[dict], trio: GymTrio) -> None:
+    by_id = {s["span_id"]: s for s in trace}
+    # every process of the trio took part
+    assert {_service(s) for s in trace} == _expected_services(trio)
+    # every SERVER span but the root is parented by a CLIENT span of another process
+    servers = [s for s in trace if s["kind"] == "SERVER"]
+    assert len(servers) >= 5
+    for span in servers:
+        if span["parent_span_id"] is None:
+            continue
+        parent = by_id.get(span["parent_span_id"])
+        assert parent is not None, f"{span['name']} in {_service(span)}: parent not in trace"
+        assert parent["kind"] == "CLIENT", (span["name"], parent["name"])
+        assert _service(parent) != _service(span)
+    # every CLIENT span carries the contract's attributes, and no query string
+    clients = [s for s in trace if s["kind"] == "CLIENT"]
+    assert clients
+    for span in clients:
+        assert span["name"] == "HTTP POST"
+        assert span["attributes"]["http.request.method"] == "POST"
+        assert isinstance(span["attributes"]["http.response.status_code"], int)
+        assert "?" not in span["attributes"]["url.full"]
+    # the agent->model->upstream chain: the model's CLIENT span to the policy model exists
+    assert any(_service(s) == f"nemo-gym/{MODEL}" and s["attributes"]["url.full"].endswith("/responses") for s in clients)
+    # one root per rollout
+    assert sum(1 for s in trace if s["parent_span_id"] is None) == 1
+
+
+@pytest.mark.parametrize(
+    "version,protocol",
+    [("0.4.0", "http/protobuf"), ("0.7.0", "grpc")],
+)
+def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, tmp_path, policy_model, collector):
+    venv = gym_venv(version)
+    _reset_upstream(policy_model)
+    trio = GymTrio(venv, version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
+                   env=_otel_env(collector, protocol))
+    with trio:
+        instrumented_results = [trio.rollout() for _ in range(3)]
+        run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
+        assert collector.sink.wait_for(lambda spans: len(_rollout_traces(spans, run_service)) >= 3, timeout=30), (
+            f"spans received: {sorted({(_service(s), s['name']) for s in collector.sink.spans()})}\n" + trio.log_tail(40)
+        )
+        upstream = _received_upstream(policy_model)
+    assert "Error in sitecustomize" not in trio.log_text()
+    assert "Failed to auto initialize" not in trio.log_text()
+
+    spans = collector.sink.spans()
+    traces = _rollout_traces(spans, run_service)
+    assert len(traces) == 3  # three rollouts, three traces
+    for trace in traces.values():
+        _assert_one_connected_trace(trace, trio)
+
+    # the traceparent reached the OpenAI-compatible upstream, in the rollout's trace
+    upstream_traces = {r["traceparent"].split("-")[1] for r in upstream if r.get("traceparent")}
+    assert set(traces) <= upstream_traces
+    assert len([r for r in upstream if r["path"].endswith("/responses")]) == 6
+
+    # only Gym's work reaches the backend: every span comes from a Gym process
+    assert {_service(s) for s in spans} <= _expected_services(trio) | {"nemo-gym/orchestrator"}
+    assert not [s for s in spans if "healthz" in s["name"] or s["attributes"].get("url.path") == "/"]
+    # no query string in any attribute
+    assert not [s for s in spans for v in s["attributes"].values() if isinstance(v, str) and "?" in v]
+
+    # distinct instances, one run id shared by the fleet
+    assert len({s["resource"]["service.instance.id"] for s in spans}) == len({_service(s) for s in spans})
+    assert len({s["resource"].get("nemo.gym.run.id") for s in spans}) == 1
+
+    # the rollout's result is the same as without instrumentation
+    bare = GymTrio(gym_venv(version, with_project=False), version, tmp_path / "bare", policy_url=policy_model.url)
+    with bare:
+        bare_result = bare.rollout()
+    assert all(_strip_ids(r) == _strip_ids(bare_result) for r in instrumented_results)
+
+
+def _server_spans_for(spans: list[dict], service: str) -> list[dict]:
+    return [s for s in spans if s["kind"] == "SERVER" and _service(s) == service]
+
+
+def test_completed_requests_are_exported_when_servers_stop(tmp_path, policy_model, collector):
+    """A long batch delay means only the exit flush can deliver: SIGTERM the model
+    server, SIGINT the resources server, then Gym's own shutdown for the rest."""
+    version = "0.4.0"
+    env = _otel_env(collector, "grpc", OTEL_BSP_SCHEDULE_DELAY="60000")
+    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    with trio:
+        results = trio.rollouts(6, concurrency=3)
+        assert all(r["reward"] == 1.0 for r in results)
+        time.sleep(0.5)
+        assert collector.sink.spans() == []  # nothing exported yet: the batch delay holds them
+        servers = trio.server_processes()
+        servers[MODEL].send_signal(signal.SIGTERM)
+        servers[RESOURCES].send_signal(signal.SIGINT)
+        servers[MODEL].wait(15)
+        servers[RESOURCES].wait(15)
+        model_spans = lambda spans: len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) >= 12  # noqa: E731
+        assert collector.sink.wait_for(model_spans, timeout=10)
+    # Gym's own shutdown (SIGINT to `gym env start`) stopped the agent
+    spans = collector.sink.spans()
+    assert len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) == 12  # two model calls per rollout
+    # seed_session + get_weather + verify per rollout
+    assert len(_server_spans_for(spans, f"nemo-gym/{RESOURCES}")) == 18
+    assert len([s for s in _server_spans_for(spans, f"nemo-gym/{AGENT}") if s["name"] == "POST /run"]) == 6
