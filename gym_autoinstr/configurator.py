@@ -183,6 +183,20 @@ def _shutdown_at_exit(provider: TracerProvider) -> None:
     worker.join(flush_timeout_seconds())
 
 
+def _register_exit(function: Any, *args: Any) -> None:
+    # From Python 3.12 no thread can be started in an atexit callback, and our flush
+    # must run on a thread to be time-boxed.  threading's own exit hooks run earlier,
+    # while threads can still start (concurrent.futures relies on the same hook).
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(function, *args)
+            return
+        except Exception:
+            pass
+    atexit.register(function, *args)
+
+
 def configure_process() -> "TracerProvider | None":
     """Set up the SDK for this process if it is part of a Gym fleet; idempotent."""
     if STATE["configured_by"] is not None:
@@ -194,7 +208,7 @@ def configure_process() -> "TracerProvider | None":
         return None
     provider = build_tracer_provider(who)
     trace.set_tracer_provider(provider)
-    atexit.register(_shutdown_at_exit, provider)
+    _register_exit(_shutdown_at_exit, provider)
     STATE["configured_by"] = "gym_autoinstr"
     logger.debug("configured %s (%s); exporters: %s", who.name, who.role, STATE["exporters"] or "none")
     return provider

@@ -84,7 +84,8 @@ def _assert_one_connected_trace(trace: list[dict], trio: GymTrio) -> None:
     by_id = {s["span_id"]: s for s in trace}
     # every process of the trio took part
     assert {_service(s) for s in trace} == _expected_services(trio)
-    # every SERVER span but the root is parented by a CLIENT span of another process
+    # every SERVER span but the root is parented by a CLIENT span (the agent also calls
+    # its own /v1/responses, so the caller may be the same process)
     servers = [s for s in trace if s["kind"] == "SERVER"]
     assert len(servers) >= 5
     for span in servers:
@@ -93,7 +94,6 @@ def _assert_one_connected_trace(trace: list[dict], trio: GymTrio) -> None:
         parent = by_id.get(span["parent_span_id"])
         assert parent is not None, f"{span['name']} in {_service(span)}: parent not in trace"
         assert parent["kind"] == "CLIENT", (span["name"], parent["name"])
-        assert _service(parent) != _service(span)
     # every CLIENT span carries the contract's attributes, and no query string
     clients = [s for s in trace if s["kind"] == "CLIENT"]
     assert clients
@@ -155,6 +155,21 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, t
     assert all(_strip_ids(r) == _strip_ids(bare_result) for r in instrumented_results)
 
 
+def _wait_exited(process, timeout: float = 20) -> None:
+    """Until the server has exited (a zombie counts: Gym, its parent, reaps it later)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"server {process.pid} still running {timeout}s after the signal")
+
+
 def _server_spans_for(spans: list[dict], service: str) -> list[dict]:
     return [s for s in spans if s["kind"] == "SERVER" and _service(s) == service]
 
@@ -173,8 +188,8 @@ def test_completed_requests_are_exported_when_servers_stop(tmp_path, policy_mode
         servers = trio.server_processes()
         servers[MODEL].send_signal(signal.SIGTERM)
         servers[RESOURCES].send_signal(signal.SIGINT)
-        servers[MODEL].wait(15)
-        servers[RESOURCES].wait(15)
+        for process in (servers[MODEL], servers[RESOURCES]):
+            _wait_exited(process)
         model_spans = lambda spans: len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) >= 12  # noqa: E731
         assert collector.sink.wait_for(model_spans, timeout=10)
     # Gym's own shutdown (SIGINT to `gym env start`) stopped the agent

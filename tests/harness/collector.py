@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import sys
 import threading
 import time
@@ -452,6 +453,11 @@ class Collector:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROTEL_")}
         env.setdefault("RUST_LOG", "info")
         env.setdefault("NO_COLOR", "1")
+        # The wheel's binary embeds Python and links libpythonX.Y.so, which lives in
+        # the interpreter's LIBDIR (not on the loader's path for pyenv builds).
+        libdir = sysconfig.get_config_var("LIBDIR")
+        if libdir:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
         self._starts += 1
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"--- start #{self._starts}: {' '.join(self.command())}\n".encode())
