@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
 from typing import Any
 
 from opentelemetry import trace
@@ -31,7 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 from . import identity
 from ._log import logger, warn_once
-from .flush import flush, flush_timeout_seconds
+from .flush import flush, start_flusher
 
 # Batch settings for Gym's scale (thousands of concurrent rollouts): a deep queue so a
 # burst is absorbed instead of dropped, large batches, and a short delay so that little
@@ -176,25 +175,8 @@ def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
     return provider
 
 
-def _shutdown_at_exit(provider: TracerProvider) -> None:
+def _flush_at_exit() -> None:
     flush(reason="process exit")
-    worker = threading.Thread(target=provider.shutdown, name="gym-autoinstr-shutdown", daemon=True)
-    worker.start()
-    worker.join(flush_timeout_seconds())
-
-
-def _register_exit(function: Any, *args: Any) -> None:
-    # From Python 3.12 no thread can be started in an atexit callback, and our flush
-    # must run on a thread to be time-boxed.  threading's own exit hooks run earlier,
-    # while threads can still start (concurrent.futures relies on the same hook).
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(function, *args)
-            return
-        except Exception:
-            pass
-    atexit.register(function, *args)
 
 
 def configure_process() -> "TracerProvider | None":
@@ -208,7 +190,8 @@ def configure_process() -> "TracerProvider | None":
         return None
     provider = build_tracer_provider(who)
     trace.set_tracer_provider(provider)
-    _register_exit(_shutdown_at_exit, provider)
+    start_flusher()
+    atexit.register(_flush_at_exit)
     STATE["configured_by"] = "gym_autoinstr"
     logger.debug("configured %s (%s); exporters: %s", who.name, who.role, STATE["exporters"] or "none")
     return provider

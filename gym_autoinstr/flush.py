@@ -51,18 +51,71 @@ def _flush_providers() -> None:
             warn_once(f"flush-error:{type(error).__name__}", "flushing telemetry failed: %s", error)
 
 
+class _Flusher:
+    """A daemon thread, started ahead of time, that flushes on request.
+
+    From Python 3.12 no thread can be started once interpreter shutdown begins, and
+    that is exactly when the last flush is needed; so the thread that does the work
+    exists from configuration on, and a flush request only wakes it and waits for it
+    (at most the timeout).  Forked children get their own thread on first use.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._requested = 0
+        self._completed = 0
+        self._thread: "threading.Thread | None" = None
+        self._pid = 0
+
+    def start(self) -> bool:
+        with self._condition:
+            if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+                return True
+            thread = threading.Thread(target=self._run, name="gym-autoinstr-flush", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # interpreter shutdown: too late to start one
+                return False
+            self._thread, self._pid = thread, os.getpid()
+            return True
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(lambda: self._requested > self._completed)
+                target = self._requested
+            _flush_providers()
+            with self._condition:
+                self._completed = max(self._completed, target)
+                self._condition.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        if not self.start():
+            return False
+        with self._condition:
+            self._requested += 1
+            target = self._requested
+            self._condition.notify_all()
+            return self._condition.wait_for(lambda: self._completed >= target, timeout)
+
+
+_flusher = _Flusher()
+
+
+def start_flusher() -> None:
+    """Start the flush thread now, while threads can still be started."""
+    _flusher.start()
+
+
 def flush(timeout: "float | None" = None, *, reason: str = "") -> bool:
     """Flush spans and metrics, waiting at most ``timeout`` seconds; True if it finished."""
     timeout = flush_timeout_seconds() if timeout is None else timeout
-    worker = threading.Thread(target=_flush_providers, name="gym-autoinstr-flush", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    finished = not worker.is_alive()
+    finished = _flusher.flush(timeout)
     if not finished:
         warn_once(
             "flush-timeout-hit",
             "telemetry flush%s did not finish within %.0f ms (collector slow or unreachable?); "
-            "continuing shutdown without waiting. Raise GYM_AUTOINSTR_FLUSH_TIMEOUT_MS to wait longer.",
+            "continuing without waiting. Raise GYM_AUTOINSTR_FLUSH_TIMEOUT_MS to wait longer.",
             f" at {reason}" if reason else "",
             timeout * 1000,
         )

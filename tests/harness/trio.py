@@ -212,6 +212,10 @@ class GymTrio:
         # The test process may itself run inside some venv: do not leak it.
         for k in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH"):
             env.pop(k, None)
+        # Nor the test process's own Gym/telemetry settings: each trio gets exactly
+        # what its test passes in `env`.
+        for k in [k for k in env if k.startswith(("NEMO_GYM_", "GYM_AUTOINSTR_", "OTEL_"))]:
+            env.pop(k)
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env["RAY_AUTH_MODE"] = "disabled"
         env["RAY_TMPDIR"] = self.ray_tmpdir or ""
