@@ -6,10 +6,26 @@ serves.  ``instrumentor.py`` applies it through post-import hooks; ``gym-autoins
 doctor`` prints it against the installed Gym.
 
 Advice functions have wrapt's wrapper signature ``(wrapped, instance, args, kwargs)``.
+
+``versions`` is machine-checked (``version_applies``; the version-matrix test resolves
+every Gym pointcut against every release).  It is a comma-separated list of ranges of
+nemo-gym releases, any of which may match:
+
+* ``0.4.0+``: that release and every later one;
+* ``0.5.0-0.6.x``: from the first to the second, both included; ``x`` matches any
+  number, so ``0.6.x`` ends before 0.7.0;
+* ``0.5.1`` or ``0.5.x``: that release, or that release line;
+* ``any <library>`` (``any uvicorn``): the target lives in another library, not in
+  Gym, so every Gym version applies.
+
+Pre-releases and local versions count as their release (``0.7.0rc1`` is ``0.7.0``).
+``optional`` says the target is missing from some supported releases (those outside
+``versions``); a pointcut that is not optional must resolve on every release.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -87,3 +103,48 @@ POINTCUTS: tuple[Pointcut, ...] = (
         optional=True,
     ),
 )
+
+
+_RELEASE = re.compile(r"\d+(?:\.(?:\d+|x)){0,2}")
+
+
+def _release(text: str, *, bound: str) -> tuple[int, int, int]:
+    """``"0.6.x"`` -> ``(0, 6, 0)`` as a lower bound, ``(0, 6, inf)`` as an upper one."""
+    parts = text.split(".")
+    if not _RELEASE.fullmatch(text) or "x" in parts[:-1] and parts[-1] != "x":
+        raise ValueError(f"not a release: {text!r}")
+    wildcard = 10**9 if bound == "upper" else 0
+    numbers = [wildcard if part == "x" else int(part) for part in parts]
+    numbers += [wildcard if bound == "upper" and "x" in parts else 0] * (3 - len(numbers))
+    return numbers[0], numbers[1], numbers[2]
+
+
+def gym_release(gym_version: str) -> tuple[int, int, int]:
+    """The release a nemo-gym version string belongs to (``"0.7.0rc1+g1"`` -> ``(0, 7, 0)``)."""
+    found = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", gym_version)
+    if not found:
+        raise ValueError(f"not a nemo-gym version: {gym_version!r}")
+    return tuple(int(part or 0) for part in found.groups())  # type: ignore[return-value]
+
+
+def version_applies(versions: str, gym_version: str) -> bool:
+    """Whether a pointcut's ``versions`` covers ``gym_version``; ``ValueError`` if malformed."""
+    release = gym_release(gym_version)
+    ranges = [item.strip() for item in versions.split(",")]
+    if not any(ranges):
+        raise ValueError(f"empty versions: {versions!r}")
+    for item in ranges:
+        if item.startswith("any "):
+            if not item[4:].strip():
+                raise ValueError(f"'any' names no library: {versions!r}")
+            return True
+        if item.endswith("+"):
+            low, high = _release(item[:-1], bound="lower"), None
+        elif "-" in item:
+            first, _, last = item.partition("-")
+            low, high = _release(first.strip(), bound="lower"), _release(last.strip(), bound="upper")
+        else:
+            low, high = _release(item, bound="lower"), _release(item, bound="upper")
+        if low <= release and (high is None or release <= high):
+            return True
+    return False
