@@ -30,3 +30,20 @@ class GymDistro(BaseDistro):
         for name, value in DEFAULTS.items():
             os.environ.setdefault(name, value)
         ACTIVE["configured"] = True
+
+
+def active_distro() -> str:
+    """The distro ``opentelemetry-instrument`` picked in this process (its rule: the one
+    named by ``OTEL_PYTHON_DISTRO``, else the first entry point found)."""
+    if ACTIVE["configured"]:
+        return "gym_autoinstr"
+    named = os.environ.get("OTEL_PYTHON_DISTRO")
+    if named:
+        return named
+    try:
+        from importlib.metadata import entry_points
+
+        first = next(iter(entry_points(group="opentelemetry_distro")), None)
+    except Exception:
+        first = None
+    return first.name if first is not None else "none"

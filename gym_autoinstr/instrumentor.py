@@ -50,6 +50,8 @@ class GymInstrumentor(BaseInstrumentor):
         except Exception as error:
             warn_once("adopt", "could not check the active tracer provider: %r", error)
         groups.reload()
+        if who.role == "orchestrator":
+            _announce()
         self.patches.active = True
         for module_name in sorted({p.module for p in POINTCUTS}):
             if module_name in self._hooked_modules:
@@ -80,3 +82,25 @@ class GymInstrumentor(BaseInstrumentor):
 
 def _pointcuts_for(module_name: str) -> list[Pointcut]:
     return [p for p in POINTCUTS if p.module == module_name]
+
+
+def _announce() -> None:
+    """One line from the orchestrator saying what is on, so a user can tell at a glance."""
+    import os
+
+    from .configurator import STATE
+    from .distro import active_distro
+
+    exporters = ", ".join(STATE["exporters"]) or "none"
+    from .redaction import redact_url
+
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    endpoint = redact_url(endpoint)[0] if endpoint else "default"
+    logger.info(
+        "tracing Gym: distro=%s configurator=%s exporters=%s endpoint=%s span groups=%s",
+        active_distro(),
+        STATE["configured_by"],
+        exporters,
+        endpoint,
+        ",".join(sorted(groups.ENABLED)) or "none",
+    )
