@@ -1,0 +1,72 @@
+"""Many nemo-gym releases for the price of two venvs.
+
+Importing Gym (not running a fleet) needs its third-party deps once per Python; the Gym
+package itself is small.  So each release is installed alone with ``pip install
+--no-deps --target <dir>`` and put first on ``PYTHONPATH`` of a host venv from
+``gym_install`` (0.4.0's on Python 3.12 for Gym < 0.5, 0.7.0's on 3.13 for 0.5+), where
+it shadows the host's own nemo-gym, package and metadata alike.
+
+Targets are cached under ``gym_install.cache_root()/gym-targets/<version>``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from . import gym_install
+
+HOST_RELEASE = {"3.12": "0.4.0", "3.13": "0.7.0"}
+
+# Settings a test process may carry that would change what a Gym process does.
+_INHERITED_PREFIXES = ("OTEL_", "GYM_AUTOINSTR_", "NEMO_GYM_", "NEMO_LENS_")
+
+
+def host_venv(version: str) -> pathlib.Path:
+    """The venv (with this project) whose Python and third-party deps run ``version``."""
+    return gym_install.gym_venv(HOST_RELEASE[gym_install.python_minor_for(version)], with_project=True)
+
+
+def gym_target(version: str) -> pathlib.Path:
+    """A directory holding only ``nemo-gym==version`` (installed once, then cached)."""
+    root = gym_install.cache_root() / "gym-targets"
+    target = root / version
+    stamp = target / ".gym-autoinstr-complete"
+    if stamp.exists():
+        return target
+    python = str(host_venv(version) / "bin" / "python")
+    with gym_install._file_lock(root / f"{version}.lock"):
+        if stamp.exists():
+            return target
+        if target.exists():
+            subprocess.run(["rm", "-rf", str(target)], check=True)
+        command = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps",
+                   "--target", str(target), f"nemo-gym=={version}"]
+        if gym_install.python_minor_for(version) != "3.12":
+            command.append("--ignore-requires-python")
+        gym_install._run(command)
+        stamp.write_text(version + "\n")
+    return target
+
+
+def clean_environment(**overrides: str) -> dict[str, str]:
+    """The test process's environment without Gym/OpenTelemetry settings, plus ``overrides``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES) and k != "PYTHONPATH"}
+    environ.update(overrides)
+    return environ
+
+
+def run_python(version: str, args: list[str], *, cwd: str, pythonpath: "list[str]" = (), env: "dict[str, str] | None" = None,
+               timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run the host venv's Python with ``nemo-gym==version`` (then ``pythonpath``) first on the path."""
+    python = str(host_venv(version) / "bin" / "python")
+    environ = clean_environment() if env is None else dict(env)
+    environ["PYTHONPATH"] = os.pathsep.join([str(gym_target(version)), *pythonpath])
+    return subprocess.run([python, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+if __name__ == "__main__":
+    for release in sys.argv[1:]:
+        print(gym_target(release))

@@ -1,0 +1,113 @@
+"""Every Gym pointcut resolves exactly where the table says, on every release (issue 3).
+
+The table in ``gym_autoinstr/pointcuts.py`` declares, per pointcut, the releases its
+target exists in.  Here each release from 0.2.0 to 0.7.0 is imported for real and
+instrumented by the real ``GymInstrumentor`` (post-import hooks), through ``gym-autoinstr
+doctor --json``: the same code path a user runs.  The test is driven by the table, so a
+pointcut added to it is checked on every release without touching this file.
+
+Cost: two host venvs (Python 3.12 and 3.13) hold Gym's third-party deps once; each
+release is a ``pip install --no-deps --target`` directory put first on ``PYTHONPATH``
+(see ``tests/harness/gym_targets.py``).  Warm, the whole matrix takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gym_autoinstr.doctor import is_gym_module
+from gym_autoinstr.pointcuts import POINTCUTS, version_applies
+
+RELEASES = ("0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0")
+GYM_POINTCUTS = [p for p in POINTCUTS if is_gym_module(p.module)]
+
+
+# -- the table itself (fast) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "versions, gym_version, applies",
+    [
+        ("0.2.0+", "0.2.0", True),
+        ("0.2.0+", "0.7.0rc1", True),
+        ("0.4.0+", "0.3.0", False),
+        ("0.5.0-0.6.x", "0.5.0", True),
+        ("0.5.0-0.6.x", "0.6.9", True),
+        ("0.5.0-0.6.x", "0.7.0", False),
+        ("0.5.0-0.6.x", "0.4.0", False),
+        ("0.5.x", "0.5.1", True),
+        ("0.5.1", "0.5.0", False),
+        ("0.2.0-0.3.x, 0.6.0+", "0.4.0", False),
+        ("0.2.0-0.3.x, 0.6.0+", "0.6.0", True),
+        ("any uvicorn", "0.2.0", True),
+    ],
+)
+def test_versions_format_reads_as_documented(versions, gym_version, applies):
+    assert version_applies(versions, gym_version) is applies
+
+
+@pytest.mark.parametrize("malformed", ["", "soon", "0.x.1+", "1.2.3.4", "any", "0.2.0 -"])
+def test_a_malformed_versions_string_is_an_error(malformed):
+    with pytest.raises(ValueError):
+        version_applies(malformed, "0.4.0")
+
+
+@pytest.mark.parametrize("pointcut", POINTCUTS, ids=lambda p: p.name)
+def test_every_pointcut_declares_readable_versions(pointcut):
+    covered = [version_applies(pointcut.versions, release) for release in RELEASES]
+    if is_gym_module(pointcut.module):
+        assert not pointcut.versions.startswith("any "), "'any <library>' is for targets outside Gym"
+        if not pointcut.optional:
+            assert all(covered), f"{pointcut.name} is not optional, so its versions must cover {RELEASES}"
+        else:
+            assert any(covered), f"{pointcut.name} applies to no supported release"
+    else:
+        assert pointcut.versions.startswith("any "), f"{pointcut.module} is not Gym: declare 'any <library>'"
+
+
+# -- every release, for real -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    from tests.harness import gym_targets
+
+    def doctor(release):
+        scratch = tmp_path_factory.mktemp(f"gym-{release}")
+        result = gym_targets.run_python(release, ["-m", "gym_autoinstr.cli", "doctor", "--json"], cwd=str(scratch))
+        try:
+            report = json.loads(result.stdout)
+        except ValueError:
+            report = None
+        return release, (result, report, scratch)
+
+    for release in RELEASES:  # install serially (pip, shared locks), then import in parallel
+        gym_targets.gym_target(release)
+    with ThreadPoolExecutor(max_workers=len(RELEASES)) as pool:
+        return dict(pool.map(doctor, RELEASES))
+
+
+@pytest.mark.realgym
+@pytest.mark.parametrize("release", RELEASES)
+def test_each_gym_pointcut_is_applied_or_absent_as_declared(reports, release):
+    result, report, scratch = reports[release]
+    assert report is not None, f"doctor printed no JSON (exit {result.returncode}):\n{result.stderr[-3000:]}"
+    assert report["gym"]["version"] == release  # the target really shadows the host's Gym
+    by_name = {row["name"]: row for row in report["pointcuts"]}
+    for pointcut in GYM_POINTCUTS:
+        row = by_name.get(pointcut.name)
+        assert row is not None, f"{pointcut.name} not reported by name"
+        assert "failed" not in (row["reason"] or ""), f"{pointcut.name}: {row['reason']} (a dependency missing in the host venv?)"
+        if pointcut.optional:
+            expected = version_applies(pointcut.versions, release)
+            assert row["resolved"] is expected, (
+                f"{pointcut.name} ({pointcut.module}.{pointcut.attribute}, versions {pointcut.versions!r}) "
+                f"{'resolved' if row['resolved'] else 'is absent: ' + str(row['reason'])} on nemo-gym {release}"
+            )
+        else:
+            assert row["resolved"], f"{pointcut.name} must resolve on every release; on {release}: {row['reason']}"
+    assert report["ok"], [p for p in report["problems"] if p["severity"] == "error"]
+    assert not list(scratch.iterdir()), "importing Gym left files in the working directory"
