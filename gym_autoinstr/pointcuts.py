@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coexistence, egress, groups, ingress
+from . import coexistence, egress, groups, ingress, routes
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,27 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.6.0+",
         group=None,
         purpose="stand down where Gym's own telemetry is live",
+        optional=True,
+    ),
+    Pointcut(
+        name="routes",
+        module="fastapi.routing",
+        attribute="APIRouter.add_api_route",
+        advice=routes.add_api_route_advice,
+        versions="any fastapi",
+        group=None,  # per route: rollout, agent, model_call or verify, checked per request
+        purpose="seam spans (gym.rollout, gym.agent.responses, gym.model.*, gym.verify) around the "
+        "handlers a Gym server's setup_webserver registers",
+    ),
+    Pointcut(
+        name="routes.rollout_id",
+        module="nemo_gym.rollout_correlation",
+        attribute="rollout_context",
+        advice=routes.rollout_context_advice,
+        versions="0.5.0+",
+        group=groups.ROLLOUT,
+        purpose="tag the open seam span with nemo.gym.rollout.id when the agent's /run enters rollout_context",
+        rebind_copies=True,
         optional=True,
     ),
 )
