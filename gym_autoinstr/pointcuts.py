@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coexistence, egress, groups, ingress, routes
+from . import coexistence, egress, groups, ingress, routes, sandbox
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,36 @@ POINTCUTS: tuple[Pointcut, ...] = (
         group=groups.ROLLOUT,
         purpose="tag the open seam span with nemo.gym.rollout.id when the agent's /run enters rollout_context",
         rebind_copies=True,
+        optional=True,
+    ),
+    Pointcut(
+        name="sandbox.start",
+        module="nemo_gym.sandbox.api",
+        attribute="AsyncSandbox.start",
+        advice=sandbox.start_advice,
+        versions="0.4.0+",
+        group=groups.SANDBOX,
+        purpose="gym.sandbox.start with provider and sandbox id",
+        optional=True,
+    ),
+    Pointcut(
+        name="sandbox.exec",
+        module="nemo_gym.sandbox.api",
+        attribute="AsyncSandbox.exec",
+        advice=sandbox.exec_advice,
+        versions="0.4.0+",
+        group=groups.SANDBOX,
+        purpose="gym.sandbox.exec with return code and error type, never the command, cwd, env or output",
+        optional=True,
+    ),
+    Pointcut(
+        name="sandbox.stop",
+        module="nemo_gym.sandbox.api",
+        attribute="AsyncSandbox.stop",
+        advice=sandbox.stop_advice,
+        versions="0.4.0+",
+        group=groups.SANDBOX,
+        purpose="gym.sandbox.stop of a running sandbox",
         optional=True,
     ),
 )
