@@ -198,3 +198,33 @@ def test_completed_requests_are_exported_when_servers_stop(tmp_path, policy_mode
     # seed_session + get_weather + verify per rollout
     assert len(_server_spans_for(spans, f"nemo-gym/{RESOURCES}")) == 18
     assert len([s for s in _server_spans_for(spans, f"nemo-gym/{AGENT}") if s["name"] == "POST /run"]) == 6
+
+
+def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, collector):
+    """``num_workers: 2`` on Gym 0.7's relay (the one example server that supports
+    workers): the main process serves nothing; each worker re-imports the entrypoint and
+    re-enters run_webserver.  With a long batch delay, only the workers' own exit flush
+    can deliver their spans."""
+    version = "0.7.0"
+    env = _otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
+    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
+                   env=env, extra_config={ENVIRONMENT: {"num_workers": 2}})
+    with trio:
+        relay_processes = trio.all_server_processes()[ENVIRONMENT]
+        results = trio.rollouts(12, concurrency=6)
+        assert all(r["reward"] == 1.0 for r in results)
+    assert len(relay_processes) >= 3  # the main process and its two workers
+    spans = collector.sink.spans()
+    relay = f"nemo-gym/{ENVIRONMENT}"
+    runs = [s for s in _server_spans_for(spans, relay) if s["name"] == "POST /run"]
+    assert len(runs) == 12  # every rollout's root, exported at worker exit
+    # served by instrumented worker processes (distinct instances, never the idle main one)
+    assert 1 <= len({s["resource"]["service.instance.id"] for s in runs}) <= 2
+    # each worker's CLIENT span to the agent parents the agent's SERVER span: one trace
+    by_id = {s["span_id"]: s for s in spans}
+    agent_runs = [s for s in _server_spans_for(spans, f"nemo-gym/{AGENT}") if s["name"] == "POST /run"]
+    assert len(agent_runs) == 12
+    for span in agent_runs:
+        parent = by_id[span["parent_span_id"]]
+        assert parent["kind"] == "CLIENT" and _service(parent) == relay
+        assert by_id[parent["parent_span_id"]] in runs
