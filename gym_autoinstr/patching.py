@@ -120,7 +120,7 @@ def _resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
 
 def _patch(pointcut: Pointcut, module: ModuleType) -> AppliedPatch:
     owner, name, original = _resolve(module, pointcut.attribute)
-    if isinstance(original, wrapt.ObjectProxy) and getattr(original, "_self_gym_autoinstr", False):
+    if getattr(original, "_self_gym_autoinstr", False):
         raise RuntimeError("already wrapped by another gym-autoinstr instrumentor")
     wrapper = wrapt.FunctionWrapper(original, pointcut.advice)
     wrapper._self_gym_autoinstr = True
