@@ -7,7 +7,6 @@ import types
 
 import pytest
 from fastapi import FastAPI
-from opentelemetry.trace import SpanKind
 
 from gym_autoinstr import coexistence
 from gym_autoinstr.ingress import instrument_app
@@ -63,4 +62,5 @@ def test_live_native_telemetry_makes_egress_and_ingress_stand_down(instrumented,
 
     with serve(app) as base:
         assert run_async(call(f"{base}/echo")) == 200
-    assert [s for s in spans.get_finished_spans() if s.kind in (SpanKind.CLIENT, SpanKind.SERVER)] == []
+    # no span of ours (FastAPI's built-in telemetry is Gym's business then)
+    assert [s for s in spans.get_finished_spans() if s.instrumentation_scope.name == "gym_autoinstr"] == []
