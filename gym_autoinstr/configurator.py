@@ -12,6 +12,8 @@ for Gym, and differs from the SDK's stock configurator where Gym needs it to:
 * **A missing exporter package never costs the instrumentation.**  If the chosen OTLP
   protocol's package cannot be imported, the other protocol is used (or none), with one
   warning naming the package; spans are still created and trace context still flows.
+* **No collector needed to start**: with no endpoint and no exporter configured, spans
+  go to local files (``files.py``), one per process, readable by ``gym-autoinstr view``.
 * **Exit**: the provider's own ``atexit`` shutdown can hang on a dead collector; ours is
   time-boxed (see ``flush.py``).
 """
@@ -28,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-from . import identity
+from . import files, identity
 from ._log import logger, warn_once
 from .flush import flush, start_flusher
 
@@ -131,7 +133,11 @@ def _entry_point_exporter(name: str) -> "SpanExporter | None":
     return None
 
 
-def span_exporters() -> list[tuple[str, SpanExporter]]:
+def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[str, SpanExporter]]:
+    if files.embedded_default_applies():
+        who = who or identity.detect()
+        directory = files.resolve_output_dir(identity.run_id())
+        return [(f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who)))]
     names = os.environ.get("OTEL_TRACES_EXPORTER", "otlp")
     exporters: list[tuple[str, SpanExporter]] = []
     for raw in names.split(","):
@@ -160,7 +166,7 @@ def span_exporters() -> list[tuple[str, SpanExporter]]:
 def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
     resource = Resource.create(identity.resource_attributes(who))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    for label, exporter in span_exporters():
+    for label, exporter in span_exporters(who):
         provider.add_span_processor(
             BatchSpanProcessor(
                 exporter,

@@ -21,6 +21,12 @@ def clean_env(monkeypatch):
     forget_said()
 
 
+@pytest.fixture(autouse=True)
+def explicit_endpoint(monkeypatch):
+    # An endpoint makes OTLP explicit; without one the embedded file default applies.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+
+
 def _modules(exporters):
     return [type(e).__module__ for _, e in exporters]
 

@@ -228,3 +228,26 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
         parent = by_id[span["parent_span_id"]]
         assert parent["kind"] == "CLIENT" and _service(parent) == relay
         assert by_id[parent["parent_span_id"]] in runs
+
+
+def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, policy_model):
+    """The embedded default: no endpoint, no exporter, no collector."""
+    from gym_autoinstr.files import read_path
+
+    version = "0.4.0"
+    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True)
+    with trio:
+        trio.rollouts(3, concurrency=1)
+    log = trio.log_text()
+    runs = list((tmp_path / "gym" / "gym-autoinstr-runs").iterdir())
+    assert len(runs) == 1  # one run directory for the whole fleet, keyed by the run id
+    run_dir = runs[0]
+    assert f"exporters=files:{run_dir}" in log  # the location is printed once at start
+    per_process = sorted(p.name.rsplit("-", 1)[0] for p in run_dir.glob("*.jsonl"))
+    assert per_process == sorted(f"nemo-gym_{name}" for name in trio.server_names)
+    spans = read_path(run_dir)
+    traces = _rollout_traces(spans, f"nemo-gym/{AGENT}")
+    assert len(traces) == 3
+    for trace in traces.values():
+        _assert_one_connected_trace(trace, trio)
+    assert {s["resource"]["nemo.gym.run.id"] for s in spans} == {run_dir.name}
