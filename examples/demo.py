@@ -1,17 +1,20 @@
-"""The main job: real NeMo Gym processes, one traced rollout, shown as a tree.
+"""The main job: real NeMo Gym processes, traced rollouts, shown as a waterfall.
 
-Starts a deterministic OpenAI-compatible policy model (``examples/policy_model.py``),
-an OTLP receiver, and the real ``gym env start`` (agent + model + resources servers,
-each its own process) under ``opentelemetry-instrument`` with gym-autoinstr; runs a
-handful of rollouts, stops Gym the way a user does (SIGINT), and prints one rollout's
-trace: service, span, kind, duration.
+Starts a deterministic OpenAI-compatible policy model (``examples/policy_model.py``)
+and the real ``gym env start`` (agent + model + resources servers, each its own
+process) under ``opentelemetry-instrument`` with gym-autoinstr and nothing else
+configured: no collector, no endpoint.  The embedded default writes each process's
+spans to its own file in one run directory.  The demo runs a handful of rollouts, stops
+Gym the way a user does (SIGINT), then shows one rollout's trace with
+``gym-autoinstr view`` and writes the same waterfall as an HTML page.
 
-    ./run-demo [--rollouts N] [--gym-version 0.4.0]
+    ./run-demo [--rollouts N] [--gym-version 0.4.0] [--workdir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gym_autoinstr.tree import group_by_trace, render_trace  # noqa: E402
-from tests.harness.collector import OtlpSink  # noqa: E402
+from gym_autoinstr.files import read_path  # noqa: E402
+from gym_autoinstr.view import build_traces  # noqa: E402
 from tests.harness.gym_install import gym_venv  # noqa: E402
 from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
 
@@ -29,7 +32,8 @@ from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
 def progress(done: int, total: int, started: float) -> None:
     width = 30
     filled = int(width * done / total)
-    sys.stdout.write(f"\r  rollouts [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - started:5.1f}s")
+    end = "\n" if done == total else ""
+    sys.stdout.write(f"\r  rollouts [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - started:5.1f}s{end}")
     sys.stdout.flush()
 
 
@@ -37,15 +41,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=5)
     parser.add_argument("--gym-version", default="0.4.0")
+    parser.add_argument("--workdir", help="where Gym runs and the traces are written (default: a new temp dir)")
     args = parser.parse_args()
 
-    print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr (first run installs, later runs reuse)...")
+    print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr (the first run installs; later runs reuse it)...")
     venv = gym_venv(args.gym_version)
-    workdir = Path(tempfile.mkdtemp(prefix="gym-autoinstr-demo-"))
-    with OtlpSink() as sink, PolicyModel() as model:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, instrument=True, env=env)
-        print(f"starting Gym: opentelemetry-instrument gym env start ... (in {workdir})")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gym-autoinstr-demo-")).resolve()
+    with PolicyModel() as model:
+        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, instrument=True)
+        print("starting Gym: opentelemetry-instrument gym env start ...")
         trio.start()
         print(f"  {len(trio.server_names)} servers ready in {trio.startup_seconds:.1f}s")
         started = time.monotonic()
@@ -54,22 +58,29 @@ def main() -> int:
             for i in range(args.rollouts):
                 results.append(trio.rollout())
                 progress(i + 1, args.rollouts, started)
-            print()
         finally:
             print("stopping Gym (SIGINT, as a user would)...")
             trio.stop()
-        rewards = [r.get("reward") for r in results]
-        print(f"  rewards: {rewards}")
-        sink.wait_for(lambda spans: len(group_by_trace(spans)) >= args.rollouts, timeout=10)
-        traces = group_by_trace(sink.spans())
-        rollout_traces = [t for t in traces.values() if any(s["name"] == "POST /run" for s in t)]
-        if not rollout_traces:
-            print("no rollout trace arrived; Gym's log:\n" + trio.log_tail(40))
-            return 1
-        last = max(rollout_traces, key=lambda t: min(s["start_ns"] for s in t))
-        print(f"\n{len(rollout_traces)} rollouts -> {len(rollout_traces)} traces; the last one:\n")
-        print(render_trace(last))
-        print(f"\nGym's log and config: {workdir}")
+    print(f"  rewards: {[r.get('reward') for r in results]}")
+
+    run_dirs = sorted((workdir / "gym-autoinstr-runs").glob("*"))
+    if not run_dirs:
+        print("no trace files were written; Gym's log:\n" + trio.log_tail(40))
+        return 1
+    run_dir = run_dirs[-1]
+    traces = [t for t in build_traces(read_path(run_dir)) if any(s["name"] == "POST /run" for s in t.spans)]
+    print(f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(list(run_dir.glob('*.jsonl')))} trace files "
+          f"(one per process) in\n  {run_dir}\n")
+    if not traces:
+        return 1
+    gym_autoinstr = str(venv / "bin" / "gym-autoinstr")
+    rollout_ids = sorted(traces[-1].rollout_ids)
+    view = [gym_autoinstr, "view", str(run_dir)] + (["--rollout", rollout_ids[0]] if rollout_ids else ["--slowest", "1"])
+    print("$ gym-autoinstr view " + " ".join(view[2:]))
+    subprocess.run(view, check=True)
+    page = workdir / "traces.html"
+    subprocess.run([gym_autoinstr, "view", str(run_dir), "--html", str(page)], check=True, stdout=subprocess.DEVNULL)
+    print(f"\nall {len(traces)} traces as one HTML page: {page}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The ``gym-autoinstr`` command: ``--version``, and ``doctor`` to check an install."""
+"""The ``gym-autoinstr`` command: ``--version``, ``doctor`` to check an install, ``view`` to read traces."""
 
 from __future__ import annotations
 
@@ -17,7 +17,24 @@ def main(argv: "list[str] | None" = None) -> int:
         "instrumentors, exporters), span groups and Gym's own telemetry. Exits 1 when tracing would not work.",
     )
     doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    view = commands.add_parser(
+        "view",
+        help="show traces as waterfalls in the terminal, or as one HTML page",
+        description="Read a run directory written by the embedded default (or OTLP-JSON files, or - for "
+        "standard input), join every process's spans, and draw each trace as a waterfall.",
+    )
+    view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
+    view.add_argument("--rollout", metavar="ID", help="only the trace of this rollout id")
+    view.add_argument("--slowest", type=int, metavar="N", help="only the N slowest traces")
+    view.add_argument("--errors", action="store_true", help="only traces with an error")
+    view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
     args = parser.parse_args(argv)
+
+    if args.command == "view":
+        from .view import main as view_main
+
+        return view_main(args.paths, rollout=args.rollout, slowest=args.slowest, errors=args.errors,
+                         html_file=args.html)
 
     if args.command == "doctor":
         from .doctor import main as doctor_main
