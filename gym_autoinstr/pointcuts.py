@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coexistence, egress, groups, ingress, routes, sandbox
+from . import coexistence, egress, groups, ingress, job, routes, sandbox
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,15 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="tag the open seam span with nemo.gym.rollout.id when the agent's /run enters rollout_context",
         rebind_copies=True,
         optional=True,
+    ),
+    Pointcut(
+        name="job",
+        module="nemo_gym.rollout_collection",
+        attribute="RolloutCollectionHelper.run_from_config",
+        advice=job.run_from_config_advice,
+        versions="0.2.0+",
+        group=groups.JOB,
+        purpose="gym.job around a rollout collection run (ng_collect_rollouts, gym eval)",
     ),
     Pointcut(
         name="sandbox.start",

@@ -32,9 +32,9 @@ iterator finishes.  Each request checks the span group first; a disabled group c
 one frozenset test and a plain call.
 
 Rollout id (0.5+): the span starts with ``current_rollout_id()`` (or the
-``{rollout_id}`` path parameter).  The agent's ``/run`` closure enters
-``rollout_context`` *inside* our wrapper, so ``rollout_context_advice`` tags the open
-seam span when that happens.
+``{rollout_id}`` path parameter; for ``/run``, the id derived from the body the way the
+agent derives it).  The agent's ``/run`` closure enters ``rollout_context`` *inside* our
+wrapper, so ``rollout_context_advice`` also tags the open seam span when that happens.
 """
 
 from __future__ import annotations
@@ -177,8 +177,9 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> "trace.Span | None":
         attributes: dict[str, Any] = {SERVER_NAME: seam.server_name}
         rollout_id = current_rollout_id()
         if not rollout_id:
-            from_path = kwargs.get("rollout_id")
-            rollout_id = from_path if isinstance(from_path, str) and from_path else None
+            rollout_id = _rollout_id_from_path(args, kwargs)
+        if not rollout_id and seam.group == groups.ROLLOUT:
+            rollout_id = _rollout_id_from_run_body(args, kwargs)
         if rollout_id:
             attributes[ROLLOUT_ID] = rollout_id
         if seam.model_call:
@@ -187,6 +188,40 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> "trace.Span | None":
     except Exception as error:
         warn_once(f"routes:start:{seam.span_name}", "%s span skipped: %r", seam.span_name, error)
         return None
+
+
+def _rollout_id_from_path(args: tuple, kwargs: dict) -> "str | None":
+    """``{rollout_id}`` of an ``/ng-rollout/{rollout_id}/...`` route: a declared parameter,
+    or the path parameters of the handler's ``Request``."""
+    value = kwargs.get("rollout_id")
+    if not isinstance(value, str):
+        value = None
+        for candidate in (*kwargs.values(), *args):
+            path_params = getattr(candidate, "path_params", None)
+            if isinstance(path_params, dict):
+                value = path_params.get("rollout_id")
+                break
+    return value if isinstance(value, str) and value else None
+
+
+def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> "str | None":
+    """The id Gym's rollout collection stamps into a ``/run`` body (task and rollout index).
+
+    Gym itself enters ``rollout_context`` with it only when model-call capture is on;
+    the id is a pair of indices, content-free, so ``gym.rollout`` carries it either way.
+    """
+    module = sys.modules.get("nemo_gym.rollout_correlation")
+    derive = getattr(module, "maybe_rollout_id_from_run_body", None)
+    if derive is None:
+        return None
+    body = kwargs.get("body")
+    if body is None:
+        body = next((a for a in args if hasattr(a, "model_fields")), None)
+    try:
+        rollout_id = derive(body)
+    except Exception:
+        return None
+    return str(rollout_id) if rollout_id else None
 
 
 def _fail(span: "trace.Span", error: BaseException) -> None:
