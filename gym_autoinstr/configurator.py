@@ -51,7 +51,7 @@ _OTLP_EXPORTERS = {
 }
 
 # What this process ended up with; `gym-autoinstr doctor` and the tests read it.
-STATE: dict[str, Any] = {"configured_by": None, "exporters": [], "identity": None}
+STATE: dict[str, Any] = {"configured_by": None, "exporters": [], "identity": None, "metrics": False}
 
 
 def _int_env(name: str, default: int) -> int:
@@ -181,6 +181,47 @@ def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
     return provider
 
 
+def metric_readers() -> list[Any]:
+    """Metric readers from ``OTEL_METRICS_EXPORTER``: OTLP by default when an OTLP endpoint
+    is configured, none in the embedded file default."""
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+    default = "none" if files.embedded_default_applies() else "otlp"
+    readers = []
+    for raw in os.environ.get("OTEL_METRICS_EXPORTER", default).split(","):
+        name = raw.strip().lower()
+        if not name or name == "none":
+            continue
+        try:
+            if name == "console":
+                exporter = ConsoleMetricExporter()
+            elif name == "otlp":
+                protocol = (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _otlp_protocol()).strip().lower()
+                if protocol == PROTOCOL_GRPC:
+                    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+                else:
+                    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+                exporter = OTLPMetricExporter()
+            else:
+                warn_once(f"metrics-exporter:{name}", "OTEL_METRICS_EXPORTER=%r is not supported here (otlp, console, none).", name)
+                continue
+        except Exception as error:
+            warn_once(f"metrics-exporter-error:{name}", "metric exporter %r could not be created: %r", name, error)
+            continue
+        readers.append(PeriodicExportingMetricReader(exporter))
+    return readers
+
+
+def _configure_metrics(resource: Resource) -> None:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    readers = metric_readers()
+    if readers:
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False))
+        STATE["metrics"] = True
+
+
 def _flush_at_exit() -> None:
     flush(reason="process exit")
 
@@ -196,6 +237,10 @@ def configure_process() -> "TracerProvider | None":
         return None
     provider = build_tracer_provider(who)
     trace.set_tracer_provider(provider)
+    try:
+        _configure_metrics(provider.resource)
+    except Exception as error:
+        warn_once("metrics", "metrics are off: %r", error)
     start_flusher()
     atexit.register(_flush_at_exit)
     STATE["configured_by"] = "gym_autoinstr"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import time
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -29,6 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import groups
 from ._log import logger, warn_once
 from .flush import flush, flush_async
+from .metrics import record_server_duration
 from .spans import mark_error, tracer
 
 DEFAULT_EXCLUDED_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico")
@@ -128,6 +130,7 @@ class GymServerMiddleware:
         version = scope.get("http_version")
         if version:
             attributes["network.protocol.version"] = version
+        started = time.perf_counter()
         span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         status_code: list[int] = []
@@ -155,6 +158,7 @@ class GymServerMiddleware:
                     if status_code[0] >= 500:
                         span.set_status(Status(StatusCode.ERROR))
                 span.end()
+                record_server_duration(time.perf_counter() - started, method, route, status_code[0] if status_code else None)
             finally:
                 otel_context.detach(token)
 

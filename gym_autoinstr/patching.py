@@ -31,6 +31,7 @@ class AppliedPatch:
     original: Any  # exactly what stood in owner.__dict__[name]
     wrapper: Any
     copies: list[tuple[ModuleType, str]] = field(default_factory=list)
+    inherited: bool = False  # the original lives on a base class: removing deletes ours
 
 
 class PatchSet:
@@ -85,7 +86,10 @@ class PatchSet:
             for name in list(self.applied):
                 patch = self.applied.pop(name)
                 try:
-                    setattr(patch.owner, patch.name, patch.original)
+                    if patch.inherited:
+                        delattr(patch.owner, patch.name)
+                    else:
+                        setattr(patch.owner, patch.name, patch.original)
                     for module, attribute in patch.copies:
                         if getattr(module, attribute, None) is patch.wrapper:
                             setattr(module, attribute, _original_callable(patch))
@@ -102,8 +106,13 @@ def _resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
     owner: Any = module
     parts = path.split(".")
     for part in parts[:-1]:
+        # A module's own namespace, not getattr: a module-level __getattr__ (Gym uses
+        # them for deprecated names) would hand us an object that lives elsewhere.
+        namespace = vars(owner) if isinstance(owner, ModuleType) else None
+        if namespace is not None and part not in namespace:
+            raise _Absent(f"no {part!r} in {owner.__name__!r}")
         try:
-            owner = getattr(owner, part)
+            owner = namespace[part] if namespace is not None else getattr(owner, part)
         except AttributeError:
             raise _Absent(f"no {part!r} in {getattr(owner, '__name__', owner)!r}") from None
     name = parts[-1]
@@ -113,6 +122,10 @@ def _resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
             if name in vars(klass):
                 return owner, name, vars(klass)[name]
         raise _Absent(f"no attribute {name!r} on {owner.__name__}")
+    if isinstance(owner, ModuleType):
+        if name not in vars(owner):
+            raise _Absent(f"no attribute {name!r} in {owner.__name__!r}")
+        return owner, name, vars(owner)[name]
     if not hasattr(owner, name):
         raise _Absent(f"no attribute {name!r} in {getattr(owner, '__name__', owner)!r}")
     return owner, name, getattr(owner, name)
@@ -124,8 +137,9 @@ def _patch(pointcut: Pointcut, module: ModuleType) -> AppliedPatch:
         raise RuntimeError("already wrapped by another gym-autoinstr instrumentor")
     wrapper = wrapt.FunctionWrapper(original, pointcut.advice)
     wrapper._self_gym_autoinstr = True
+    inherited = isinstance(owner, type) and name not in vars(owner)
     setattr(owner, name, wrapper)
-    return AppliedPatch(pointcut, owner, name, original, wrapper)
+    return AppliedPatch(pointcut, owner, name, original, wrapper, inherited=inherited)
 
 
 def _original_callable(patch: AppliedPatch) -> Any:

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coexistence, egress, groups, ingress, job, routes, sandbox
+from . import coexistence, egress, groups, ingress, job, metrics, routes, sandbox
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,46 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.4.0+",
         group=groups.SANDBOX,
         purpose="gym.sandbox.stop of a running sandbox",
+        optional=True,
+    ),
+    Pointcut(
+        name="fleet.ready",
+        module="nemo_gym.cli.env",
+        attribute="RunHelper.wait_for_spinup",
+        advice=metrics.servers_ready_advice,
+        versions="0.4.0+",
+        group=None,
+        purpose="gym.servers.active = N once every server is ready (orchestrator)",
+        optional=True,
+    ),
+    Pointcut(
+        name="fleet.shutdown",
+        module="nemo_gym.cli.env",
+        attribute="RunHelper.shutdown",
+        advice=metrics.fleet_shutdown_advice,
+        versions="0.4.0+",
+        group=None,
+        purpose="gym.servers.active = 0 after Gym's shutdown, then flush (orchestrator)",
+        optional=True,
+    ),
+    Pointcut(
+        name="fleet.ready.legacy",
+        module="nemo_gym.cli",
+        attribute="RunHelper.wait_for_spinup",
+        advice=metrics.servers_ready_advice,
+        versions="0.2.0-0.3.x",
+        group=None,
+        purpose="as fleet.ready, where the CLI was one module",
+        optional=True,
+    ),
+    Pointcut(
+        name="fleet.shutdown.legacy",
+        module="nemo_gym.cli",
+        attribute="RunHelper.shutdown",
+        advice=metrics.fleet_shutdown_advice,
+        versions="0.2.0-0.3.x",
+        group=None,
+        purpose="as fleet.shutdown, where the CLI was one module",
         optional=True,
     ),
 )

@@ -251,3 +251,46 @@ def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, poli
     for trace in traces.values():
         _assert_one_connected_trace(trace, trio)
     assert {s["resource"]["nemo.gym.run.id"] for s in spans} == {run_dir.name}
+
+
+def _metric_points(sink) -> list[dict]:
+    """Every data point received: ``{"name", "service", "attributes", "value"}``."""
+    from tests.harness.collector import _attrs
+
+    points = []
+    for request in sink.metrics_requests():
+        for resource_metrics in request.resource_metrics:
+            service = _attrs(resource_metrics.resource.attributes).get("service.name")
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    kind = metric.WhichOneof("data")
+                    for point in getattr(metric, kind).data_points:
+                        value = point.count if kind == "histogram" else (point.as_int or point.as_double)
+                        points.append({"name": metric.name, "service": service,
+                                       "attributes": _attrs(point.attributes), "value": value})
+    return points
+
+
+def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, collector):
+    version = "0.4.0"
+    env = _otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500")
+    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    with trio:
+        trio.rollouts(4, concurrency=2)
+        assert collector.sink.wait_for(lambda _: any(
+            p["name"] == "gym.servers.active" and p["value"] == 3 for p in _metric_points(collector.sink)), timeout=15)
+    points = _metric_points(collector.sink)
+    durations = [p for p in points if p["name"] == "http.server.request.duration"]
+    # the model server's /v1/responses: 8 requests (two per rollout), counted by route, method and status
+    model = [p for p in durations if p["service"] == f"nemo-gym/{MODEL}"]
+    assert {(p["attributes"]["http.route"], p["attributes"]["http.request.method"],
+             p["attributes"]["http.response.status_code"]) for p in model} == {("/v1/responses", "POST", 200)}
+    assert max(p["value"] for p in model) == 8
+    resources = {p["attributes"]["http.route"] for p in durations if p["service"] == f"nemo-gym/{RESOURCES}"}
+    assert resources == {"/seed_session", "/get_weather", "/verify"}
+    # the fleet gauge: written by the orchestrator only, N after spawn and 0 at shutdown
+    gauge = [p for p in points if p["name"] == "gym.servers.active"]
+    assert {p["service"] for p in gauge} == {"nemo-gym/orchestrator"}
+    assert gauge[0]["value"] == 3 and gauge[-1]["value"] == 0
+    # never reward or accuracy
+    assert not [p for p in points if "reward" in p["name"] or "accuracy" in p["name"]]

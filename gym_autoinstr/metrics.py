@@ -1,0 +1,76 @@
+"""Metrics: HTTP server duration from the ingress, and the fleet size from the orchestrator.
+
+* ``http.server.request.duration`` (seconds, histogram) is recorded by the ingress
+  middleware for every traced request, dimensioned by ``http.request.method``,
+  ``http.route`` (the template, never the raw path) and ``http.response.status_code``;
+  the server is told apart by the resource (``service.name``).
+* ``gym.servers.active`` (gauge) is written by the orchestrator only: the number of
+  servers once ``RunHelper.wait_for_spinup`` reports them all ready, 0 after
+  ``RunHelper.shutdown``.
+
+Reward and accuracy are never mirrored into telemetry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import metrics
+
+from ._log import warn_once
+from .version import __version__
+
+_instruments: dict[str, Any] = {}
+_provider: object = None
+
+
+def _meter_instruments() -> dict[str, Any]:
+    global _provider
+    provider = metrics.get_meter_provider()
+    if provider is not _provider:
+        meter = provider.get_meter("gym_autoinstr", __version__)
+        _instruments.clear()
+        _instruments["duration"] = meter.create_histogram(
+            "http.server.request.duration", unit="s", description="Duration of HTTP server requests."
+        )
+        _instruments["servers"] = meter.create_gauge(
+            "gym.servers.active", unit="{server}", description="Gym servers up in this run (orchestrator)."
+        )
+        _provider = provider
+    return _instruments
+
+
+def record_server_duration(seconds: float, method: str, route: "str | None", status: "int | None") -> None:
+    attributes: dict[str, Any] = {"http.request.method": method}
+    if route:
+        attributes["http.route"] = route
+    if status:
+        attributes["http.response.status_code"] = status
+    _meter_instruments()["duration"].record(seconds, attributes)
+
+
+def _set_servers_active(value: int) -> None:
+    try:
+        _meter_instruments()["servers"].set(value)
+    except Exception as error:
+        warn_once("servers-active", "could not record gym.servers.active: %r", error)
+
+
+def servers_ready_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``RunHelper.wait_for_spinup`` returns: every configured server is up."""
+    result = wrapped(*args, **kwargs)
+    configs = getattr(instance, "_server_instance_display_configs", None)
+    if configs is not None:
+        _set_servers_active(len(configs))
+    return result
+
+
+def fleet_shutdown_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``RunHelper.shutdown``: no server left; flush so the 0 is exported."""
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _set_servers_active(0)
+        from .flush import flush
+
+        flush(reason="gym shutdown")
