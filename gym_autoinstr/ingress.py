@@ -49,8 +49,21 @@ def excluded_paths() -> frozenset[str]:
     return frozenset(p.strip() for p in raw.split(",") if p.strip())
 
 
+# W3C lets a receiver drop a tracestate longer than this; a bigger one is only cost.
+MAX_TRACESTATE_LENGTH = 512
+
+
+def accept_inbound_baggage() -> bool:
+    return os.environ.get("GYM_AUTOINSTR_ACCEPT_BAGGAGE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class _Propagation:
-    """The inbound header names the global propagator reads, as ASGI (bytes) keys."""
+    """The inbound header names the global propagator reads, as ASGI (bytes) keys.
+
+    ``baggage`` is left out unless ``GYM_AUTOINSTR_ACCEPT_BAGGAGE`` is set: whatever a
+    caller from outside the fleet puts there would otherwise ride along on every hop,
+    up to the model endpoint.  Baggage set inside the fleet still propagates.
+    """
 
     textmap: object = None
     names: frozenset[bytes] = frozenset()
@@ -59,7 +72,10 @@ class _Propagation:
     def header_names(cls) -> frozenset[bytes]:
         textmap = propagate.get_global_textmap()
         if textmap is not cls.textmap:
-            cls.names = frozenset(f.lower().encode("latin-1") for f in textmap.fields)
+            names = {f.lower().encode("latin-1") for f in textmap.fields}
+            if not accept_inbound_baggage():
+                names.discard(b"baggage")
+            cls.names = frozenset(names)
             cls.textmap = textmap
         return cls.names
 
@@ -70,8 +86,11 @@ def _carrier(scope: dict) -> dict[str, str]:
     for key, value in scope.get("headers") or ():
         if key in names:
             name = key.decode("latin-1")
-            # Repeated headers are joined the way HTTP folds them.
+            # Repeated headers are joined the way HTTP folds them (two traceparents
+            # then make an invalid one: the request starts a new trace, as W3C asks).
             carrier[name] = f"{carrier[name]},{value.decode('latin-1')}" if name in carrier else value.decode("latin-1")
+    if len(carrier.get("tracestate", "")) > MAX_TRACESTATE_LENGTH:
+        del carrier["tracestate"]
     return carrier
 
 
