@@ -185,44 +185,63 @@ def render_html(traces: Sequence[Trace], *, title: str = "gym-autoinstr traces")
         rows = []
         for row in trace.rows:
             span = row.span
-            left = 100.0 * (span["start_ns"] - start) / total
             width = max(0.3, 100.0 * (span["end_ns"] - span["start_ns"]) / total)
+            # a bar never leaves its cell (the minimum width of a span at the very end would)
+            left = max(0.0, min(100.0 * (span["start_ns"] - start) / total, 100.0 - width))
             attributes = "".join(
                 f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
                 for k, v in sorted((span.get("attributes") or {}).items())
             )
             error = span.get("status") == "ERROR"
+            kind = str(span.get("kind", ""))
+            service_name = html.escape(service(span))
+            name = html.escape(span["name"])
             rows.append(
                 f'<details class="span{" error" if error else ""}" data-span-id="{html.escape(span["span_id"])}" '
-                f'data-kind="{html.escape(str(span.get("kind", "")))}">'
-                f'<summary><span class="service">{html.escape(service(span))}</span>'
-                f'<span class="name" style="padding-left:{row.depth * 14}px">{html.escape(span["name"])}</span>'
+                f'data-kind="{html.escape(kind)}">'
+                f'<summary><span class="service" title="{service_name}">{service_name}</span>'
+                f'<span class="name" style="padding-left:{row.depth * 14}px" title="{name} ({html.escape(kind)})">{name}</span>'
                 f'<span class="bar-cell"><span class="bar" style="left:{left:.2f}%;width:{width:.2f}%"></span></span>'
                 f'<span class="duration">{duration_ms(span):.1f} ms</span></summary>'
                 f'<table class="attributes">{attributes}</table></details>'
             )
         rollouts = ", ".join(sorted(trace.rollout_ids))
         sections.append(
-            f'<section class="trace" data-trace-id="{trace.trace_id}"><h2>trace {trace.trace_id}'
-            f'{" · rollout " + html.escape(rollouts) if rollouts else ""}</h2>'
+            f'<section class="trace{" error" if trace.has_error else ""}" data-trace-id="{html.escape(trace.trace_id)}">'
+            f'<h2>trace {html.escape(trace.trace_id)}'
+            f'{" · rollout " + html.escape(rollouts) if rollouts else ""}'
+            f'{" · <span class=flag>ERROR</span>" if trace.has_error else ""}</h2>'
             f'<p class="summary">{html.escape(_summary_text(trace))} · {len(trace.spans)} spans · '
             f'{len(trace.services)} services</p>{"".join(rows)}</section>'
         )
     style = """
 body{font:13px/1.4 system-ui,sans-serif;margin:16px;color:#222}
-h1{font-size:18px}h2{font-size:14px;margin:18px 0 2px}.summary{color:#555;margin:0 0 6px}
-details.span summary{display:grid;grid-template-columns:260px 340px 1fr 90px;gap:8px;cursor:pointer;padding:1px 0}
+h1{font-size:18px;margin:0 0 4px}h2{font-size:14px;margin:18px 0 2px}.summary{color:#555;margin:0 0 6px}
+.legend{color:#555}.legend i{display:inline-block;width:18px;height:8px;margin:0 4px 0 12px;border-radius:2px}
+.flag{color:#b00}
+details.span summary{display:grid;grid-template-columns:330px 320px 1fr 90px;gap:8px;cursor:pointer;padding:1px 0;
+list-style:none}details.span summary::-webkit-details-marker{display:none}
 details.span summary:hover{background:#f3f6fa}.service{color:#456;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-.name{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.bar-cell{position:relative;background:#f4f4f4}
-.bar{position:absolute;top:3px;bottom:3px;background:#4a8fd8;border-radius:2px}.error .bar{background:#d84a4a}
-.error .name{color:#b00}.duration{text-align:right;font-variant-numeric:tabular-nums}
-table.attributes{margin:2px 0 8px 270px;border-collapse:collapse}table.attributes th{text-align:left;color:#555;
+.name{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.name::before{content:"\\25B8";display:inline-block;width:12px;color:#999}details[open] .name::before{content:"\\25BE"}
+.bar-cell{position:relative;background:#f4f4f4}
+.bar{position:absolute;top:3px;bottom:3px;background:#4a8fd8;border-radius:2px}
+[data-kind=CLIENT] .bar,i.client{background:#a3c6ec}[data-kind=INTERNAL] .bar,i.internal{background:#52a88a}
+i.server{background:#4a8fd8}details.error .bar,i.error{background:#d84a4a}
+details.error .name{color:#b00}.duration{text-align:right;font-variant-numeric:tabular-nums}
+table.attributes{margin:2px 0 8px 340px;border-collapse:collapse}table.attributes th{text-align:left;color:#555;
 font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
 """
+    legend = (
+        '<p class="legend">'
+        + "".join(f'<i class="{c}"></i>{label}' for c, label in
+                  (("server", "SERVER"), ("client", "CLIENT"), ("internal", "INTERNAL"), ("error", "ERROR")))
+        + " · click a row for its attributes</p>"
+    )
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-        f'<p class="count">{len(traces)} traces</p>{"".join(sections)}</body></html>'
+        f'<p class="count">{len(traces)} traces</p>{legend}{"".join(sections)}</body></html>'
     )
 
 
