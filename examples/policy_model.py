@@ -81,7 +81,7 @@ def count_tokens(value: Any) -> int:
     return max(1, sum(len(s.split()) for s in _strings(value)))
 
 
-def example_arguments(parameters: Any) -> Dict[str, Any]:
+def example_arguments(parameters: Any, city: str = "San Francisco") -> Dict[str, Any]:
     """Deterministic arguments that satisfy a simple JSON schema."""
     if not isinstance(parameters, dict):
         return {}
@@ -96,7 +96,7 @@ def example_arguments(parameters: Any) -> Dict[str, Any]:
         if isinstance(kind, list):
             kind = next((k for k in kind if k != "null"), "string")
         if name == "city":
-            args[name] = "San Francisco"
+            args[name] = city
         elif isinstance(schema, dict) and schema.get("enum"):
             args[name] = schema["enum"][0]
         elif kind == "integer":
@@ -115,7 +115,8 @@ def example_arguments(parameters: Any) -> Dict[str, Any]:
 
 
 class PolicyModel:
-    def __init__(self) -> None:
+    def __init__(self, city: str = "San Francisco") -> None:
+        self.city = city  # the tool argument it asks for (tests plant canaries here)
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
         self.received: List[Dict[str, Any]] = []
@@ -154,7 +155,7 @@ class PolicyModel:
         n = self._next()
         if tools and not tool_outputs:
             tool = tools[0]
-            arguments = json.dumps(example_arguments(tool.get("parameters")), sort_keys=True)
+            arguments = json.dumps(example_arguments(tool.get("parameters"), self.city), sort_keys=True)
             output = [
                 {
                     "type": "function_call",
@@ -226,7 +227,7 @@ class PolicyModel:
         n = self._next()
         if tools and not tool_messages:
             tool = tools[0]
-            arguments = json.dumps(example_arguments(tool.get("parameters")), sort_keys=True)
+            arguments = json.dumps(example_arguments(tool.get("parameters"), self.city), sort_keys=True)
             message = {
                 "role": "assistant",
                 "content": None,
@@ -434,8 +435,8 @@ class Server:
                 pass
 
 
-async def serve(host: str, port: int, latency_ms: float = 0.0) -> None:
-    server_impl = Server(PolicyModel(), latency_s=latency_ms / 1000.0)
+async def serve(host: str, port: int, latency_ms: float = 0.0, city: str = "San Francisco") -> None:
+    server_impl = Server(PolicyModel(city), latency_s=latency_ms / 1000.0)
     server = await asyncio.start_server(
         server_impl.handle_connection, host, port, limit=MAX_HEADER_BYTES, backlog=1024
     )
@@ -464,8 +465,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to each model call")
+    parser.add_argument("--city", default="San Francisco", help="the city it asks the weather tool about")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, args.latency_ms))
+    asyncio.run(serve(args.host, args.port, args.latency_ms, args.city))
     return 0
 
 
