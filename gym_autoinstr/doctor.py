@@ -124,10 +124,44 @@ def _import(module: str) -> "str | None":
     except ModuleNotFoundError as error:
         if error.name and (module == error.name or module.startswith(error.name + ".")):
             return f"no module {error.name!r}"
-        return f"importing {module} failed: {error!r}"
+        failure = f"importing {module} failed: {error!r}"
     except BaseException as error:  # Gym's import-time code may even sys.exit()
-        return f"importing {module} failed: {error!r}"
-    return None
+        failure = f"importing {module} failed: {error!r}"
+    else:
+        return None
+    # A parent package that fails to import hides whether the module exists at all.
+    return f"no module {module!r}" if _exists_on_disk(module) is False else failure
+
+
+def _exists_on_disk(module: str) -> "bool | None":
+    """Whether ``module``'s source is installed, found without importing any package."""
+    import importlib.machinery
+    import importlib.util
+
+    top, *rest = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except Exception:
+        return None
+    if spec is None:
+        return False
+    locations = list(spec.submodule_search_locations or [])
+    for part in rest:
+        found = None
+        for location in locations:  # empty when the parent is a plain module
+            package = os.path.join(location, part)
+            if os.path.isfile(os.path.join(package, "__init__.py")):
+                found = [package]
+            elif any(os.path.isfile(package + suffix) for suffix in importlib.machinery.all_suffixes()):
+                found = []
+            elif os.path.isdir(package):
+                found = [package]  # a namespace package
+            if found is not None:
+                break
+        if found is None:
+            return False
+        locations = found
+    return True
 
 
 def resolve_pointcuts(gym_version: "str | None", pointcuts: "tuple[Pointcut, ...]" = POINTCUTS) -> list[dict[str, Any]]:
@@ -560,7 +594,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
                 WARNING,
                 "nemo-gym",
                 f"nemo-gym {version} is outside the releases gym-autoinstr was built against ({KNOWN_RANGE})",
-                "check the pointcuts below; where they resolve, tracing works",
+                "check the pointcuts in this report: where they resolve, tracing works",
             )
         )
 
