@@ -8,12 +8,14 @@ pointcut added to it is checked on every release without touching this file.
 
 Cost: two host venvs (Python 3.12 and 3.13) hold Gym's third-party deps once; each
 release is a ``pip install --no-deps --target`` directory put first on ``PYTHONPATH``
-(see ``tests/harness/gym_targets.py``).  Warm, the whole matrix takes seconds.
+(see ``tests/harness/gym_targets.py``).  Warm, the whole matrix takes seconds; cold,
+about two minutes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,6 +25,12 @@ from gym_autoinstr.pointcuts import POINTCUTS, version_applies
 
 RELEASES = ("0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0")
 GYM_POINTCUTS = [p for p in POINTCUTS if is_gym_module(p.module)]
+
+# Modules a release from PyPI cannot import at all, whatever is installed beside it: their
+# targets cannot be checked there (and no wheel user reaches them).
+UNIMPORTABLE = {
+    ("0.2.0", "nemo_gym.cli"): "No module named 'scripts'",  # hf_utils imports the repo's scripts/, not in the wheel
+}
 
 
 # -- the table itself (fast) -----------------------------------------------------------
@@ -77,7 +85,7 @@ def reports(tmp_path_factory):
 
     def doctor(release):
         scratch = tmp_path_factory.mktemp(f"gym-{release}")
-        result = gym_targets.run_python(release, ["-m", "gym_autoinstr.cli", "doctor", "--json"], cwd=str(scratch))
+        result = gym_targets.run_doctor(release, cwd=str(scratch))
         try:
             report = json.loads(result.stdout)
         except ValueError:
@@ -86,7 +94,8 @@ def reports(tmp_path_factory):
 
     for release in RELEASES:  # install serially (pip, shared locks), then import in parallel
         gym_targets.gym_target(release)
-    with ThreadPoolExecutor(max_workers=len(RELEASES)) as pool:
+        gym_targets.support_directory(release)
+    with ThreadPoolExecutor(max_workers=min(len(RELEASES), os.cpu_count() or 2)) as pool:
         return dict(pool.map(doctor, RELEASES))
 
 
@@ -100,6 +109,10 @@ def test_each_gym_pointcut_is_applied_or_absent_as_declared(reports, release):
     for pointcut in GYM_POINTCUTS:
         row = by_name.get(pointcut.name)
         assert row is not None, f"{pointcut.name} not reported by name"
+        broken = UNIMPORTABLE.get((release, pointcut.module))
+        if broken:
+            assert row["resolved"] is False and broken in row["reason"], row
+            continue
         assert "failed" not in (row["reason"] or ""), f"{pointcut.name}: {row['reason']} (a dependency missing in the host venv?)"
         if pointcut.optional:
             expected = version_applies(pointcut.versions, release)

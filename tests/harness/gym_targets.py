@@ -6,7 +6,11 @@ package itself is small.  So each release is installed alone with ``pip install
 ``gym_install`` (0.4.0's on Python 3.12 for Gym < 0.5, 0.7.0's on 3.13 for 0.5+), where
 it shadows the host's own nemo-gym, package and metadata alike.
 
-Targets are cached under ``gym_install.cache_root()/gym-targets/<version>``.
+Gym 0.2/0.3's CLI module imports at load time what 0.4.0's loads lazily (mlflow,
+datasets); those are installed once into a support directory that is appended to
+``sys.path`` (after the host's site-packages, so it never shadows the host's copies).
+
+Everything is cached under ``gym_install.cache_root()/gym-targets/``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import sys
 from . import gym_install
 
 HOST_RELEASE = {"3.12": "0.4.0", "3.13": "0.7.0"}
+
+# Imported at load time by some releases' modules, missing from the host venvs.
+SUPPORT_DEPS = {"3.12": ("mlflow-skinny", "datasets")}
 
 # Settings a test process may carry that would change what a Gym process does.
 _INHERITED_PREFIXES = ("OTEL_", "GYM_AUTOINSTR_", "NEMO_GYM_", "NEMO_LENS_")
@@ -51,6 +58,29 @@ def gym_target(version: str) -> pathlib.Path:
     return target
 
 
+def support_directory(version: str) -> "pathlib.Path | None":
+    """Extra third-party packages the release's Python needs (installed once), or None."""
+    minor = gym_install.python_minor_for(version)
+    if not SUPPORT_DEPS.get(minor):
+        return None
+    root = gym_install.cache_root() / "gym-targets"
+    target = root / f"support-{minor}"
+    stamp = target / ".gym-autoinstr-complete"
+    want = " ".join(SUPPORT_DEPS[minor]) + "\n"
+    if stamp.exists() and stamp.read_text() == want:
+        return target
+    python = str(host_venv(version) / "bin" / "python")
+    with gym_install._file_lock(root / f"support-{minor}.lock"):
+        if stamp.exists() and stamp.read_text() == want:
+            return target
+        if target.exists():
+            subprocess.run(["rm", "-rf", str(target)], check=True)
+        gym_install._run([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                          "--target", str(target), *SUPPORT_DEPS[minor]])
+        stamp.write_text(want)
+    return target
+
+
 def clean_environment(**overrides: str) -> dict[str, str]:
     """The test process's environment without Gym/OpenTelemetry settings, plus ``overrides``."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES) and k != "PYTHONPATH"}
@@ -58,13 +88,19 @@ def clean_environment(**overrides: str) -> dict[str, str]:
     return environ
 
 
-def run_python(version: str, args: list[str], *, cwd: str, pythonpath: "list[str]" = (), env: "dict[str, str] | None" = None,
+def run_doctor(version: str, *, cwd: str, pythonpath: "list[str]" = (), env: "dict[str, str] | None" = None,
                timeout: float = 180) -> subprocess.CompletedProcess:
-    """Run the host venv's Python with ``nemo-gym==version`` (then ``pythonpath``) first on the path."""
+    """``gym-autoinstr doctor --json`` on the host venv's Python, with ``nemo-gym==version``
+    (then ``pythonpath``) first on the path and the support directory last."""
     python = str(host_venv(version) / "bin" / "python")
     environ = clean_environment() if env is None else dict(env)
     environ["PYTHONPATH"] = os.pathsep.join([str(gym_target(version)), *pythonpath])
-    return subprocess.run([python, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+    support = support_directory(version)
+    code = "import site, sys\n"
+    if support is not None:
+        code += f"site.addsitedir({str(support)!r})\n"
+    code += "from gym_autoinstr.cli import main\nsys.exit(main(['doctor', '--json']))\n"
+    return subprocess.run([python, "-c", code], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 
 if __name__ == "__main__":
