@@ -117,6 +117,8 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
         "service.name": service_name(identity, environ),
         "service.instance.id": uuid.uuid4().hex,
         "nemo.gym.process.role": identity.role,
+        # Which venv this process reports from (Gym gives each server its own).
+        "process.executable.path": sys.executable,
     }
     if identity.role == "server":
         attributes["nemo.gym.server.name"] = identity.name

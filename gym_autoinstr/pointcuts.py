@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coexistence, egress, groups, ingress, job, metrics, routes, sandbox
+from . import coexistence, egress, groups, ingress, job, metrics, routes, sandbox, venvs
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,39 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.2.0-0.3.x",
         group=None,
         purpose="as fleet.shutdown, where the CLI was one module",
+        optional=True,
+    ),
+    Pointcut(
+        name="venvs.requirements",
+        module="nemo_gym.global_config",
+        attribute="GlobalConfigDictParser.parse",
+        advice=venvs.head_server_deps_advice,
+        versions="0.2.0+",
+        group=None,
+        purpose="every server venv Gym builds installs gym-autoinstr and its OpenTelemetry stack, pinned to "
+        "the orchestrator's (appended to head_server_deps, orchestrator only)",
+    ),
+    Pointcut(
+        name="venvs.reused",
+        module="nemo_gym.cli.setup_command",
+        attribute="setup_env_command",
+        advice=venvs.setup_env_command_advice,
+        versions="0.4.0+",
+        group=None,
+        purpose="a venv reused under skip_venv_if_present without our packages: one message naming the "
+        "server, the venv and the command that fixes it (orchestrator)",
+        rebind_copies=True,
+        optional=True,
+    ),
+    Pointcut(
+        name="venvs.reused.legacy",
+        module="nemo_gym.cli_setup_command",
+        attribute="setup_env_command",
+        advice=venvs.setup_env_command_advice,
+        versions="0.2.0-0.3.x",
+        group=None,
+        purpose="as venvs.reused, where setup_command was a top-level module",
+        rebind_copies=True,
         optional=True,
     ),
 )
