@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
-from . import groups
+from . import files, groups
 from .pointcuts import POINTCUTS, Pointcut, gym_release, version_applies
 
 # Top-level packages the nemo-gym distribution ships (0.2.0 - 0.7.0).
@@ -408,6 +408,8 @@ def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[l
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         problems.append(Problem(ERROR, "exporter", "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED"))
         return rows, problems
+    if configurator == OUR_CONFIGURATOR and files.embedded_default_applies(environ):
+        return _embedded_default(environ)
     names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
     names = [n for n in names if n != "none"]
     if not names:
@@ -472,6 +474,36 @@ def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[l
                     )
                 )
     return rows, problems
+
+
+def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """No exporter configured: our configurator writes OTLP-JSON files to a run directory."""
+    configured = environ.get(files.OUTPUT_DIR_VARIABLE)
+    directory = configured or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
+    existing = os.path.abspath(configured or os.getcwd())
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    writable = os.path.isdir(existing) and os.access(existing, os.W_OK)
+    row = {"name": "files", "directory": directory, "importable": True, "writable": writable, "used": "files"}
+    if not writable:
+        where = f"{files.OUTPUT_DIR_VARIABLE}={configured!r}" if configured else "the working directory"
+        return [row], [
+            Problem(
+                ERROR,
+                "exporter",
+                f"no exporter is configured, so spans go to local files, but {where} is not writable",
+                f"set {files.OUTPUT_DIR_VARIABLE} to a writable directory, or OTEL_EXPORTER_OTLP_ENDPOINT to a collector",
+            )
+        ]
+    return [row], [
+        Problem(
+            INFO,
+            "exporter",
+            f"no exporter is configured: each Gym process writes its spans as OTLP-JSON under {directory}"
+            + ("" if configured else " (relative to where the orchestrator runs)"),
+            "read them with `gym-autoinstr view <run directory>`; set OTEL_EXPORTER_OTLP_ENDPOINT to send to a collector",
+        )
+    ]
 
 
 # -- span groups -----------------------------------------------------------------------
@@ -649,6 +681,7 @@ def render(diagnosis: dict[str, Any]) -> str:
     lines.append(f"instrumentors {', '.join(start['instrumentors']['enabled']) or 'none'}")
     for row in diagnosis["exporters"]:
         detail = f" over {row['used']}" if row.get("used") and row.get("protocol") else ""
+        detail += f" to {row['directory']}" if row.get("directory") else ""
         lines.append(f"exporter      {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
     if not diagnosis["exporters"]:
         lines.append("exporter      none")

@@ -22,6 +22,7 @@ from tests.harness.gym_targets import clean_environment
 
 HTTP_EXPORTER = "opentelemetry.exporter.otlp.proto.http"
 GRPC_EXPORTER = "opentelemetry.exporter.otlp.proto.grpc"
+COLLECTOR = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.invalid:4318"}
 
 BLOCK_IMPORTS = """
 import importlib.abc
@@ -79,11 +80,29 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     assert report["startup"]["distro"]["selected"] == "gym_autoinstr"
     assert report["startup"]["configurator"]["selected"] == "gym_autoinstr"
     assert "nemo_gym" in report["startup"]["instrumentors"]["enabled"]
-    assert [(e["name"], e["protocol"], e["importable"]) for e in report["exporters"]] == [("otlp", "http/protobuf", True)]
+    # No exporter configured: the embedded default writes files beside the orchestrator.
+    assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
+    assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
     assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server"], "unknown": []}
     assert report["native_telemetry"]["present"] is False
     assert not problems(report, "error") and not problems(report, "warning")
     assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
+
+
+def test_a_configured_collector_is_reached_over_the_otlp_exporter(tmp_path):
+    code, report, _ = doctor(tmp_path, env=COLLECTOR)
+    assert code == 0 and report["ok"]
+    assert [(e["name"], e["protocol"], e["importable"]) for e in report["exporters"]] == [("otlp", "http/protobuf", True)]
+    assert not problems(report, subject="exporter")
+
+
+def test_an_unwritable_run_directory_means_tracing_would_not_work(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_OUTPUT_DIR": str(blocker / "runs")})
+    assert code == 1
+    (error,) = problems(report, "error")
+    assert error["subject"] == "exporter" and "GYM_AUTOINSTR_OUTPUT_DIR" in error["fix"]
 
 
 def test_the_text_report_ends_with_the_verdict(tmp_path):
@@ -94,7 +113,7 @@ def test_the_text_report_ends_with_the_verdict(tmp_path):
 
 
 def test_a_missing_exporter_package_falls_back_to_the_other_protocol(tmp_path):
-    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}]\n" + BLOCK_IMPORTS)
+    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}]\n" + BLOCK_IMPORTS, env=COLLECTOR)
     assert code == 0 and report["ok"]
     (exporter,) = report["exporters"]
     assert exporter["importable"] is False and exporter["used"] == "grpc"
@@ -103,7 +122,7 @@ def test_a_missing_exporter_package_falls_back_to_the_other_protocol(tmp_path):
 
 
 def test_no_importable_exporter_means_tracing_would_not_work(tmp_path):
-    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}, {GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS)
+    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}, {GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, env=COLLECTOR)
     assert code == 1 and not report["ok"]
     (error,) = problems(report, "error")
     assert error["subject"] == "exporter" and "never exported" in error["problem"]
@@ -114,7 +133,7 @@ def test_the_grpc_protocol_checks_the_grpc_package(tmp_path):
     code, report, _ = doctor(
         tmp_path,
         prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS,
-        env={"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+        env={**COLLECTOR, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
     )
     assert code == 0
     (exporter,) = report["exporters"]
