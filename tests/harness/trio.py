@@ -8,7 +8,10 @@
 What runs is Gym's own orchestrator (head server, Ray start, process spawning,
 readiness polling, SIGINT shutdown); only the per-server venv installs are
 skipped (``+skip_venv_if_present=true`` with ``<type>/<name>/.venv`` symlinks in
-the working directory pointing at the shared venv).
+the working directory pointing at the shared venv; ``server_venvs`` points one
+server's symlink elsewhere).  With ``build_venvs=True`` nothing is skipped: Gym
+builds a uv venv per server in the working directory, as users run it (the venv
+needs ``uv``; the uv cache is shared between runs under the test cache root).
 
 Servers (top-level config keys, fixed by this harness):
 
@@ -99,6 +102,9 @@ class GymTrio:
         env: Mapping[str, str] | None = None,
         instrument: bool = False,
         extra_config: Mapping[str, Any] | None = None,
+        build_venvs: bool = False,
+        server_venvs: Mapping[str, pathlib.Path | str] | None = None,
+        uv_cache_dir: pathlib.Path | str | None = None,
     ) -> None:
         self.venv = pathlib.Path(venv).absolute()
         self.gym_version = gym_version
@@ -107,6 +113,13 @@ class GymTrio:
         self.extra_env = dict(env or {})
         self.instrument = instrument
         self.extra_config = dict(extra_config or {})
+        self.build_venvs = build_venvs
+        self.server_venvs = {k: pathlib.Path(v).absolute() for k, v in (server_venvs or {}).items()}
+        if build_venvs and uv_cache_dir is None:
+            from tests.harness.gym_install import cache_root
+
+            uv_cache_dir = cache_root() / "uv-cache"
+        self.uv_cache_dir = pathlib.Path(uv_cache_dir).absolute() if uv_cache_dir else None
         self.has_relay = _vtuple(gym_version) >= (0, 7)
         self.has_rollout_ids = _vtuple(gym_version) >= (0, 5)
 
@@ -188,21 +201,34 @@ class GymTrio:
         cfg = self.build_config()
         # JSON is valid YAML; no PyYAML needed on the test side.
         self.config_path.write_text(json.dumps(cfg, indent=1) + "\n")
-        for typ, impl in self._server_dirs(cfg):
+        if self.build_venvs:
+            return  # Gym creates <type>/<name>/.venv itself
+        for name, (typ, impl) in zip(self.server_names, self._server_dirs(cfg)):
+            target = self.server_venvs.get(name, self.venv)
             d = self.workdir / typ / impl
             d.mkdir(parents=True, exist_ok=True)
             link = d / ".venv"
             if link.is_symlink() or link.exists():
-                if link.resolve() == self.venv.resolve():
+                if link.resolve() == target.resolve():
                     continue
                 link.unlink()
-            link.symlink_to(self.venv, target_is_directory=True)
+            link.symlink_to(target, target_is_directory=True)
+
+    def server_venv(self, name: str) -> pathlib.Path:
+        """Where Gym finds (or builds) the venv of server ``name``: ``<workdir>/<type>/<impl>/.venv``."""
+        (typ, inner), = self.build_config()[name].items()
+        (impl, _), = inner.items()
+        return self.workdir / typ / impl / ".venv"
 
     # ------------------------------------------------------------------ start
 
     def command(self) -> list[str]:
         cmd = [str(self.venv / "bin" / "gym"), "env", "start",
-               f"+config_paths=[{self.config_path}]", "+skip_venv_if_present=true"]
+               f"+config_paths=[{self.config_path}]"]
+        if self.build_venvs:
+            cmd.append(f"+uv_cache_dir={self.uv_cache_dir}")
+        else:
+            cmd.append("+skip_venv_if_present=true")
         if self.instrument:
             cmd = [str(self.venv / "bin" / "opentelemetry-instrument")] + cmd
         return cmd
@@ -216,7 +242,12 @@ class GymTrio:
         # what its test passes in `env`.
         for k in [k for k in env if k.startswith(("NEMO_GYM_", "GYM_AUTOINSTR_", "OTEL_"))]:
             env.pop(k)
-        env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        path = [str(self.venv / "bin")]
+        if self.build_venvs:
+            # uv finds the interpreter Gym names (`uv venv --python 3.12.1`) on PATH, but
+            # not inside a venv: put the Gym venv's base interpreter there too.
+            path.append(self._base_interpreter_dir())
+        env["PATH"] = os.pathsep.join(path + [env.get("PATH", "")])
         env["RAY_AUTH_MODE"] = "disabled"
         env["RAY_TMPDIR"] = self.ray_tmpdir or ""
         env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -225,6 +256,13 @@ class GymTrio:
         env[_MARKER_ENV] = self.trio_id
         env.update(self.extra_env)
         return env
+
+    def _base_interpreter_dir(self) -> str:
+        for line in (self.venv / "pyvenv.cfg").read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                return value.strip()
+        raise GymTrioError(f"no home in {self.venv / 'pyvenv.cfg'}")
 
     def start(self, timeout: float = 180) -> "GymTrio":
         if self.proc is not None:
