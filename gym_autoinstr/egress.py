@@ -67,9 +67,15 @@ def current_rollout_id() -> "str | None":
     return str(value) if value else None
 
 
-async def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Plain function returning an awaitable: when the group is off, the caller awaits
+    # Gym's own coroutine directly (no extra coroutine frame per request).
     if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
-        return await wrapped(*args, **kwargs)
+        return wrapped(*args, **kwargs)
+    return _traced_request(wrapped, args, kwargs)
+
+
+async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     method, url = _bind(args, kwargs)
     full, host, port = redact_url(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
