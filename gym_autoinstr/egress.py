@@ -75,9 +75,26 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     return _traced_request(wrapped, args, kwargs)
 
 
+# Gym calls a handful of URLs over and over: parse each once.  Bounded (cleared when full:
+# per-rollout paths on 0.5+ would otherwise grow it without end).
+_REDACTED: dict[str, tuple[str, "str | None", "int | None"]] = {}
+_REDACTED_MAX = 512
+
+
+def _redacted(url: Any) -> tuple[str, "str | None", "int | None"]:
+    if type(url) is not str:
+        return redact_url(url)
+    hit = _REDACTED.get(url)
+    if hit is None:
+        if len(_REDACTED) >= _REDACTED_MAX:
+            _REDACTED.clear()
+        hit = _REDACTED[url] = redact_url(url)
+    return hit
+
+
 async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     method, url = _bind(args, kwargs)
-    full, host, port = redact_url(url)
+    full, host, port = _redacted(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
     if host:
         attributes["server.address"] = host
