@@ -242,6 +242,9 @@ def configure_process() -> "TracerProvider | None":
     except Exception as error:
         warn_once("metrics", "metrics are off: %r", error)
     start_flusher()
+    from . import quiet
+
+    quiet.install()  # one line per export-failure cause, not one per retry
     atexit.register(_flush_at_exit)
     STATE["configured_by"] = "gym_autoinstr"
     logger.debug("configured %s (%s); exporters: %s", who.name, who.role, STATE["exporters"] or "none")
