@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 from . import files, identity
 from ._log import logger, warn_once
-from .flush import flush, start_flusher
+from .flush import WatchedExporter, flush, start_flusher
 
 # Batch settings for Gym's scale (thousands of concurrent rollouts): a deep queue so a
 # burst is absorbed instead of dropped, large batches, and a short delay so that little
@@ -169,7 +169,7 @@ def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
     for label, exporter in span_exporters(who):
         provider.add_span_processor(
             BatchSpanProcessor(
-                exporter,
+                WatchedExporter(exporter),
                 max_queue_size=_int_env("OTEL_BSP_MAX_QUEUE_SIZE", BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"]),
                 schedule_delay_millis=_int_env("OTEL_BSP_SCHEDULE_DELAY", BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"]),
                 max_export_batch_size=_int_env(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 from ._log import logger, warn_once
 
@@ -64,6 +65,11 @@ class _Flusher:
         self._condition = threading.Condition()
         self._requested = 0
         self._completed = 0
+        # The newest request a caller gave up waiting for.  While the thread is still
+        # stuck before it (an export blocked on a dead or silent collector), a later
+        # flush cannot finish either: it is queued, not waited for, so the waits of
+        # one shutdown (lifespan, uvicorn exit, atexit) do not add up past Gym's grace.
+        self._abandoned = 0
         self._thread: "threading.Thread | None" = None
         self._pid = 0
 
@@ -96,10 +102,54 @@ class _Flusher:
             self._requested += 1
             target = self._requested
             self._condition.notify_all()
-            return self._condition.wait_for(lambda: self._completed >= target, timeout)
+            if self._completed < self._abandoned:
+                return False
+            finished = self._condition.wait_for(lambda: self._completed >= target, timeout)
+            if not finished:
+                self._abandoned = target
+            return finished
 
 
 _flusher = _Flusher()
+
+# How the span exports are going, so that a shutdown does not wait on a pipeline that is
+# known to be stuck: the SDK's export call blocks its batch thread (and force_flush
+# behind it) through retries and backoff for up to the exporter's timeout (10 s).
+_STUCK_AFTER_SECONDS = 1.0
+_exports = {"since": None, "failing": False}
+
+
+class WatchedExporter:
+    """Delegates to a span exporter and records whether its exports succeed."""
+
+    def __init__(self, exporter: object) -> None:
+        self._exporter = exporter
+
+    def export(self, batch: object) -> object:
+        _exports["since"] = time.monotonic()
+        ok = False
+        try:
+            result = self._exporter.export(batch)  # type: ignore[attr-defined]
+            ok = getattr(result, "name", None) == "SUCCESS"
+            return result
+        finally:
+            _exports["since"] = None
+            _exports["failing"] = not ok
+
+    def shutdown(self) -> object:
+        return self._exporter.shutdown()  # type: ignore[attr-defined]
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._exporter, name)
+
+
+def exports_stuck() -> bool:
+    """The last span export failed, or one has been running for over a second."""
+    since = _exports["since"]
+    return bool(_exports["failing"]) or (since is not None and time.monotonic() - since > _STUCK_AFTER_SECONDS)
 
 
 def start_flusher() -> None:
@@ -110,6 +160,17 @@ def start_flusher() -> None:
 def flush(timeout: "float | None" = None, *, reason: str = "") -> bool:
     """Flush spans and metrics, waiting at most ``timeout`` seconds; True if it finished."""
     timeout = flush_timeout_seconds() if timeout is None else timeout
+    if exports_stuck():
+        # The flush is still requested (it exports whatever is queued if the collector
+        # comes back before the process ends) but not waited for.
+        _flusher.flush(0)
+        warn_once(
+            "flush-skipped",
+            "telemetry flush%s: not waiting, span exports are failing or stuck (collector slow or "
+            "unreachable?); spans not yet exported are lost.",
+            f" at {reason}" if reason else "",
+        )
+        return False
     finished = _flusher.flush(timeout)
     if not finished:
         warn_once(
