@@ -1,0 +1,1 @@
+"""Overhead benchmarks for gym-autoinstr (not tests): run them with ``./run-benchmarks``."""

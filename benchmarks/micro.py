@@ -1,0 +1,152 @@
+"""In-process micro-benchmarks (run inside the Gym venv that has gym-autoinstr).
+
+Per call, with ``timeit``, variants interleaved in every repetition:
+
+* egress: ``nemo_gym.server_utils.request``'s shape (an async function) unwrapped, and
+  wrapped exactly as the egress pointcut wraps it (``wrapt.FunctionWrapper`` around
+  ``egress.request_advice``) with the ``http_client`` group off and on;
+* route seam: an async handler unwrapped, and ``routes.wrap_handler`` around it (the
+  ``gym.verify`` seam) with its group off and on;
+* ingress: a trivial ASGI app bare, and behind ``GymServerMiddleware`` with the
+  ``server`` group off and on.
+
+"on" runs the real SDK pipeline of our configurator (``TracerProvider`` with the
+``BatchSpanProcessor`` at our defaults) in front of an exporter that discards.
+Coroutines are driven with ``send(None)`` (none of them suspends), so no event loop
+cost is counted.  Time is the calling thread's CPU time (``time.thread_time``): on a
+shared machine, wall time mostly measures the neighbours.  The headline is the best
+repetition of each variant (what the code costs when nothing interferes); the median
+of the per-repetition differences is reported beside it.  Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import timeit
+
+
+def _drive(coro):
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("benchmark coroutine suspended")
+
+
+def main() -> None:
+    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    number = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+
+    import wrapt
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from gym_autoinstr import egress, groups, routes
+    from gym_autoinstr.configurator import BATCH_DEFAULTS
+    from gym_autoinstr.ingress import GymServerMiddleware
+
+    class Discard(SpanExporter):
+        exported = 0
+
+        def export(self, spans):
+            Discard.exported += len(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(
+        Discard(),
+        max_queue_size=BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"],
+        schedule_delay_millis=BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"],
+        max_export_batch_size=BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"],
+    ))
+    trace.set_tracer_provider(provider)
+
+    class Response:
+        status = 200
+
+    async def request(method, url, **kwargs):  # nemo_gym.server_utils.request's shape
+        return Response
+
+    wrapped_request = wrapt.FunctionWrapper(request, egress.request_advice)
+
+    class Body:
+        pass
+
+    body = Body()
+
+    async def verify(body):
+        return body
+
+    seam = routes.Seam("gym.verify", groups.VERIFY, server=None, server_name="example_single_tool_call")
+    wrapped_verify = routes.wrap_handler(verify, seam)
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    middleware = GymServerMiddleware(app, server_name="example_single_tool_call")
+    scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "headers": [(b"content-type", b"application/json"),
+             (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]}
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message):
+        return None
+
+    url = "http://127.0.0.1:8000/verify"
+    cases = {
+        "request": {
+            "unwrapped": lambda: _drive(request("POST", url, json=None)),
+            "off": lambda: _drive(wrapped_request("POST", url, json=None)),
+            "on": lambda: _drive(wrapped_request("POST", url, json=None)),
+        },
+        "handler": {
+            "unwrapped": lambda: _drive(verify(body)),
+            "off": lambda: _drive(wrapped_verify(body)),
+            "on": lambda: _drive(wrapped_verify(body)),
+        },
+        "ingress": {
+            "unwrapped": lambda: _drive(app(scope, receive, send)),
+            "off": lambda: _drive(middleware(scope, receive, send)),
+            "on": lambda: _drive(middleware(scope, receive, send)),
+        },
+    }
+    enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS}
+    samples: dict = {site: {v: [] for v in variants} for site, variants in cases.items()}
+    for rep in range(reps):
+        for site, variants in cases.items():
+            order = list(variants)
+            order = order[rep % len(order):] + order[:rep % len(order)]
+            for variant in order:
+                groups.ENABLED = enabled[variant]
+                n = number if variant != "on" else max(1000, number // 10)
+                fn = variants[variant]
+                fn()
+                seconds = timeit.timeit(fn, number=n, timer=time.thread_time)
+                samples[site][variant].append(seconds / n * 1e9)
+    provider.force_flush()
+    out = {"reps": reps, "number": number, "python": sys.version.split()[0], "sites": {}}
+    for site, variants in samples.items():
+        base = variants["unwrapped"]
+        row = {}
+        for variant, values in variants.items():
+            row[variant] = {"ns_median": statistics.median(values), "ns_min": min(values), "ns_max": max(values)}
+            if variant != "unwrapped":
+                row[variant]["delta_ns_best"] = min(values) - min(base)
+                deltas = [v - b for v, b in zip(values, base)]
+                row[variant]["delta_ns_median"] = statistics.median(deltas)
+                row[variant]["delta_ns_min"] = min(deltas)
+                row[variant]["delta_ns_max"] = max(deltas)
+        out["sites"][site] = row
+    out["spans_exported"] = Discard.exported
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,495 @@
+"""gym-autoinstr overhead benchmarks on a real Gym trio (nemo-gym 0.4.0); see BENCHMARKS.md.
+
+Run with ``./run-benchmarks [--quick]`` from the repository root.  Everything is measured
+in this one run, side by side: the variants' trios are all up at once and every
+repetition visits every variant (in a rotated order), so each ratio compares numbers
+taken a few seconds apart on the same (shared, noisy) machine.  Ratios are computed per
+repetition and reported as median [min-max].
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from benchmarks.load import run_load, traceparent
+from benchmarks.sink import CountingSink
+from tests.harness.collector import Collector
+from tests.harness.gym_install import find_python, gym_venv, python_minor_for
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GYM_VERSION = "0.4.0"
+GENERIC_STACK = [
+    "opentelemetry-distro",
+    "opentelemetry-exporter-otlp-proto-http",
+    "opentelemetry-instrumentation-fastapi",
+    "opentelemetry-instrumentation-aiohttp-client",
+]
+SERVERS = (RESOURCES, AGENT, MODEL)
+PHASE_WARMUP, PHASE_C1, PHASE_CN, PHASE_BURST = 0, 1, 2, 3
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Variant:
+    key: str
+    label: str
+    venv: pathlib.Path
+    instrument: bool
+    env: dict
+    index: int = 0
+    trio: "GymTrio | None" = None
+    startup: dict = field(default_factory=dict)  # server -> seconds from process start to port open
+    trio_ready: float = 0.0
+    samples: dict = field(default_factory=lambda: {"c1": [], "cn": []})
+
+    def tag(self, phase: int) -> bytes:
+        return bytes([0xB3, 0x4C, self.index, phase])
+
+
+def _median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def _pct(values, q):
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def _spread(values, fmt="{:.3f}"):
+    if not values:
+        return "n/a"
+    return f"{fmt.format(_median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+# ------------------------------------------------------------------ trios
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+            return True
+    except OSError:
+        return False
+
+
+def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str) -> None:
+    trio = GymTrio(variant.venv, GYM_VERSION, workdir / variant.key, policy_url=policy_url,
+                   instrument=variant.instrument, env=variant.env)
+    ready_at: dict[str, float] = {}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set() and len(ready_at) < len(SERVERS):
+            for name in SERVERS:
+                if name not in ready_at and _port_open(trio.ports[name]):
+                    ready_at[name] = time.time()
+            stop.wait(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        trio.start(timeout=240)
+    finally:
+        stop.set()
+        poller.join()
+    variant.trio = trio
+    variant.trio_ready = trio.startup_seconds
+    procs = trio.server_processes()
+    for name in SERVERS:
+        if name in ready_at and name in procs:
+            variant.startup[name] = ready_at[name] - procs[name].create_time()
+    log(f"{variant.label}: trio ready in {trio.startup_seconds:.1f}s; servers to port-open "
+        + ", ".join(f"{n.split('_')[-1]}={s:.2f}s" for n, s in variant.startup.items()))
+
+
+def server_cpu(trio: GymTrio) -> float:
+    total = 0.0
+    for proc in trio.server_processes().values():
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def rollout_body(trio: GymTrio) -> bytes:
+    return json.dumps(trio.default_row()).encode()
+
+
+def rewarded(payload: bytes) -> bool:
+    return b'"reward":1.0' in payload
+
+
+def measure(variant: Variant, phase: int, seconds: float, concurrency: int, body: bytes) -> dict:
+    """Rollouts started for ``seconds`` by ``concurrency`` closed-loop clients."""
+    trio = variant.trio
+    cpu0 = server_cpu(trio)
+    result = run_load(trio.run_url, body, 10**6, concurrency, tag=variant.tag(phase), check=rewarded,
+                      duration=seconds)
+    cpu1 = server_cpu(trio)
+    n = result.n
+    if result.errors:
+        raise RuntimeError(f"{variant.label}: {result.errors}/{n} rollouts failed: {result.first_error}\n"
+                           + trio.log_tail(30))
+    return {"n": n, "seconds": result.seconds, "rps": result.per_second, "cpu_ms": (cpu1 - cpu0) / n * 1e3,
+            "latencies": result.latencies}
+
+
+# ------------------------------------------------------------------ phases
+
+
+def micro_benchmarks(ours_venv: pathlib.Path, quick: bool) -> dict:
+    args = ["5", "10000"] if quick else ["9", "20000"]
+    out = subprocess.run([str(ours_venv / "bin" / "python"), "-m", "benchmarks.micro", *args],
+                         cwd=REPO, capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def import_startup(variants: list[Variant], reps: int) -> dict:
+    """Wall time from exec to ``import app`` done, in a Gym server's exact environment
+    (copied from the running resources server of each variant's trio): interpreter
+    start, OpenTelemetry start-up (sitecustomize: distro, configurator, instrumentors)
+    and the server module's imports with our post-import patches."""
+    plans = []
+    for variant in variants:
+        proc = variant.trio.server_processes()[RESOURCES]
+        env = proc.environ()
+        env.pop("GYM_AUTOINSTR_TRIO_ID", None)  # not a member of the trio: never killed by its stop()
+        plans.append((variant, str(variant.venv / "bin" / "python"), proc.cwd(), env))
+    samples: dict[str, list[float]] = {v.key: [] for v in variants}
+    code = "import time; import app; print(time.time())"
+    for rep in range(reps):
+        for variant, exe, cwd, env in plans[rep % len(plans):] + plans[:rep % len(plans)]:
+            t0 = time.time()
+            out = subprocess.run([exe, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+            if out.returncode != 0:
+                raise RuntimeError(f"import app failed for {variant.label}:\n{out.stderr[-2000:]}")
+            samples[variant.key].append(float(out.stdout.strip().splitlines()[-1]) - t0)
+    return samples
+
+
+def wait_settled(sink: CountingSink, quiet: float = 3.0, limit: float = 30.0) -> None:
+    """Until no span has arrived for ``quiet`` seconds (exporters batch for 1 s, 5 s for the
+    generic stack, the collector 200 ms)."""
+    deadline = time.monotonic() + limit
+    last, since = sink.snapshot(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = sink.snapshot()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+
+
+def read_probe(directory: pathlib.Path, server: str) -> dict:
+    total: dict = {}
+    for path in directory.glob(f"{server}-*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for key in ("ended", "exported", "export_failed", "dropped", "queued"):
+            total[key] = total.get(key, 0) + data.get(key, 0)
+    return total
+
+
+def burst(trio: GymTrio, n: int, concurrency: int, tag: bytes) -> dict:
+    proc = trio.server_processes()[RESOURCES]
+    url = f"http://127.0.0.1:{trio.ports[RESOURCES]}/seed_session"
+    rss0 = proc.memory_info().rss
+    result = run_load(url, b"{}", n, concurrency, tag=tag)
+    time.sleep(2.0)
+    rss1 = proc.memory_info().rss
+    return {"n": n, "rps": result.per_second, "errors": result.errors, "first_error": result.first_error,
+            "rss_before_mb": rss0 / 2**20, "rss_after_mb": rss1 / 2**20,
+            "p99_ms": _pct(result.latencies, 99) * 1e3}
+
+
+# ------------------------------------------------------------------ report
+
+
+def machine() -> dict:
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    py = find_python(python_minor_for(GYM_VERSION))
+    gym_python = subprocess.run([py, "-c", "import sys; print(sys.version.split()[0])"],
+                                capture_output=True, text=True).stdout.strip()
+    return {"nproc": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "cpu": model or platform.processor(), "python_gym": gym_python,
+            "python_runner": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+
+
+def report(results: dict) -> str:
+    variants = results["variants"]
+    bare = variants[0]
+    lines = []
+    m = results["machine"]
+    lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB; Gym on Python {m['python_gym']}; "
+                 f"load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}")
+    lines.append(f"mode: {results['mode']}; {results['reps']} repetitions, each: {results['t1']:g} s of rollouts at "
+                 f"concurrency 1 and {results['tn']:g} s at concurrency {results['concurrency']} per variant, "
+                 f"variants interleaved ({results['rollouts']} rollouts in all); ratios per repetition, "
+                 "median [min-max]")
+    lines.append("")
+    lines.append(f"| variant | rollouts/s c=1 | ratio to bare c=1 | rollouts/s c={results['concurrency']} | "
+                 f"ratio to bare c={results['concurrency']} | server CPU ms/rollout | CPU overhead ms/rollout | "
+                 "p50 / p99 ms (c=1) | spans/rollout |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for v in variants:
+        lines.append(
+            f"| {v['label']} | {_median(v['rps_c1']):.1f} | {_spread(v['ratio_c1'])} | {_median(v['rps_cn']):.1f} | "
+            f"{_spread(v['ratio_cn'])} | {_median(v['cpu_ms']):.2f} | "
+            f"{'-' if v is bare else _spread(v['cpu_overhead_ms'], '{:.2f}')} | "
+            f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f} | {v['spans_per_rollout']:.1f} |")
+    lines.append("")
+    g = results.get("cpu_overhead_vs_generic")
+    if g:
+        lines.append("CPU overhead per rollout relative to the generic stack's (same repetition): "
+                     + ", ".join(f"{k} {_spread(vals)}" for k, vals in g.items()))
+        lines.append("")
+    micro = results.get("micro")
+    if micro:
+        lines.append(f"Micro-benchmarks (ns per call, CPU time, best of {micro['reps']}; in brackets the median "
+                     "per-repetition difference to unwrapped):")
+        lines.append("")
+        lines.append("| site | unwrapped | group off | group on |")
+        lines.append("|---|---|---|---|")
+        names = {"request": "egress: wrapped `request`", "handler": "route seam: wrapped handler",
+                 "ingress": "ingress: ASGI middleware"}
+        for site, row in micro["sites"].items():
+            cells = [f"{row['unwrapped']['ns_min']:.0f}"]
+            for variant in ("off", "on"):
+                r = row[variant]
+                cells.append(f"{r['ns_min']:.0f} (+{r['delta_ns_best']:.0f}) [+{r['delta_ns_median']:.0f}]")
+            lines.append(f"| {names.get(site, site)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    st = results.get("startup")
+    if st:
+        lines.append("Start-up (seconds; median [min-max]):")
+        lines.append("")
+        lines.append("| variant | `import app` in a server's environment | server process start to port open | "
+                     "`gym env start` to all ready |")
+        lines.append("|---|---|---|---|")
+        for v in variants:
+            imp = st["import"].get(v["key"])
+            lines.append(f"| {v['label']} | {_spread(imp, '{:.2f}') if imp else '-'} | "
+                         f"{_spread(v['startup'], '{:.2f}')} | {v['trio_ready']:.1f} |")
+        if "import_overhead_ms" in st:
+            lines.append("")
+            lines.append("Start-up overhead per server process (`import app`, ours default minus bare, per "
+                         f"repetition): {_spread(st['import_overhead_ms'], '{:.0f}')} ms")
+        lines.append("")
+    b = results.get("burst")
+    if b:
+        lines.append(f"Burst: {b['n']} POST /seed_session at concurrency {b['concurrency']} against the resources "
+                     "server, twice per variant (interleaved):")
+        lines.append("")
+        lines.append("| variant | burst | req/s | errors | RSS before MB | RSS after MB | spans ended (SDK) | "
+                     "exported (SDK) | dropped (SDK) | received by collector |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        for row in b["rows"]:
+            probe = row.get("probe") or {}
+            lines.append(f"| {row['label']} | {row['round']} | {row['rps']:.0f} | {row['errors']} | "
+                         f"{row['rss_before_mb']:.1f} | {row['rss_after_mb']:.1f} | {probe.get('ended', '-')} | "
+                         f"{probe.get('exported', '-')} | {probe.get('dropped', '-')} | {row.get('received', '-')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and rollouts (about 5 minutes)")
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
+    ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
+    ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
+    ap.add_argument("--skip", action="append", default=[], choices=["micro", "startup", "burst"])
+    a = ap.parse_args(argv)
+    quick = a.quick
+    reps = a.reps or (3 if quick else 7)
+    t1, tn = (2.0, 4.0) if quick else (4.0, 6.0)
+    conc = a.concurrency
+    t_start = time.monotonic()
+
+    # Our own venv cache: the test suite's venvs get rebuilt when someone runs the tests
+    # after a pyproject change, which would pull a venv from under a running trio.
+    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
+        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
+    log("building / checking venvs (cached under .cache/bench-gymenvs)")
+    bare_venv = gym_venv(GYM_VERSION, with_project=False)
+    generic_venv = gym_venv(GYM_VERSION, with_project=False, extra=GENERIC_STACK)
+    ours_venv = gym_venv(GYM_VERSION)
+    results: dict = {"mode": "quick" if quick else "full", "reps": reps, "t1": t1, "tn": tn, "concurrency": conc,
+                     "machine": machine(), "gym": GYM_VERSION}
+
+    if "micro" not in a.skip:
+        log("micro-benchmarks")
+        results["micro"] = micro_benchmarks(ours_venv, quick)
+
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="gym-bench-"))
+    sink = CountingSink()
+    collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
+    otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    variants = [
+        Variant("bare", "bare", bare_venv, False, {}),
+        Variant("generic", "generic", generic_venv, True, dict(otlp)),
+        Variant("off", "ours, off", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "none"}),
+        Variant("default", "ours, default", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "default"}),
+        Variant("per_rollout", "ours, per_rollout", ours_venv, True,
+                {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "per_rollout"}),
+        Variant("all", "ours, all", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "all"}),
+    ]
+    for i, v in enumerate(variants):
+        v.index = i
+    policy = PolicyModel().start()
+    try:
+        log(f"starting {len(variants)} trios, {a.parallel_starts} at a time")
+        with concurrent.futures.ThreadPoolExecutor(a.parallel_starts) as pool:
+            for future in [pool.submit(start_trio, v, scratch, policy.url) for v in variants]:
+                future.result()
+        body = rollout_body(variants[0].trio)
+        log("warm-up")
+        for v in variants:
+            run_load(v.trio.run_url, body, 10**6, 4, tag=v.tag(PHASE_WARMUP), check=rewarded, duration=1.0)
+        for rep in range(reps):
+            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            for v in order:
+                v.samples["c1"].append(measure(v, PHASE_C1, t1, 1, body))
+            for v in reversed(order):
+                v.samples["cn"].append(measure(v, PHASE_CN, tn, conc, body))
+            log(f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
+                + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants))
+        wait_settled(sink)
+
+        bare = variants[0]
+        rows = []
+        for v in variants:
+            rollouts = sum(s["n"] for s in v.samples["c1"] + v.samples["cn"])
+            spans = sink.count(v.tag(PHASE_C1)) + sink.count(v.tag(PHASE_CN))
+            lat = [x for s in v.samples["c1"] for x in s["latencies"]]
+            rows.append({
+                "key": v.key, "label": v.label,
+                "rps_c1": [s["rps"] for s in v.samples["c1"]], "rps_cn": [s["rps"] for s in v.samples["cn"]],
+                "ratio_c1": [s["rps"] / b["rps"] for s, b in zip(v.samples["c1"], bare.samples["c1"])],
+                "ratio_cn": [s["rps"] / b["rps"] for s, b in zip(v.samples["cn"], bare.samples["cn"])],
+                "cpu_ms": [s["cpu_ms"] for s in v.samples["cn"]],
+                "cpu_overhead_ms": [s["cpu_ms"] - b["cpu_ms"] for s, b in zip(v.samples["cn"], bare.samples["cn"])],
+                "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3,
+                "p50_cn_ms": _pct([x for s in v.samples["cn"] for x in s["latencies"]], 50) * 1e3,
+                "spans_per_rollout": spans / rollouts if rollouts else 0.0,
+                "startup": list(v.startup.values()), "trio_ready": v.trio_ready,
+            })
+        results["variants"] = rows
+        results["rollouts"] = sum(s["n"] for v in variants for s in v.samples["c1"] + v.samples["cn"])
+        generic = next(r for r in rows if r["key"] == "generic")
+        results["cpu_overhead_vs_generic"] = {
+            r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
+            for r in rows if r["key"] in ("off", "default", "per_rollout", "all")
+        }
+
+        if "startup" not in a.skip:
+            log("start-up: import app in each variant's server environment")
+            picked = [v for v in variants if v.key in ("bare", "generic", "default")]
+            try:
+                imp = import_startup(picked, 4 if quick else 10)
+                results["startup"] = {"import": imp, "import_overhead_ms": [
+                    (o - b) * 1e3 for o, b in zip(imp["default"], imp["bare"])]}
+            except Exception as error:
+                log(f"start-up measurement failed: {error}")
+                results["startup"] = {"import": {}, "error": str(error)}
+
+        if "burst" not in a.skip:
+            try:
+                run_bursts(a, results, variants, scratch, otlp, ours_venv, policy, sink)
+            except Exception as error:
+                log(f"burst failed: {error}")
+                results["burst_error"] = str(error)
+    finally:
+        for v in variants:
+            if v.trio is not None:
+                v.trio.stop()
+        policy.stop()
+        collector.stop()
+        sink.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    results["elapsed_s"] = time.monotonic() - t_start
+    text = report(results)
+    print(text)
+    print(f"(total {results['elapsed_s'] / 60:.1f} min)")
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return 0
+
+
+def run_bursts(a, results, variants, scratch, otlp, ours_venv, policy, sink) -> None:
+    """Two bursts each against the resources server of the bare trio and of a trio with our
+    defaults plus the SDK counters of benchmarks/probe (the other trios are stopped first)."""
+    bare = variants[0]
+    for v in variants[1:]:
+        log(f"stopping trio: {v.label}")
+        v.trio.stop()
+        v.trio = None
+    probe_dir = scratch / "probe"
+    probe_dir.mkdir()
+    probe_env = {**otlp, "PYTHONPATH": str(REPO / "benchmarks" / "probe"),
+                 "GYM_AUTOINSTR_BENCH_PROBE_DIR": str(probe_dir)}
+    probe = Variant("probe", "ours, default (SDK counters)", ours_venv, False, probe_env, index=len(variants))
+    log("starting trio: ours default with SDK counters (burst)")
+    start_trio(probe, scratch, policy.url)
+    variants.append(probe)  # stopped with the others if anything fails
+    burst_rows = []
+    for round_ in (1, 2):
+        for v in (bare, probe):
+            tag = bytes([0xB3, 0x4C, v.index, 16 + round_])
+            before = read_probe(probe_dir, RESOURCES) if v is probe else None
+            log(f"burst {round_}: {v.label}")
+            row = burst(v.trio, a.burst, 256, tag)
+            row.update(label=v.label, round=round_)
+            if v is probe:
+                wait_settled(sink, quiet=2.5)
+                after = read_probe(probe_dir, RESOURCES)
+                row["probe"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                row["received"] = sink.count(tag)
+            burst_rows.append(row)
+    results["burst"] = {"n": a.burst, "concurrency": 256, "rows": burst_rows}
+    probe.trio.stop()
+    probe.trio = None
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())
