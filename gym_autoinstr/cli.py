@@ -6,6 +6,16 @@ import argparse
 import sys
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of traces, 1 or more, not {text!r}")
+    return value
+
+
 def main(argv: "list[str] | None" = None) -> int:
     parser = argparse.ArgumentParser(prog="gym-autoinstr", description="OpenTelemetry tracing for NeMo Gym.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -25,7 +35,7 @@ def main(argv: "list[str] | None" = None) -> int:
     )
     view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
     view.add_argument("--rollout", metavar="ID", help="only the trace of this rollout id")
-    view.add_argument("--slowest", type=int, metavar="N", help="only the N slowest traces")
+    view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces")
     view.add_argument("--errors", action="store_true", help="only traces with an error")
     view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
     args = parser.parse_args(argv)

@@ -92,6 +92,15 @@ def _redacted(url: Any) -> tuple[str, "str | None", "int | None"]:
     return hit
 
 
+def _rollout_id_in_path(url: str) -> "str | None":
+    # Gym 0.5+ addresses a rollout's calls as <server>/ng-rollout/<id>/<route> where the
+    # caller does not enter rollout_context itself (the agent's /v1/responses).
+    at = url.find("/ng-rollout/")
+    if at < 0:
+        return None
+    return url[at + len("/ng-rollout/"):].partition("/")[0] or None
+
+
 async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
@@ -100,7 +109,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         attributes["server.address"] = host
     if port is not None:
         attributes["server.port"] = port
-    rollout_id = current_rollout_id()
+    rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id
     with tracer().start_as_current_span(

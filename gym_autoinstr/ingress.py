@@ -94,10 +94,37 @@ def _carrier(scope: dict) -> dict[str, str]:
     return carrier
 
 
+ROLLOUT_PREFIX = "/ng-rollout/"
+
+
 def _route_template(scope: dict) -> "str | None":
     route = scope.get("route")
     path = getattr(route, "path", None)
-    return path if isinstance(path, str) else None
+    if isinstance(path, str):
+        return path
+    if scope.get("path", "").startswith(ROLLOUT_PREFIX):
+        return _route_behind_rollout_prefix(scope)
+    return None
+
+
+def _route_behind_rollout_prefix(scope: dict) -> "str | None":
+    """Gym 0.5+ strips ``/ng-rollout/<id>`` in a *copy* of the scope before routing, so
+    the matched route never reaches ours: match the stripped path against the app's
+    routes here (only for such requests, only once the request is done)."""
+    rest = scope["path"][len(ROLLOUT_PREFIX):].partition("/")[2]
+    app = scope.get("app")
+    routes = getattr(getattr(app, "router", None), "routes", None)
+    if not rest or not routes:
+        return None
+    inner = {**scope, "path": "/" + rest}
+    for route in routes:
+        try:
+            match, _ = route.matches(inner)
+        except Exception:
+            continue
+        if getattr(match, "name", "") == "FULL" and isinstance(getattr(route, "path", None), str):
+            return route.path
+    return None
 
 
 class GymServerMiddleware:

@@ -77,7 +77,12 @@ def duration_ms(span: dict) -> float:
 
 def build_traces(spans: Iterable[dict]) -> list[Trace]:
     by_trace: dict[str, list[dict]] = defaultdict(list)
+    seen: set[tuple[str, str]] = set()
     for span in spans:
+        key = (span["trace_id"], span["span_id"])
+        if key in seen:  # the same file read twice (a directory and a file in it)
+            continue
+        seen.add(key)
         by_trace[span["trace_id"]].append(span)
     traces = []
     for trace_id, members in by_trace.items():

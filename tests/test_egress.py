@@ -130,3 +130,16 @@ def test_retries_stay_inside_one_span_with_resend_count(instrumented, spans):
     # both attempts carried the same traceparent: the logical request's span
     parents = {line for r in requests_seen for line in r.decode().split("\r\n") if line.lower().startswith("traceparent")}
     assert len(requests_seen) == 2 and len(parents) == 1
+
+
+def test_rollout_id_from_gyms_rollout_path(instrumented, spans):
+    app = _echo_app()
+
+    @app.post("/ng-rollout/{rollout_id}/v1/responses")
+    async def prefixed(rollout_id: str):
+        return {}
+
+    with serve(app) as base:
+        assert _call(f"{base}/ng-rollout/3-1/v1/responses", json={}) == 200
+    (span,) = _client_spans(spans)
+    assert span.attributes["nemo.gym.rollout.id"] == "3-1"

@@ -140,3 +140,34 @@ def test_shutdown_flushes_through_lifespan(instrumented, spans, monkeypatch):
     with serve(app):
         pass
     assert calls == ["server shutdown"]
+
+
+def test_route_found_behind_gyms_rollout_prefix_middleware(instrumented, spans):
+    """Gym 0.5+ strips /ng-rollout/<id> in a copy of the scope before routing."""
+
+    class StripRolloutPrefix:  # the shape of Gym's RolloutContextMiddleware
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            path = scope.get("path", "")
+            if scope.get("type") == "http" and path.startswith("/ng-rollout/"):
+                rest = "/" + path[len("/ng-rollout/"):].partition("/")[2]
+                scope = {**scope, "path": rest, "raw_path": rest.encode()}
+            await self.app(scope, receive, send)
+
+    app = FastAPI()
+
+    @app.post("/v1/responses")
+    async def responses(body: dict):
+        return {"ok": True}
+
+    app.add_middleware(StripRolloutPrefix)
+    instrument_app(app, "model")
+    with serve(app) as base:
+        status, _ = _post(f"{base}/ng-rollout/0-7/v1/responses", {})
+    assert status == 200
+    (span,) = _server_spans(spans)
+    assert span.name == "POST /v1/responses"
+    assert span.attributes["http.route"] == "/v1/responses"
+    assert span.attributes["url.path"] == "/ng-rollout/0-7/v1/responses"

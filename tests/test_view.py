@@ -394,6 +394,12 @@ def test_exit_codes(tmp_path, handbuilt_run):
     assert mixed.returncode == 2 and mixed.stdout == ""
     ok = _cli("view", str(handbuilt_run["dir"]))
     assert ok.returncode == 0 and len(_text_blocks(ok.stdout)) == 3
+    # a directory and a file inside it: each span is shown once
+    twice = _cli("view", str(handbuilt_run["dir"]), str(sorted(handbuilt_run["dir"].glob("*.jsonl"))[0]))
+    assert twice.returncode == 0 and twice.stdout == ok.stdout
+    for bad in ("0", "-1", "many"):
+        refused = _cli("view", str(handbuilt_run["dir"]), "--slowest", bad)
+        assert refused.returncode == 2 and "--slowest" in refused.stderr and refused.stdout == ""
 
 
 def test_stdin_reads_a_single_file_the_same_as_the_directory(handbuilt_run):
