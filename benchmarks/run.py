@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import shutil
 import socket
 import statistics
@@ -177,16 +178,21 @@ def import_startup(variants: list[Variant], reps: int) -> dict:
         env = proc.environ()
         env.pop("GYM_AUTOINSTR_TRIO_ID", None)  # not a member of the trio: never killed by its stop()
         plans.append((variant, str(variant.venv / "bin" / "python"), proc.cwd(), env))
-    samples: dict[str, list[float]] = {v.key: [] for v in variants}
+    wall: dict[str, list[float]] = {v.key: [] for v in variants}
+    cpu: dict[str, list[float]] = {v.key: [] for v in variants}
     code = "import time; import app; print(time.time())"
     for rep in range(reps):
         for variant, exe, cwd, env in plans[rep % len(plans):] + plans[:rep % len(plans)]:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.time()
             out = subprocess.run([exe, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             if out.returncode != 0:
                 raise RuntimeError(f"import app failed for {variant.label}:\n{out.stderr[-2000:]}")
-            samples[variant.key].append(float(out.stdout.strip().splitlines()[-1]) - t0)
-    return samples
+            wall[variant.key].append(float(out.stdout.strip().splitlines()[-1]) - t0)
+            # the whole child (all threads, its exit included): what start-up costs the machine
+            cpu[variant.key].append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+    return wall, cpu
 
 
 def wait_settled(sink: CountingSink, quiet: float = 3.0, limit: float = 30.0) -> None:
@@ -261,14 +267,19 @@ def report(results: dict) -> str:
     lines.append("")
     lines.append(f"| variant | rollouts/s c=1 | ratio to bare c=1 | rollouts/s c={results['concurrency']} | "
                  f"ratio to bare c={results['concurrency']} | server CPU ms/rollout | CPU overhead ms/rollout | "
-                 "p50 / p99 ms (c=1) | spans/rollout |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "CPU capacity ratio | p50 / p99 ms (c=1) | spans/rollout |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for v in variants:
+        capacity = [b / c for b, c in zip(bare["cpu_ms"], v["cpu_ms"]) if c > 0]
         lines.append(
             f"| {v['label']} | {_median(v['rps_c1']):.1f} | {_spread(v['ratio_c1'])} | {_median(v['rps_cn']):.1f} | "
             f"{_spread(v['ratio_cn'])} | {_median(v['cpu_ms']):.2f} | "
             f"{'-' if v is bare else _spread(v['cpu_overhead_ms'], '{:.2f}')} | "
+            f"{'-' if v is bare else _spread(capacity)} | "
             f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f} | {v['spans_per_rollout']:.1f} |")
+    lines.append("")
+    lines.append("CPU capacity ratio: bare's server CPU per rollout over the variant's, per repetition (the "
+                 "rollouts/s ratio a CPU-bound machine converges to; steadier than rollouts/s on a shared host).")
     lines.append("")
     g = results.get("cpu_overhead_vs_generic")
     if g:
@@ -295,17 +306,20 @@ def report(results: dict) -> str:
     if st:
         lines.append("Start-up (seconds; median [min-max]):")
         lines.append("")
-        lines.append("| variant | `import app` in a server's environment | server process start to port open | "
-                     "`gym env start` to all ready |")
-        lines.append("|---|---|---|---|")
+        lines.append("| variant | `import app` in a server's environment: wall | same: CPU | "
+                     "server process start to port open (wall) | `gym env start` to all ready (wall) |")
+        lines.append("|---|---|---|---|---|")
         for v in variants:
             imp = st["import"].get(v["key"])
+            imp_cpu = st.get("import_cpu", {}).get(v["key"])
             lines.append(f"| {v['label']} | {_spread(imp, '{:.2f}') if imp else '-'} | "
+                         f"{_spread(imp_cpu, '{:.2f}') if imp_cpu else '-'} | "
                          f"{_spread(v['startup'], '{:.2f}')} | {v['trio_ready']:.1f} |")
         if "import_overhead_ms" in st:
             lines.append("")
-            lines.append("Start-up overhead per server process (`import app`, ours default minus bare, per "
-                         f"repetition): {_spread(st['import_overhead_ms'], '{:.0f}')} ms")
+            lines.append("Start-up overhead per server process (`import app`, ours default minus bare, paired per "
+                         f"repetition): CPU {_spread(st['import_cpu_overhead_ms'], '{:.0f}')} ms, "
+                         f"wall {_spread(st['import_overhead_ms'], '{:.0f}')} ms")
         lines.append("")
     b = results.get("burst")
     if b:
@@ -335,11 +349,17 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
     ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
     ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
+    ap.add_argument("--variants", help="comma-separated subset of: bare,generic,off,default,per_rollout,all "
+                    "(bare is always included: it is the reference)")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "startup", "burst"])
+    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
     a = ap.parse_args(argv)
+    if a.report_from:
+        print(report(json.loads(a.report_from.read_text())))
+        return 0
     quick = a.quick
-    reps = a.reps or (3 if quick else 7)
-    t1, tn = (2.0, 4.0) if quick else (4.0, 6.0)
+    reps = a.reps or (3 if quick else 6)
+    t1, tn = (2.0, 4.0) if quick else (3.0, 5.0)
     conc = a.concurrency
     t_start = time.monotonic()
 
@@ -371,6 +391,9 @@ def main(argv: "list[str] | None" = None) -> int:
                 {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "per_rollout"}),
         Variant("all", "ours, all", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "all"}),
     ]
+    if a.variants:
+        keep = {"bare", *(k.strip() for k in a.variants.split(","))}
+        variants = [v for v in variants if v.key in keep]
     for i, v in enumerate(variants):
         v.index = i
     policy = PolicyModel().start()
@@ -413,19 +436,21 @@ def main(argv: "list[str] | None" = None) -> int:
             })
         results["variants"] = rows
         results["rollouts"] = sum(s["n"] for v in variants for s in v.samples["c1"] + v.samples["cn"])
-        generic = next(r for r in rows if r["key"] == "generic")
-        results["cpu_overhead_vs_generic"] = {
-            r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
-            for r in rows if r["key"] in ("off", "default", "per_rollout", "all")
-        }
+        generic = next((r for r in rows if r["key"] == "generic"), None)
+        if generic is not None:
+            results["cpu_overhead_vs_generic"] = {
+                r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
+                for r in rows if r["key"] in ("off", "default", "per_rollout", "all")
+            }
 
-        if "startup" not in a.skip:
+        if "startup" not in a.skip and any(v.key == "default" for v in variants):
             log("start-up: import app in each variant's server environment")
             picked = [v for v in variants if v.key in ("bare", "generic", "default")]
             try:
-                imp = import_startup(picked, 4 if quick else 10)
-                results["startup"] = {"import": imp, "import_overhead_ms": [
-                    (o - b) * 1e3 for o, b in zip(imp["default"], imp["bare"])]}
+                imp, imp_cpu = import_startup(picked, 4 if quick else 8)
+                results["startup"] = {"import": imp, "import_cpu": imp_cpu, "import_overhead_ms": [
+                    (o - b) * 1e3 for o, b in zip(imp["default"], imp["bare"])], "import_cpu_overhead_ms": [
+                    (o - b) * 1e3 for o, b in zip(imp_cpu["default"], imp_cpu["bare"])]}
             except Exception as error:
                 log(f"start-up measurement failed: {error}")
                 results["startup"] = {"import": {}, "error": str(error)}
