@@ -17,11 +17,13 @@ import contextvars
 import sys
 from typing import Any
 
-from opentelemetry import propagate
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.utils import suppress_http_instrumentation
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, groups
+from ._log import warn_once
 from .redaction import redact_url
 from .spans import mark_error, tracer
 
@@ -101,7 +103,7 @@ def _rollout_id_in_path(url: str) -> "str | None":
     return url[at + len("/ng-rollout/"):].partition("/")[0] or None
 
 
-async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
+def _start_client_span(args: tuple, kwargs: dict) -> Any:
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
@@ -112,34 +114,56 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id
-    with tracer().start_as_current_span(
-        f"HTTP {method}",
-        kind=SpanKind.CLIENT,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
+    return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes)
+
+
+def _guarded(step: str, action: Any, *args: Any) -> None:
+    """Telemetry bookkeeping that must never turn into an error of Gym's request."""
+    try:
+        action(*args)
+    except Exception as error:
+        warn_once(f"egress:{step}", "egress tracing: %s failed (%r); the request is unaffected.", step, error)
+
+
+async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
+    span = None
+    try:
+        span = _start_client_span(args, kwargs)
+        context_token = otel_context.attach(trace.set_span_in_context(span))
+    except Exception as error:
+        # Our half failed before the request: make it untraced, exactly as Gym would.
+        if span is not None:
+            _guarded("ending the span", span.end)
+        warn_once("egress:start", "egress tracing skipped (%r); the request is unaffected.", error)
+        return await wrapped(*args, **kwargs)
+    call_kwargs = kwargs
+    try:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         if carrier:
-            kwargs["headers"] = _copy_with(kwargs.get("headers"), carrier)
-        attempts = [0]
-        token = _attempts.set(attempts)
-        try:
-            with suppress_http_instrumentation():
-                response = await wrapped(*args, **kwargs)
-        except BaseException as error:
-            if isinstance(error, Exception):
-                mark_error(span, error)
-            raise
-        finally:
-            _attempts.reset(token)
-            if attempts[0] > 1:
-                span.set_attribute("http.request.resend_count", attempts[0] - 1)
+            call_kwargs = {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
+    except Exception as error:
+        warn_once("egress:inject", "trace context not injected (%r); the request is unaffected.", error)
+    attempts = [0]
+    attempts_token = _attempts.set(attempts)
+    try:
+        with suppress_http_instrumentation():
+            response = await wrapped(*args, **call_kwargs)
+    except BaseException as error:
+        if isinstance(error, Exception):  # cancellation ends the span without ERROR
+            _guarded("recording the error", mark_error, span, error)
+        raise
+    else:
         status = getattr(response, "status", None)
         if isinstance(status, int):
-            span.set_attribute("http.response.status_code", status)
+            _guarded("recording the status", span.set_attribute, "http.response.status_code", status)
         return response
+    finally:
+        _attempts.reset(attempts_token)
+        if attempts[0] > 1:
+            _guarded("recording resends", span.set_attribute, "http.request.resend_count", attempts[0] - 1)
+        _guarded("ending the span", span.end)
+        _guarded("restoring the context", otel_context.detach, context_token)
 
 
 def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

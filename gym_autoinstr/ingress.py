@@ -160,6 +160,40 @@ class GymServerMiddleware:
         return lifespan_send
 
     async def _traced(self, scope: dict, receive: Any, send: Any) -> None:
+        try:
+            span, token = self._start(scope)
+        except Exception as error:  # our half failed: serve the request untraced
+            warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status_code: list[int] = []
+
+        async def traced_send(message: dict) -> None:
+            if message.get("type") == "http.response.start" and not status_code:
+                status_code.append(message.get("status", 0))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, traced_send)
+        except Exception as error:
+            try:
+                mark_error(span, error)
+            except Exception:
+                pass
+            if not status_code:
+                status_code.append(500)
+            raise
+        finally:
+            try:
+                self._finish(scope, span, status_code[0] if status_code else None, time.perf_counter() - started)
+            except Exception as error:
+                warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
+            finally:
+                otel_context.detach(token)
+
+    @staticmethod
+    def _start(scope: dict) -> tuple[Any, object]:
         method = scope.get("method", "HTTP")
         carrier = _carrier(scope)
         parent = propagate.extract(carrier) if carrier else otel_context.Context()
@@ -176,37 +210,22 @@ class GymServerMiddleware:
         version = scope.get("http_version")
         if version:
             attributes["network.protocol.version"] = version
-        started = time.perf_counter()
         span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
-        status_code: list[int] = []
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
-        async def traced_send(message: dict) -> None:
-            if message.get("type") == "http.response.start":
-                status_code.append(message.get("status", 0))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, traced_send)
-        except Exception as error:
-            mark_error(span, error)
-            if not status_code:
-                status_code.append(500)
-            raise
-        finally:
-            try:
-                route = _route_template(scope)
-                if route:
-                    span.update_name(f"{method} {route}")
-                    span.set_attribute("http.route", route)
-                if status_code:
-                    span.set_attribute("http.response.status_code", status_code[0])
-                    if status_code[0] >= 500:
-                        span.set_status(Status(StatusCode.ERROR))
-                span.end()
-                record_server_duration(time.perf_counter() - started, method, route, status_code[0] if status_code else None)
-            finally:
-                otel_context.detach(token)
+    @staticmethod
+    def _finish(scope: dict, span: Any, status: "int | None", seconds: float) -> None:
+        method = scope.get("method", "HTTP")
+        route = _route_template(scope)
+        if route:
+            span.update_name(f"{method} {route}")
+            span.set_attribute("http.route", route)
+        if status:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        record_server_duration(seconds, method, route, status)
 
 
 def _silence_fastapi_builtin_telemetry(app: Any) -> None:

@@ -53,3 +53,16 @@ def instrumented(memory_exporter):
     instrumentor.instrument()
     yield instrumentor
     instrumentor.uninstrument()
+    _close_gyms_client()
+
+
+def _close_gyms_client() -> None:
+    """Gym closes its global aiohttp client at exit on a new event loop, which fails for
+    a client made on the tests' shared loop: close it on that loop instead."""
+    server_utils = sys.modules.get("nemo_gym.server_utils")
+    client = getattr(server_utils, "_GLOBAL_AIOHTTP_CLIENT", None)
+    if client is not None:
+        from tests.servers import run_async
+
+        run_async(client.close())
+        server_utils._GLOBAL_AIOHTTP_CLIENT = None
