@@ -131,8 +131,24 @@ def _resolve(module: ModuleType, path: str) -> tuple[Any, str, Any]:
     return owner, name, getattr(owner, name)
 
 
+def _check_parameters(pointcut: Pointcut, original: Any) -> None:
+    if not pointcut.parameters:
+        return
+    import inspect
+
+    function = getattr(original, "__func__", original)  # classmethod / staticmethod
+    try:
+        names = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return  # no signature to check (a builtin): trust the table
+    missing = [p for p in pointcut.parameters if p not in names]
+    if missing:
+        raise _Absent(f"its signature changed: no parameter {', '.join(missing)} (has {', '.join(names)})")
+
+
 def _patch(pointcut: Pointcut, module: ModuleType) -> AppliedPatch:
     owner, name, original = _resolve(module, pointcut.attribute)
+    _check_parameters(pointcut, original)
     if getattr(original, "_self_gym_autoinstr", False):
         raise RuntimeError("already wrapped by another gym-autoinstr instrumentor")
     wrapper = wrapt.FunctionWrapper(original, pointcut.advice)

@@ -43,6 +43,9 @@ class Pointcut:
     purpose: str
     rebind_copies: bool = False  # modules copy it by name (`from m import f`)
     optional: bool = False  # absent in some supported Gym versions: not a warning
+    # Parameters the advice relies on; a target whose signature lacks them has drifted
+    # away from what the advice understands, and is skipped with a warning.
+    parameters: tuple[str, ...] = ()
 
 
 POINTCUTS: tuple[Pointcut, ...] = (
@@ -55,6 +58,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         group=groups.HTTP_CLIENT,
         purpose="CLIENT span per logical request, traceparent injected into a copy of the headers",
         rebind_copies=True,
+        parameters=("method", "url"),
     ),
     Pointcut(
         name="ingress",

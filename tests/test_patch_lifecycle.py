@@ -135,3 +135,20 @@ def test_an_advice_error_never_reaches_gym():
     )
     assert result["out"] == {"imported": True, "request": False}
     assert "boom" in result["err"] and "Gym runs unchanged" in result["err"]
+
+
+def test_a_changed_signature_skips_that_seam_alone_with_one_warning():
+    result = run_case(
+        """
+        import nemo_gym.server_utils as su
+        async def request(target, verb="GET", **kwargs):  # Gym drift: renamed parameters
+            raise AssertionError("not called")
+        su.request = request
+        GymInstrumentor().instrument()
+        s = {"request": wrapped(su.request), "run_webserver": wrapped(su.SimpleServer.__dict__["run_webserver"])}
+        print(json.dumps(s))
+        """
+    )
+    assert result["out"] == {"request": False, "run_webserver": True}
+    warnings = [line for line in result["err"].splitlines() if "signature changed" in line]
+    assert len(warnings) == 1 and "egress" in warnings[0] and "method, url" in warnings[0]
