@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from benchmarks.load import run_load, traceparent
+from benchmarks.load import run_load
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import find_python, gym_venv, python_minor_for

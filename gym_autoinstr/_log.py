@@ -43,15 +43,6 @@ def warn_once(key: str, message: str, *args: object) -> bool:
     return True
 
 
-def info_once(key: str, message: str, *args: object) -> bool:
-    with _said_lock:
-        if key in _said:
-            return False
-        _said.add(key)
-    logger.info(message, *args)
-    return True
-
-
 def forget_said() -> None:
     """Tests only: let every once-only message be said again."""
     with _said_lock:

@@ -11,23 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, groups
-from .spans import mark_error, tracer
+from .spans import run_in_span, tracer
 
 
 async def run_from_config_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if groups.JOB not in groups.ENABLED or coexistence.native_telemetry_live():
         return await wrapped(*args, **kwargs)
     span = tracer().start_span("gym.job", kind=SpanKind.INTERNAL)
-    try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-            return await wrapped(*args, **kwargs)
-    except BaseException as error:
-        if isinstance(error, Exception):
-            mark_error(span, error)
-        raise
-    finally:
-        span.end()
+    return await run_in_span(span, lambda: wrapped(*args, **kwargs), label="gym.job")

@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from . import coexistence, groups
 from ._log import warn_once
-from .spans import mark_error, tracer
+from .spans import run_in_span, tracer
 
 PROVIDER = "nemo.gym.sandbox.provider"
 SANDBOX_ID = "nemo.gym.sandbox.id"
@@ -57,21 +57,7 @@ async def _traced(name: str, sandbox: Any, call: Any, after: Any = None) -> Any:
     span = _open(name, sandbox)
     if span is None:
         return await call()
-    try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-            result = await call()
-        if after is not None:
-            try:
-                after(span, result)
-            except Exception as error:
-                warn_once(f"sandbox:{name}:after", "%s: result not recorded: %r", name, error)
-        return result
-    except BaseException as error:
-        if isinstance(error, Exception):
-            mark_error(span, error)
-        raise
-    finally:
-        span.end()
+    return await run_in_span(span, call, after, label=name)
 
 
 async def start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -7,6 +7,8 @@ an upstream error quotes the prompt), so spans record the exception *type* only:
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -39,3 +41,26 @@ def mark_error(span: trace.Span, error: BaseException) -> None:
     name = error_type(error)
     span.set_attribute("error.type", name)
     span.set_status(Status(StatusCode.ERROR, name))
+
+
+async def run_in_span(span: trace.Span, call: Any, after: Any = None, label: str = "") -> Any:
+    """Await ``call()`` with ``span`` current; errors are marked (type only) and re-raised,
+    cancellation ends the span without ERROR, and the span always ends.  ``after(span,
+    result)`` may add attributes from the result; if it fails, the result is unaffected."""
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            result = await call()
+        if after is not None:
+            try:
+                after(span, result)
+            except Exception as error:
+                from ._log import warn_once
+
+                warn_once(f"after:{label}", "%s: result not recorded: %r", label, error)
+        return result
+    except BaseException as error:
+        if isinstance(error, Exception):
+            mark_error(span, error)
+        raise
+    finally:
+        span.end()

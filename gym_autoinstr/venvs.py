@@ -44,7 +44,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from ._log import logger, warn_once
+from ._log import warn_once
 
 PROJECT = "gym-autoinstr"
 # Beyond opentelemetry-*: the closure members on the span's way to the wire (see above).

@@ -66,3 +66,21 @@ def _close_gyms_client() -> None:
 
         run_async(client.close())
         server_utils._GLOBAL_AIOHTTP_CLIENT = None
+
+
+@pytest.fixture(scope="module")
+def policy_model():
+    """The deterministic OpenAI-compatible upstream (examples/policy_model.py), per module."""
+    from tests.harness.trio import PolicyModel
+
+    with PolicyModel() as model:
+        yield model
+
+
+@pytest.fixture
+def collector(tmp_path):
+    """A real collector (rotel) forwarding OTLP to the test's sink, per test."""
+    from tests.harness.collector import Collector
+
+    with Collector(log_dir=tmp_path / "collector") as running:
+        yield running

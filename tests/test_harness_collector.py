@@ -43,12 +43,6 @@ except ImportError:  # pragma: no cover - tests/ is a package
     from tests.harness.collector import Collector, OtlpSink
 
 
-@pytest.fixture
-def collector(tmp_path):
-    with Collector(tmp_path / "rotel") as c:
-        yield c
-
-
 def _emit_trace(exporter, service_name: str, marker: str) -> dict:
     """Emit a SERVER parent and a CLIENT child span; return their SDK contexts."""
     provider = TracerProvider(

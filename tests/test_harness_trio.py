@@ -12,20 +12,10 @@ import time
 import psutil
 import pytest
 
-try:
-    from harness.gym_install import gym_venv
-    from harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, PolicyModel
-except ImportError:  # tests/ imported as a package
-    from tests.harness.gym_install import gym_venv
-    from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, PolicyModel
+from tests.harness.gym_install import gym_venv
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 
 VERSIONS = ["0.4.0", "0.7.0"]
-
-
-@pytest.fixture(scope="module")
-def policy_model():
-    with PolicyModel() as pm:
-        yield pm
 
 
 def _check_result(result: dict) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import urllib.request
 
-import pytest
 from fastapi import FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, GymTrio, PolicyModel
+from tests.harness.trio import AGENT, GymTrio
 from tests.test_realgym_trace import _expected_services, _otel_env, _rollout_traces, _service
 
 pytestmark = pytest.mark.realgym
@@ -25,12 +25,6 @@ GENERIC_STACK = [
     "opentelemetry-instrumentation-fastapi",
     "opentelemetry-instrumentation-aiohttp-client",
 ]
-
-
-@pytest.fixture(scope="module")
-def policy_model():
-    with PolicyModel() as model:
-        yield model
 
 
 @pytest.mark.parametrize(

@@ -55,12 +55,6 @@ GYM_KILLED = "didn't shutdown within"
 # ----------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def policy_model():
-    with PolicyModel() as model:
-        yield model
-
-
 class Shutdown:
     """What one SIGINT to ``gym env start`` did, timed from the signal."""
 
@@ -89,10 +83,8 @@ def _stop_timed(trio: GymTrio) -> Shutdown:
     t0 = time.monotonic()
 
     def tail() -> None:
-        offset = 0
         with open(trio.log_path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            offset = fh.tell()
             pending = b""
             while not done.is_set():
                 chunk = fh.read()

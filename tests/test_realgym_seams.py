@@ -18,7 +18,7 @@ import pytest
 from gym_autoinstr.groups import ALL_GROUPS, SANDBOX, parse_spec
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, PolicyModel
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 
 pytestmark = pytest.mark.realgym
 
@@ -32,12 +32,6 @@ config = RolloutCollectionConfig.model_validate(get_global_config_dict())
 asyncio.run(RolloutCollectionHelper().run_from_config(config))
 """
 COLLECT_SERVICE = "nemo-gym/collect"
-
-
-@pytest.fixture(scope="module")
-def policy_model():
-    with PolicyModel() as model:
-        yield model
 
 
 def _service(span: dict) -> str:

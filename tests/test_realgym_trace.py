@@ -23,18 +23,6 @@ from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, Po
 pytestmark = pytest.mark.realgym
 
 
-@pytest.fixture(scope="module")
-def policy_model():
-    with PolicyModel() as model:
-        yield model
-
-
-@pytest.fixture
-def collector(tmp_path):
-    with Collector(log_dir=tmp_path / "collector") as running:
-        yield running
-
-
 def _otel_env(collector: Collector, protocol: str, **extra: str) -> dict[str, str]:
     endpoint = collector.http_endpoint if protocol == "http/protobuf" else collector.grpc_endpoint
     return {

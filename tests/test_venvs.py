@@ -188,7 +188,7 @@ def test_the_closure_follows_markers_and_extras_and_pins_only_the_wire_path(tmp_
     def dist(name, version, *requires):
         directory = site / f"{name.replace('-', '_')}-{version}.dist-info"
         directory.mkdir(parents=True)
-        lines = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
         lines += [f"Requires-Dist: {r}" for r in requires]
         (directory / "METADATA").write_text("\n".join(lines) + "\n")
 

@@ -12,30 +12,16 @@ import os
 import pathlib
 import shlex
 import subprocess
-import time
 
 import pytest
 
-from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
 from tests.test_realgym_trace import _assert_one_connected_trace, _otel_env, _rollout_traces, _service
 
 pytestmark = pytest.mark.realgym
 
 VERSION = "0.4.0"
-
-
-@pytest.fixture(scope="module")
-def policy_model():
-    with PolicyModel() as model:
-        yield model
-
-
-@pytest.fixture
-def collector(tmp_path):
-    with Collector(log_dir=tmp_path / "collector") as running:
-        yield running
 
 
 def _pins(venv: pathlib.Path) -> list[str]:

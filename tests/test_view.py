@@ -24,7 +24,6 @@ import struct
 import subprocess
 import sys
 import uuid
-from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
 
