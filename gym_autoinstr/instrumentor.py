@@ -39,6 +39,14 @@ class GymInstrumentor(BaseInstrumentor):
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
+        # opentelemetry-instrument stops loading the remaining instrumentors when one
+        # raises anything but ImportError: ours never does.
+        try:
+            self._instrument_guarded(**kwargs)
+        except Exception as error:
+            warn_once("instrument", "gym-autoinstr could not instrument this process (%r); Gym runs untraced.", error)
+
+    def _instrument_guarded(self, **kwargs: Any) -> None:
         who = identity.detect()
         if who.role == "ray" and not kwargs.get("force"):
             logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
