@@ -608,6 +608,31 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
 # -- the whole diagnosis -----------------------------------------------------------------
 
 
+def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Problem]]:
+    """Would ``gym env start`` put our packages into the server venvs it builds?"""
+    resolved = any(row["name"] == "venvs.requirements" and row["resolved"] for row in report)
+    section: dict[str, Any] = {"will_install": False, "requirements": []}
+    if not resolved:
+        return section, [Problem(
+            WARNING, "server venvs",
+            "Gym's head_server_deps could not be patched here, so server venvs Gym builds get no OpenTelemetry "
+            "and those servers run untraced",
+            "run the servers from one venv with gym-autoinstr installed (+skip_venv_if_present=true), "
+            "or install gym-autoinstr into each server venv",
+        )]
+    try:
+        from .venvs import server_requirements
+
+        section["requirements"] = list(server_requirements())
+    except Exception as error:
+        return section, [Problem(
+            WARNING, "server venvs", f"the pinned requirements for server venvs could not be derived ({error!r})",
+            "reinstall gym-autoinstr (pip install --force-reinstall gym-autoinstr) so its metadata is complete",
+        )]
+    section["will_install"] = bool(section["requirements"])
+    return section, []
+
+
 def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
     """Everything the doctor knows, as one JSON-ready dict; ``ok`` is False when tracing
     would not work."""
@@ -640,6 +665,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
     problems += found
     native, found = native_telemetry(report)
     problems += found
+    venvs_section, found = server_venvs(report)
+    problems += found
 
     ok = not any(p.severity == ERROR for p in problems)
     return {
@@ -652,6 +679,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
         "exporters": exporter_rows,
         "span_groups": group_section,
         "native_telemetry": native,
+        "server_venvs": venvs_section,
         "this_process": {"configured_by": STATE.get("configured_by"), "exporters": list(STATE.get("exporters") or [])},
         "problems": [asdict(p) for p in problems],
     }
@@ -692,6 +720,12 @@ def render(diagnosis: dict[str, Any]) -> str:
     lines.append(
         "Gym telemetry "
         + ("live: we stand down" if native["live"] else "not in this Gym" if not native["present"] else "inert: we trace")
+    )
+    venvs = diagnosis["server_venvs"]
+    lines.append(
+        "server venvs  "
+        + (f"gym env start installs {len(venvs['requirements'])} pinned packages into each"
+           if venvs["will_install"] else "NOT given our packages")
     )
     lines.append("")
     for problem in diagnosis["problems"]:

@@ -85,6 +85,11 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
     assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server"], "unknown": []}
     assert report["native_telemetry"]["present"] is False
+    # gym env start would pin our packages into every server venv it builds
+    venvs = report["server_venvs"]
+    assert venvs["will_install"] is True
+    assert any(r.startswith("-e ") or r.startswith("gym-autoinstr") or "gym-autoinstr" in r for r in venvs["requirements"])
+    assert any(r.startswith("opentelemetry-sdk==") for r in venvs["requirements"])
     assert not problems(report, "error") and not problems(report, "warning")
     assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
 
