@@ -74,32 +74,35 @@ def test_import_then_instrument_rebinds_the_copies_already_made():
 def test_instrument_twice_wraps_once_and_uninstrument_restores_identity():
     out = run_case(
         """
-        import nemo_gym.server_utils as su, nemo_gym.openai_utils as ou, uvicorn, aiohttp
-        originals = {
-            "request": su.request, "copy": ou.request,
-            "run_webserver": su.SimpleServer.__dict__["run_webserver"],
-            "head": su.HeadServer.__dict__["setup_webserver"],
-            "uvicorn_run": uvicorn.run,
-            "aiohttp": aiohttp.ClientSession.__dict__["request"],
-        }
+        import nemo_gym.server_utils as su, nemo_gym.openai_utils as ou, nemo_gym.global_config as gc
+        import uvicorn, aiohttp, fastapi.routing
+
+        def targets():
+            return {
+                "request": su.request, "copy": ou.request,
+                "run_webserver": su.SimpleServer.__dict__["run_webserver"],
+                "head": su.HeadServer.__dict__["setup_webserver"],
+                "uvicorn_run": uvicorn.run,
+                "aiohttp": aiohttp.ClientSession.__dict__["request"],
+                "add_api_route": fastapi.routing.APIRouter.__dict__["add_api_route"],
+                "parse": gc.GlobalConfigDictParser.__dict__["parse"],
+            }
+
+        originals = targets()
         instrumentor = GymInstrumentor()
         instrumentor.instrument()
         instrumentor.instrument()  # "already instrumented": no second layer
         double = isinstance(su.request.__wrapped__, wrapt.FunctionWrapper)
+        wrapped_then = {k: wrapped(v) for k, v in targets().items()}
         instrumentor.uninstrument()
-        current = {
-            "request": su.request, "copy": ou.request,
-            "run_webserver": su.SimpleServer.__dict__["run_webserver"],
-            "head": su.HeadServer.__dict__["setup_webserver"],
-            "uvicorn_run": uvicorn.run,
-            "aiohttp": aiohttp.ClientSession.__dict__["request"],
-        }
+        current = targets()
         restored = {k: current[k] is originals[k] for k in originals}
         instrumentor.instrument()
-        print(json.dumps({"double": double, "restored": restored, "again": state()}))
+        print(json.dumps({"double": double, "wrapped": wrapped_then, "restored": restored, "again": state()}))
         """
     )["out"]
     assert out["double"] is False
+    assert out["wrapped"] == {k: True for k in out["wrapped"]}  # each target really was patched
     assert out["restored"] == {k: True for k in out["restored"]}
     assert out["again"]["request"] and out["again"]["copy_in_openai_utils"] and out["again"]["run_webserver"]
 
