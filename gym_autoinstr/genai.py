@@ -18,8 +18,10 @@ from typing import Any
 
 OPERATION = "chat"  # all three routes are chat-style generation in GenAI semconv terms
 
-# Bodies larger than this are not parsed just to read the usage counters.
-_MAX_PARSED_BODY = 16 * 1024 * 1024
+# Gym 0.7 hands back model responses as JSON bytes: reading the usage means parsing the
+# body a second time, on the request's path.  Larger bodies keep their spans without
+# token counts rather than pay that twice.
+_MAX_PARSED_BODY = 1024 * 1024
 
 
 def _field(obj: Any, key: str) -> Any:
