@@ -36,17 +36,23 @@ def _meter_instruments() -> dict[str, Any]:
         _instruments["servers"] = meter.create_gauge(
             "gym.servers.active", unit="{server}", description="Gym servers up in this run (orchestrator)."
         )
+        # No meter provider configured (e.g. the file default): nothing would be kept,
+        # so requests skip building the measurement altogether.
+        _instruments["live"] = type(provider).__name__ not in ("_ProxyMeterProvider", "NoOpMeterProvider")
         _provider = provider
     return _instruments
 
 
 def record_server_duration(seconds: float, method: str, route: "str | None", status: "int | None") -> None:
+    instruments = _meter_instruments()
+    if not instruments["live"]:
+        return
     attributes: dict[str, Any] = {"http.request.method": method}
     if route:
         attributes["http.route"] = route
     if status:
         attributes["http.response.status_code"] = status
-    _meter_instruments()["duration"].record(seconds, attributes)
+    instruments["duration"].record(seconds, attributes)
 
 
 def _set_servers_active(value: int) -> None:
