@@ -45,9 +45,10 @@ def main() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from gym_autoinstr import egress, groups, routes
-    from gym_autoinstr.configurator import BATCH_DEFAULTS
-    from gym_autoinstr.ingress import GymServerMiddleware
+    from gym_autoinstr.advice import egress, routes
+    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.pipeline.configurator import BATCH_DEFAULTS
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
 
     class Discard(SpanExporter):
         exported = 0

@@ -20,7 +20,7 @@ from typing import Any, Collection
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from . import groups, identity
+from .pipeline import groups, identity
 from ._log import logger, warn_once
 from .patching import PatchSet
 from .pointcuts import POINTCUTS, Pointcut
@@ -52,7 +52,7 @@ class GymInstrumentor(BaseInstrumentor):
             logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
             return
         try:
-            from .configurator import adopt_foreign_provider
+            from .pipeline.configurator import adopt_foreign_provider
 
             adopt_foreign_provider()
         except Exception as error:
@@ -96,11 +96,11 @@ def _announce() -> None:
     """One line from the orchestrator saying what is on, so a user can tell at a glance."""
     import os
 
-    from .configurator import STATE
-    from .distro import active_distro
+    from .pipeline.configurator import STATE
+    from .pipeline.distro import active_distro
 
     exporters = ", ".join(STATE["exporters"]) or "none"
-    from .redaction import redact_url
+    from .pipeline.redaction import redact_url
 
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     endpoint = redact_url(endpoint)[0] if endpoint else "default"

@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coexistence, egress, groups, ingress, job, metrics, routes, sandbox, venvs
+from .advice import coexistence, egress, fleet, ingress, job, routes, sandbox, venvs
+from .pipeline import groups
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         name="fleet.ready",
         module="nemo_gym.cli.env",
         attribute="RunHelper.wait_for_spinup",
-        advice=metrics.servers_ready_advice,
+        advice=fleet.servers_ready_advice,
         versions="0.4.0+",
         group=None,
         purpose="gym.servers.active = N once every server is ready (orchestrator)",
@@ -180,7 +181,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         name="fleet.shutdown",
         module="nemo_gym.cli.env",
         attribute="RunHelper.shutdown",
-        advice=metrics.fleet_shutdown_advice,
+        advice=fleet.fleet_shutdown_advice,
         versions="0.4.0+",
         group=None,
         purpose="gym.servers.active = 0 after Gym's shutdown, then flush (orchestrator)",
@@ -190,7 +191,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         name="fleet.ready.legacy",
         module="nemo_gym.cli",
         attribute="RunHelper.wait_for_spinup",
-        advice=metrics.servers_ready_advice,
+        advice=fleet.servers_ready_advice,
         versions="0.2.0-0.3.x",
         group=None,
         purpose="as fleet.ready, where the CLI was one module",
@@ -200,7 +201,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         name="fleet.shutdown.legacy",
         module="nemo_gym.cli",
         attribute="RunHelper.shutdown",
-        advice=metrics.fleet_shutdown_advice,
+        advice=fleet.fleet_shutdown_advice,
         versions="0.2.0-0.3.x",
         group=None,
         purpose="as fleet.shutdown, where the CLI was one module",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -48,3 +51,16 @@ def run_async(coroutine: Any) -> Any:
     if _loop is None:
         _loop = asyncio.new_event_loop()
     return _loop.run_until_complete(coroutine)
+
+
+def post_json(url: str, body: dict, headers: "dict | None" = None) -> tuple[int, dict]:
+    """POST a JSON body; the status and the decoded JSON answer ({} on an HTTP error)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, {}

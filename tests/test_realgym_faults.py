@@ -35,7 +35,7 @@ import pytest
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel, free_ports
-from tests.test_realgym_trace import _otel_env, _strip_ids
+from tests.harness.traces import otel_env, strip_ids
 
 pytestmark = pytest.mark.realgym
 
@@ -145,8 +145,8 @@ def baseline(policy_model, tmp_path_factory):
         trio.stop()
         raise
     shutdown = _stop_timed(trio)
-    expected = _strip_ids(results[0])
-    assert all(_strip_ids(r) == expected for r in results)  # the policy model is deterministic
+    expected = strip_ids(results[0])
+    assert all(strip_ids(r) == expected for r in results)  # the policy model is deterministic
     assert results[0]["reward"] == 1.0
     return {"result": expected, "shutdown": shutdown}
 
@@ -158,7 +158,7 @@ def _assert_results_as_uninstrumented(results: list[dict], baseline: dict) -> No
     assert results
     for result in results:
         assert result["reward"] == 1.0
-        assert _strip_ids(result) == baseline["result"]
+        assert strip_ids(result) == baseline["result"]
 
 
 def _assert_shutdown_fits(shutdown: Shutdown, baseline: dict) -> None:
@@ -289,7 +289,7 @@ def test_collector_absent_at_start(tmp_path, policy_model, baseline):
 def test_collector_killed_mid_run_and_restarted(tmp_path, policy_model, baseline):
     collector = Collector(log_dir=tmp_path / "collector")
     try:
-        trio = _instrumented(tmp_path, policy_model, _otel_env(collector, "http/protobuf"))
+        trio = _instrumented(tmp_path, policy_model, otel_env(collector, "http/protobuf"))
         try:
             before = trio.rollouts(4, concurrency=4)
             assert collector.sink.wait_for(lambda spans: _runs_since(spans, 0) >= 4, timeout=30), trio.log_tail()
@@ -359,7 +359,7 @@ def test_sustained_load_with_a_flapping_collector(tmp_path, policy_model, baseli
     restarted 3 s later; a small span queue so outages overflow it."""
     concurrency, duration, max_rollouts = 48, 75.0, 20000
     collector = Collector(log_dir=tmp_path / "collector")
-    env = _otel_env(collector, "http/protobuf", OTEL_BSP_MAX_QUEUE_SIZE="2048", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="512")
+    env = otel_env(collector, "http/protobuf", OTEL_BSP_MAX_QUEUE_SIZE="2048", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="512")
     rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
     failures: list[str] = []
     completed = [0]
@@ -390,7 +390,7 @@ def test_sustained_load_with_a_flapping_collector(tmp_path, policy_model, baseli
                 while not stop.is_set() and time.monotonic() - t0 < duration and completed[0] < max_rollouts:
                     try:
                         result = trio.rollout(row, timeout=60)
-                        if result.get("reward") != 1.0 or _strip_ids(result) != baseline["result"]:
+                        if result.get("reward") != 1.0 or strip_ids(result) != baseline["result"]:
                             failures.append(f"unexpected result: {str(result)[:300]}")
                     except Exception as error:  # noqa: BLE001
                         failures.append(repr(error)[:300])

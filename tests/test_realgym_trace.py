@@ -11,89 +11,14 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
-import json
 
 import pytest
 
-from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, PolicyModel
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
+from tests.harness.traces import assert_one_connected_trace, expected_services, otel_env, received_upstream, reset_upstream, rollout_traces, service_of, strip_ids
 
 pytestmark = pytest.mark.realgym
-
-
-def _otel_env(collector: Collector, protocol: str, **extra: str) -> dict[str, str]:
-    endpoint = collector.http_endpoint if protocol == "http/protobuf" else collector.grpc_endpoint
-    return {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-        **extra,
-    }
-
-
-def _received_upstream(policy_model: PolicyModel) -> list[dict]:
-    with urllib.request.urlopen(policy_model.base + "/_received", timeout=10) as response:
-        return json.loads(response.read())
-
-
-def _reset_upstream(policy_model: PolicyModel) -> None:
-    request = urllib.request.Request(policy_model.base + "/_reset", data=b"", method="POST")
-    urllib.request.urlopen(request, timeout=10).read()
-
-
-def _strip_ids(value):
-    """A rollout result without its run-specific ids and timestamps."""
-    if isinstance(value, dict):
-        return {k: _strip_ids(v) for k, v in value.items() if not (k == "id" or k.endswith("_id") or k.startswith("created"))}
-    if isinstance(value, list):
-        return [_strip_ids(v) for v in value]
-    return value
-
-
-def _service(span: dict) -> str:
-    return span["resource"].get("service.name", "")
-
-
-def _rollout_traces(spans: list[dict], run_service: str) -> dict[str, list[dict]]:
-    """trace id -> spans, for every trace whose root is the ``POST /run`` the test sent."""
-    roots = [
-        s for s in spans
-        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["parent_span_id"] is None and _service(s) == run_service
-    ]
-    return {root["trace_id"]: [s for s in spans if s["trace_id"] == root["trace_id"]] for root in roots}
-
-
-def _expected_services(trio: GymTrio) -> set[str]:
-    return {f"nemo-gym/{name}" for name in trio.server_names}
-
-
-def _assert_one_connected_trace(trace: list[dict], trio: GymTrio) -> None:
-    by_id = {s["span_id"]: s for s in trace}
-    # every process of the trio took part
-    assert {_service(s) for s in trace} == _expected_services(trio)
-    # every SERVER span but the root is parented by a CLIENT span (the agent also calls
-    # its own /v1/responses, so the caller may be the same process)
-    servers = [s for s in trace if s["kind"] == "SERVER"]
-    assert len(servers) >= 5
-    for span in servers:
-        if span["parent_span_id"] is None:
-            continue
-        parent = by_id.get(span["parent_span_id"])
-        assert parent is not None, f"{span['name']} in {_service(span)}: parent not in trace"
-        assert parent["kind"] == "CLIENT", (span["name"], parent["name"])
-    # every CLIENT span carries the contract's attributes, and no query string
-    clients = [s for s in trace if s["kind"] == "CLIENT"]
-    assert clients
-    for span in clients:
-        assert span["name"] == "HTTP POST"
-        assert span["attributes"]["http.request.method"] == "POST"
-        assert isinstance(span["attributes"]["http.response.status_code"], int)
-        assert "?" not in span["attributes"]["url.full"]
-    # the agent->model->upstream chain: the model's CLIENT span to the policy model exists
-    assert any(_service(s) == f"nemo-gym/{MODEL}" and s["attributes"]["url.full"].endswith("/responses") for s in clients)
-    # one root per rollout
-    assert sum(1 for s in trace if s["parent_span_id"] is None) == 1
 
 
 @pytest.mark.parametrize(
@@ -102,24 +27,24 @@ def _assert_one_connected_trace(trace: list[dict], trio: GymTrio) -> None:
 )
 def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, tmp_path, policy_model, collector):
     venv = gym_venv(version)
-    _reset_upstream(policy_model)
+    reset_upstream(policy_model)
     trio = GymTrio(venv, version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                   env=_otel_env(collector, protocol))
+                   env=otel_env(collector, protocol))
     with trio:
         instrumented_results = [trio.rollout() for _ in range(3)]
         run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
-        assert collector.sink.wait_for(lambda spans: len(_rollout_traces(spans, run_service)) >= 3, timeout=30), (
-            f"spans received: {sorted({(_service(s), s['name']) for s in collector.sink.spans()})}\n" + trio.log_tail(40)
+        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 3, timeout=30), (
+            f"spans received: {sorted({(service_of(s), s['name']) for s in collector.sink.spans()})}\n" + trio.log_tail(40)
         )
-        upstream = _received_upstream(policy_model)
+        upstream = received_upstream(policy_model)
     assert "Error in sitecustomize" not in trio.log_text()
     assert "Failed to auto initialize" not in trio.log_text()
 
     spans = collector.sink.spans()
-    traces = _rollout_traces(spans, run_service)
+    traces = rollout_traces(spans, run_service)
     assert len(traces) == 3  # three rollouts, three traces
     for trace in traces.values():
-        _assert_one_connected_trace(trace, trio)
+        assert_one_connected_trace(trace, trio)
 
     # the traceparent reached the OpenAI-compatible upstream, in the rollout's trace
     upstream_traces = {r["traceparent"].split("-")[1] for r in upstream if r.get("traceparent")}
@@ -127,20 +52,20 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, t
     assert len([r for r in upstream if r["path"].endswith("/responses")]) == 6
 
     # only Gym's work reaches the backend: every span comes from a Gym process
-    assert {_service(s) for s in spans} <= _expected_services(trio) | {"nemo-gym/orchestrator"}
+    assert {service_of(s) for s in spans} <= expected_services(trio) | {"nemo-gym/orchestrator"}
     assert not [s for s in spans if "healthz" in s["name"] or s["attributes"].get("url.path") == "/"]
     # no query string in any attribute
     assert not [s for s in spans for v in s["attributes"].values() if isinstance(v, str) and "?" in v]
 
     # distinct instances, one run id shared by the fleet
-    assert len({s["resource"]["service.instance.id"] for s in spans}) == len({_service(s) for s in spans})
+    assert len({s["resource"]["service.instance.id"] for s in spans}) == len({service_of(s) for s in spans})
     assert len({s["resource"].get("nemo.gym.run.id") for s in spans}) == 1
 
     # the rollout's result is the same as without instrumentation
     bare = GymTrio(gym_venv(version, with_project=False), version, tmp_path / "bare", policy_url=policy_model.url)
     with bare:
         bare_result = bare.rollout()
-    assert all(_strip_ids(r) == _strip_ids(bare_result) for r in instrumented_results)
+    assert all(strip_ids(r) == strip_ids(bare_result) for r in instrumented_results)
 
 
 def _wait_exited(process, timeout: float = 20) -> None:
@@ -159,14 +84,14 @@ def _wait_exited(process, timeout: float = 20) -> None:
 
 
 def _server_spans_for(spans: list[dict], service: str) -> list[dict]:
-    return [s for s in spans if s["kind"] == "SERVER" and _service(s) == service]
+    return [s for s in spans if s["kind"] == "SERVER" and service_of(s) == service]
 
 
 def test_completed_requests_are_exported_when_servers_stop(tmp_path, policy_model, collector):
     """A long batch delay means only the exit flush can deliver: SIGTERM the model
     server, SIGINT the resources server, then Gym's own shutdown for the rest."""
     version = "0.4.0"
-    env = _otel_env(collector, "grpc", OTEL_BSP_SCHEDULE_DELAY="60000")
+    env = otel_env(collector, "grpc", OTEL_BSP_SCHEDULE_DELAY="60000")
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         results = trio.rollouts(6, concurrency=3)
@@ -194,7 +119,7 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
     re-enters run_webserver.  With a long batch delay, only the workers' own exit flush
     can deliver their spans."""
     version = "0.7.0"
-    env = _otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
+    env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
                    env=env, extra_config={ENVIRONMENT: {"num_workers": 2}})
     with trio:
@@ -214,13 +139,13 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
     assert len(agent_runs) == 12
     for span in agent_runs:
         parent = by_id[span["parent_span_id"]]
-        assert parent["kind"] == "CLIENT" and _service(parent) == relay
+        assert parent["kind"] == "CLIENT" and service_of(parent) == relay
         assert by_id[parent["parent_span_id"]] in runs
 
 
 def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, policy_model):
     """The embedded default: no endpoint, no exporter, no collector."""
-    from gym_autoinstr.files import read_path
+    from gym_autoinstr.pipeline.files import read_path
 
     version = "0.4.0"
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True)
@@ -234,10 +159,10 @@ def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, poli
     per_process = sorted(p.name.rsplit("-", 1)[0] for p in run_dir.glob("*.jsonl"))
     assert per_process == sorted(f"nemo-gym_{name}" for name in trio.server_names)
     spans = read_path(run_dir)
-    traces = _rollout_traces(spans, f"nemo-gym/{AGENT}")
+    traces = rollout_traces(spans, f"nemo-gym/{AGENT}")
     assert len(traces) == 3
     for trace in traces.values():
-        _assert_one_connected_trace(trace, trio)
+        assert_one_connected_trace(trace, trio)
     assert {s["resource"]["nemo.gym.run.id"] for s in spans} == {run_dir.name}
 
 
@@ -261,7 +186,7 @@ def _metric_points(sink) -> list[dict]:
 
 def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, collector):
     version = "0.4.0"
-    env = _otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500")
+    env = otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500")
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         trio.rollouts(4, concurrency=2)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gym_autoinstr.doctor import is_gym_module
+from gym_autoinstr.commands.doctor import is_gym_module
 from gym_autoinstr.pointcuts import POINTCUTS, version_applies
 
 RELEASES = ("0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0")

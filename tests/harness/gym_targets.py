@@ -99,7 +99,7 @@ def run_doctor(version: str, *, cwd: str, pythonpath: "list[str]" = (), env: "di
     code = "import site, sys\n"
     if support is not None:
         code += f"site.addsitedir({str(support)!r})\n"
-    code += "from gym_autoinstr.cli import main\nsys.exit(main(['doctor', '--json']))\n"
+    code += "from gym_autoinstr.commands.cli import main\nsys.exit(main(['doctor', '--json']))\n"
     return subprocess.run([python, "-c", code], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,0 +1,51 @@
+"""Standing down where Gym's own telemetry is live (0.7+ with a working nemo-lens).
+
+Gym 0.7.0 ships call sites that are inert with every public nemo-lens: then we do the
+work.  If a future nemo-lens makes them live (``get_telemetry()`` returns a handle that
+is exporting), doubling every span would be worse than useless, so egress and ingress
+stand down for that process.  Gym initialises its telemetry inside ``run_webserver``,
+after our hooks are in place, so the answer is learned when ``init_telemetry`` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._log import logger
+
+_native_live = False
+
+
+def native_telemetry_live() -> bool:
+    return _native_live
+
+
+def _handle_is_exporting() -> bool:
+    try:
+        from nemo_gym.telemetry.setup import get_telemetry  # type: ignore[import-not-found]
+    except Exception:
+        return False
+    try:
+        handle = get_telemetry()
+    except Exception:
+        return False
+    return bool(handle is not None and getattr(handle, "is_exporting", False))
+
+
+def init_telemetry_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``nemo_gym.telemetry.setup.init_telemetry``: note whether Gym now exports."""
+    global _native_live
+    result = wrapped(*args, **kwargs)
+    try:
+        live = _handle_is_exporting()
+    except Exception:
+        live = False
+    if live and not _native_live:
+        logger.info("Gym's own OpenTelemetry call sites are live in this process: gym-autoinstr stands down")
+    _native_live = live
+    return result
+
+
+def set_native_live_for_tests(value: bool) -> None:
+    global _native_live
+    _native_live = value

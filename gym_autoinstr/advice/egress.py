@@ -1,0 +1,175 @@
+"""Egress: one CLIENT span around each logical ``nemo_gym.server_utils.request`` call.
+
+``request`` is the only place Gym talks to another server (agent -> model, agent ->
+resources, model -> the upstream OpenAI-compatible endpoint).  It retries internally on
+disconnects and errors, so the span covers every attempt and records how many resends
+there were (``http.request.resend_count``).  ``traceparent``/``tracestate`` are injected
+once, inside the span, into a *copy* of the caller's headers.
+
+Exactly one layer injects: the inner aiohttp call runs under
+``suppress_http_instrumentation()``, so an aiohttp-client instrumentor installed beside
+us neither adds a second CLIENT span nor re-parents the callee with its own span id.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+from opentelemetry.trace import SpanKind
+
+from . import coexistence
+from ..pipeline import groups
+from .._log import warn_once
+from ..pipeline.redaction import redact_url
+from ..pipeline.spans import mark_error, tracer
+
+# One mutable cell per traced request: aiohttp attempts made inside it.
+_attempts: contextvars.ContextVar["list[int] | None"] = contextvars.ContextVar("gym_autoinstr_attempts", default=None)
+
+
+def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
+    """The caller's headers plus ``carrier``, in a new object of a compatible type."""
+    if headers is None:
+        return dict(carrier)
+    if isinstance(headers, dict):
+        merged = dict(headers)
+        merged.update(carrier)
+        return merged
+    copy = getattr(headers, "copy", None)
+    if callable(copy):  # multidict.CIMultiDict and friends
+        merged = copy()
+        for key, value in carrier.items():
+            merged[key] = value
+        return merged
+    try:
+        return {**dict(headers), **carrier}
+    except Exception:
+        return headers  # unknown shape: leave the request untouched rather than break it
+
+
+def _bind(args: tuple, kwargs: dict) -> tuple[str, Any]:
+    method = args[0] if len(args) > 0 else kwargs.get("method", "")
+    url = args[1] if len(args) > 1 else kwargs.get("url", "")
+    return str(method).upper(), url
+
+
+def current_rollout_id() -> "str | None":
+    module = sys.modules.get("nemo_gym.rollout_correlation")
+    getter = getattr(module, "current_rollout_id", None) if module is not None else None
+    if getter is None:
+        return None
+    try:
+        value = getter()
+    except Exception:
+        return None
+    return str(value) if value else None
+
+
+def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Plain function returning an awaitable: when the group is off, the caller awaits
+    # Gym's own coroutine directly (no extra coroutine frame per request).
+    if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
+        return wrapped(*args, **kwargs)
+    return _traced_request(wrapped, args, kwargs)
+
+
+# Gym calls a handful of URLs over and over: parse each once.  Bounded (cleared when full:
+# per-rollout paths on 0.5+ would otherwise grow it without end).
+_REDACTED: dict[str, tuple[str, "str | None", "int | None"]] = {}
+_REDACTED_MAX = 512
+
+
+def _redacted(url: Any) -> tuple[str, "str | None", "int | None"]:
+    if type(url) is not str:
+        return redact_url(url)
+    hit = _REDACTED.get(url)
+    if hit is None:
+        if len(_REDACTED) >= _REDACTED_MAX:
+            _REDACTED.clear()
+        hit = _REDACTED[url] = redact_url(url)
+    return hit
+
+
+def _rollout_id_in_path(url: str) -> "str | None":
+    # Gym 0.5+ addresses a rollout's calls as <server>/ng-rollout/<id>/<route> where the
+    # caller does not enter rollout_context itself (the agent's /v1/responses).
+    at = url.find("/ng-rollout/")
+    if at < 0:
+        return None
+    return url[at + len("/ng-rollout/"):].partition("/")[0] or None
+
+
+def _start_client_span(args: tuple, kwargs: dict) -> Any:
+    method, url = _bind(args, kwargs)
+    full, host, port = _redacted(url)
+    attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
+    if host:
+        attributes["server.address"] = host
+    if port is not None:
+        attributes["server.port"] = port
+    rollout_id = current_rollout_id() or _rollout_id_in_path(full)
+    if rollout_id:
+        attributes["nemo.gym.rollout.id"] = rollout_id
+    return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes)
+
+
+def _guarded(step: str, action: Any, *args: Any) -> None:
+    """Telemetry bookkeeping that must never turn into an error of Gym's request."""
+    try:
+        action(*args)
+    except Exception as error:
+        warn_once(f"egress:{step}", "egress tracing: %s failed (%r); the request is unaffected.", step, error)
+
+
+async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
+    span = None
+    try:
+        span = _start_client_span(args, kwargs)
+        context_token = otel_context.attach(trace.set_span_in_context(span))
+    except Exception as error:
+        # Our half failed before the request: make it untraced, exactly as Gym would.
+        if span is not None:
+            _guarded("ending the span", span.end)
+        warn_once("egress:start", "egress tracing skipped (%r); the request is unaffected.", error)
+        return await wrapped(*args, **kwargs)
+    call_kwargs = kwargs
+    try:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if carrier:
+            call_kwargs = {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
+    except Exception as error:
+        warn_once("egress:inject", "trace context not injected (%r); the request is unaffected.", error)
+    attempts = [0]
+    attempts_token = _attempts.set(attempts)
+    try:
+        with suppress_http_instrumentation():
+            response = await wrapped(*args, **call_kwargs)
+    except BaseException as error:
+        if isinstance(error, Exception):  # cancellation ends the span without ERROR
+            _guarded("recording the error", mark_error, span, error)
+        raise
+    else:
+        status = getattr(response, "status", None)
+        if isinstance(status, int):
+            _guarded("recording the status", span.set_attribute, "http.response.status_code", status)
+        return response
+    finally:
+        _attempts.reset(attempts_token)
+        if attempts[0] > 1:
+            _guarded("recording resends", span.set_attribute, "http.request.resend_count", attempts[0] - 1)
+        _guarded("ending the span", span.end)
+        _guarded("restoring the context", otel_context.detach, context_token)
+
+
+def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Around ``aiohttp.ClientSession.request``: count attempts inside a traced request."""
+    attempts = _attempts.get()
+    if attempts is not None:
+        attempts[0] += 1
+    return wrapped(*args, **kwargs)

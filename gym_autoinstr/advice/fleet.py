@@ -1,0 +1,31 @@
+"""Fleet advice (orchestrator): ``gym.servers.active`` follows Gym's own start and stop.
+
+``RunHelper.wait_for_spinup`` returning means every configured server answered; after
+``RunHelper.shutdown`` none is left, and a flush exports that 0 before the process ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..pipeline.metrics import set_servers_active
+
+
+def servers_ready_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``RunHelper.wait_for_spinup`` returns: every configured server is up."""
+    result = wrapped(*args, **kwargs)
+    configs = getattr(instance, "_server_instance_display_configs", None)
+    if configs is not None:
+        set_servers_active(len(configs))
+    return result
+
+
+def fleet_shutdown_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``RunHelper.shutdown``: no server left; flush so the 0 is exported."""
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        set_servers_active(0)
+        from ..pipeline.flush import flush
+
+        flush(reason="gym shutdown")

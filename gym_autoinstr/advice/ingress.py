@@ -1,0 +1,325 @@
+"""Ingress: one SERVER span per request on every Gym server, and flushing at shutdown.
+
+Gym builds each server's FastAPI app inside ``SimpleServer.run_webserver`` and hands it
+to ``uvicorn.run``.  Starlette refuses new middleware once an app has started, so the
+middleware goes in at the last moment we still hold the app unstarted:
+
+* single process: when ``run_webserver`` calls ``uvicorn.run(app=<app>)``;
+* ``num_workers > 1``: the main process passes ``"pkg.mod:app"`` instead; every worker
+  re-imports the entrypoint, which re-enters ``run_webserver`` and gets the app back
+  without serving it, so we instrument the returned app, and uvicorn serves it after.
+
+The middleware is plain ASGI (no per-request ``http send/receive`` spans), switches off
+FastAPI's built-in telemetry for the app (>= 0.142) so each request has exactly one
+SERVER span, never records a query string, and leaves probes untraced.  It also sees
+ASGI lifespan shutdown, which uvicorn runs on SIGINT and SIGTERM in the main process and
+in every worker before re-raising the signal: the flush happens there, off the loop.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import time
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from ..pipeline import groups
+from .._log import logger, warn_once
+from ..pipeline.flush import flush, flush_async
+from ..pipeline.metrics import record_server_duration
+from ..pipeline.spans import mark_error, tracer
+
+DEFAULT_EXCLUDED_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico")
+
+# Set while `SimpleServer.run_webserver` runs, so that only Gym's own `uvicorn.run`
+# call is touched (the head server and user apps use uvicorn too).
+_in_run_webserver: contextvars.ContextVar[bool] = contextvars.ContextVar("gym_autoinstr_run_webserver", default=False)
+
+APP_FLAG = "_gym_autoinstr_instrumented"
+
+
+def excluded_paths() -> frozenset[str]:
+    raw = os.environ.get("GYM_AUTOINSTR_EXCLUDED_PATHS")
+    if raw is None:
+        return frozenset(DEFAULT_EXCLUDED_PATHS)
+    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+# W3C lets a receiver drop a tracestate longer than this; a bigger one is only cost.
+MAX_TRACESTATE_LENGTH = 512
+
+
+def accept_inbound_baggage() -> bool:
+    return os.environ.get("GYM_AUTOINSTR_ACCEPT_BAGGAGE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Propagation:
+    """The inbound header names the global propagator reads, as ASGI (bytes) keys.
+
+    ``baggage`` is left out unless ``GYM_AUTOINSTR_ACCEPT_BAGGAGE`` is set: whatever a
+    caller from outside the fleet puts there would otherwise ride along on every hop,
+    up to the model endpoint.  Baggage set inside the fleet still propagates.
+    """
+
+    textmap: object = None
+    names: frozenset[bytes] = frozenset()
+
+    @classmethod
+    def header_names(cls) -> frozenset[bytes]:
+        textmap = propagate.get_global_textmap()
+        if textmap is not cls.textmap:
+            names = {f.lower().encode("latin-1") for f in textmap.fields}
+            if not accept_inbound_baggage():
+                names.discard(b"baggage")
+            cls.names = frozenset(names)
+            cls.textmap = textmap
+        return cls.names
+
+
+def _carrier(scope: dict) -> dict[str, str]:
+    names = _Propagation.header_names()
+    carrier: dict[str, str] = {}
+    for key, value in scope.get("headers") or ():
+        if key in names:
+            name = key.decode("latin-1")
+            # Repeated headers are joined the way HTTP folds them (two traceparents
+            # then make an invalid one: the request starts a new trace, as W3C asks).
+            carrier[name] = f"{carrier[name]},{value.decode('latin-1')}" if name in carrier else value.decode("latin-1")
+    if len(carrier.get("tracestate", "")) > MAX_TRACESTATE_LENGTH:
+        del carrier["tracestate"]
+    return carrier
+
+
+ROLLOUT_PREFIX = "/ng-rollout/"
+
+
+def _route_template(scope: dict) -> "str | None":
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if isinstance(path, str):
+        return path
+    if scope.get("path", "").startswith(ROLLOUT_PREFIX):
+        return _route_behind_rollout_prefix(scope)
+    return None
+
+
+def _route_behind_rollout_prefix(scope: dict) -> "str | None":
+    """Gym 0.5+ strips ``/ng-rollout/<id>`` in a *copy* of the scope before routing, so
+    the matched route never reaches ours: match the stripped path against the app's
+    routes here (only for such requests, only once the request is done)."""
+    rest = scope["path"][len(ROLLOUT_PREFIX):].partition("/")[2]
+    app = scope.get("app")
+    routes = getattr(getattr(app, "router", None), "routes", None)
+    if not rest or not routes:
+        return None
+    inner = {**scope, "path": "/" + rest}
+    for route in routes:
+        try:
+            match, _ = route.matches(inner)
+        except Exception:
+            continue
+        if getattr(match, "name", "") == "FULL" and isinstance(getattr(route, "path", None), str):
+            return route.path
+    return None
+
+
+class GymServerMiddleware:
+    """ASGI middleware: SERVER span per HTTP request, flush at lifespan shutdown."""
+
+    def __init__(self, app: Any, server_name: str = "", server_spans: bool = True) -> None:
+        self.app = app
+        self.server_name = server_name
+        self.server_spans = server_spans
+        self.excluded = excluded_paths()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        kind = scope.get("type")
+        if kind == "http":
+            if self.server_spans and groups.SERVER in groups.ENABLED and scope.get("path") not in self.excluded:
+                await self._traced(scope, receive, send)
+                return
+        elif kind == "lifespan":
+            await self.app(scope, receive, self._flushing_send(send))
+            return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _flushing_send(send: Any) -> Any:
+        async def lifespan_send(message: dict) -> None:
+            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                try:
+                    await flush_async(reason="server shutdown")
+                except Exception as error:
+                    warn_once("lifespan-flush", "flush at server shutdown failed: %s", error)
+            await send(message)
+
+        return lifespan_send
+
+    async def _traced(self, scope: dict, receive: Any, send: Any) -> None:
+        try:
+            span, token = self._start(scope)
+        except Exception as error:  # our half failed: serve the request untraced
+            warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status_code: list[int] = []
+
+        async def traced_send(message: dict) -> None:
+            if message.get("type") == "http.response.start" and not status_code:
+                status_code.append(message.get("status", 0))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, traced_send)
+        except Exception as error:
+            try:
+                mark_error(span, error)
+            except Exception:
+                pass
+            if not status_code:
+                status_code.append(500)
+            raise
+        finally:
+            try:
+                self._finish(scope, span, status_code[0] if status_code else None, time.perf_counter() - started)
+            except Exception as error:
+                warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
+            finally:
+                otel_context.detach(token)
+
+    @staticmethod
+    def _start(scope: dict) -> tuple[Any, object]:
+        method = scope.get("method", "HTTP")
+        carrier = _carrier(scope)
+        parent = propagate.extract(carrier) if carrier else otel_context.Context()
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "url.path": scope.get("path", ""),
+            "url.scheme": scope.get("scheme", "http"),
+        }
+        server = scope.get("server")
+        if server:
+            attributes["server.address"] = server[0]
+            if server[1] is not None:
+                attributes["server.port"] = server[1]
+        version = scope.get("http_version")
+        if version:
+            attributes["network.protocol.version"] = version
+        span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
+
+    @staticmethod
+    def _finish(scope: dict, span: Any, status: "int | None", seconds: float) -> None:
+        method = scope.get("method", "HTTP")
+        route = _route_template(scope)
+        if route:
+            span.update_name(f"{method} {route}")
+            span.set_attribute("http.route", route)
+        if status:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        record_server_duration(seconds, method, route, status)
+
+
+def _silence_fastapi_builtin_telemetry(app: Any) -> None:
+    # FastAPI >= 0.142 emits its own SERVER span, metrics and exception logs whenever a
+    # real provider is set; it reads one config dict per app at request time.
+    native = getattr(app, "_native_telemetry", None)
+    config = getattr(native, "config", None)
+    if config is None:
+        config = getattr(app, "_telemetry", None)
+    if isinstance(config, dict):
+        for key in ("tracing", "metrics", "logs", "operation_spans"):
+            if key in config:
+                config[key] = False
+
+
+def instrument_app(app: Any, server_name: str = "") -> bool:
+    """Add the Gym ingress to an unstarted Starlette/FastAPI app; True if it was added."""
+    if getattr(app, APP_FLAG, False):
+        return False
+    if not hasattr(app, "add_middleware"):
+        warn_once(f"ingress-not-app:{type(app).__name__}", "not instrumenting %r: not a Starlette app", type(app).__name__)
+        return False
+    if getattr(app, "middleware_stack", None) is not None:
+        warn_once(
+            "ingress-started",
+            "server %s: its app had already started before gym-autoinstr could add ingress "
+            "tracing; this server emits no SERVER spans.",
+            server_name or "?",
+        )
+        return False
+    from . import coexistence
+
+    if coexistence.native_telemetry_live():
+        logger.info("Gym's own telemetry is live in this process; gym-autoinstr leaves ingress to it")
+        setattr(app, APP_FLAG, True)
+        return False
+    _silence_fastapi_builtin_telemetry(app)
+    # Another OpenTelemetry FastAPI instrumentation already gives the app SERVER spans:
+    # keep exactly one per request, but still flush at shutdown.
+    contrib = bool(getattr(app, "_is_instrumented_by_opentelemetry", False))
+    if contrib:
+        warn_once(
+            "ingress-contrib",
+            "opentelemetry-instrumentation-fastapi already instruments %s; gym-autoinstr keeps its "
+            "SERVER spans and adds none of its own. Set OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi "
+            "to get gym-autoinstr's leaner ingress instead.",
+            server_name or "this server",
+        )
+    app.add_middleware(GymServerMiddleware, server_name=server_name, server_spans=not contrib)
+    setattr(app, APP_FLAG, True)
+    return True
+
+
+def _server_name_of(cls: Any) -> str:
+    return os.environ.get("NEMO_GYM_CONFIG_PATH", "") or getattr(cls, "__name__", "")
+
+
+def run_webserver_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Around ``SimpleServer.run_webserver``: scope our ``uvicorn.run`` advice to it, and
+    instrument the app it returns unserved (multi-worker workers)."""
+    token = _in_run_webserver.set(True)
+    try:
+        app = wrapped(*args, **kwargs)
+    finally:
+        _in_run_webserver.reset(token)
+    if app is not None:
+        try:
+            instrument_app(app, _server_name_of(instance))
+        except Exception as error:
+            warn_once("ingress-returned-app", "ingress tracing skipped for the returned app: %s", error)
+    return app
+
+
+def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Around ``uvicorn.run`` when called from ``run_webserver``: instrument, serve, flush."""
+    if not _in_run_webserver.get():
+        return wrapped(*args, **kwargs)
+    app = kwargs.get("app", args[0] if args else None)
+    if app is not None and not isinstance(app, str):
+        try:
+            instrument_app(app, os.environ.get("NEMO_GYM_CONFIG_PATH", ""))
+        except Exception as error:
+            warn_once("ingress-app", "ingress tracing skipped: %s", error)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        flush(reason="uvicorn exit")
+
+
+def head_server_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``HeadServer.setup_webserver``: no FastAPI built-in spans for the head server."""
+    app = wrapped(*args, **kwargs)
+    try:
+        _silence_fastapi_builtin_telemetry(app)
+    except Exception as error:
+        warn_once("head-server", "could not quiet the head server's FastAPI telemetry: %s", error)
+    return app

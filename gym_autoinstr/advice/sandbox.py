@@ -1,0 +1,95 @@
+"""Sandbox spans: ``gym.sandbox.start`` / ``.exec`` / ``.stop`` on ``AsyncSandbox`` (0.4.0+).
+
+Every provider (docker, daytona, opensandbox, a user's own) is driven through
+``nemo_gym.sandbox.api.AsyncSandbox``; the synchronous ``Sandbox`` runs the async one on
+a private loop, so patching the async class covers both.
+
+Only content-free facts are recorded: the provider name, the sandbox id, and for exec
+the return code and the provider's error type.  The command is model output or task
+content, and cwd, env, stdout and stderr can hold anything: none of them is ever read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from . import coexistence
+from ..pipeline import groups
+from .._log import warn_once
+from ..pipeline.spans import run_in_span, tracer
+
+PROVIDER = "nemo.gym.sandbox.provider"
+SANDBOX_ID = "nemo.gym.sandbox.id"
+RETURN_CODE = "nemo.gym.sandbox.return_code"
+ERROR_TYPE = "nemo.gym.sandbox.error_type"
+
+
+def _provider_name(sandbox: Any) -> str:
+    provider = getattr(sandbox, "_provider", None)
+    name = getattr(provider, "name", None)
+    return name if isinstance(name, str) and name else type(provider).__name__
+
+
+def _sandbox_id(sandbox: Any) -> "str | None":
+    sandbox_id = getattr(getattr(sandbox, "_handle", None), "sandbox_id", None)
+    return str(sandbox_id) if sandbox_id is not None else None
+
+
+def _enabled() -> bool:
+    return groups.SANDBOX in groups.ENABLED and not coexistence.native_telemetry_live()
+
+
+def _open(name: str, sandbox: Any) -> "trace.Span | None":
+    try:
+        attributes: dict[str, Any] = {PROVIDER: _provider_name(sandbox)}
+        sandbox_id = _sandbox_id(sandbox)
+        if sandbox_id:
+            attributes[SANDBOX_ID] = sandbox_id
+        return tracer().start_span(name, kind=SpanKind.INTERNAL, attributes=attributes)
+    except Exception as error:
+        warn_once(f"sandbox:{name}", "%s span skipped: %r", name, error)
+        return None
+
+
+async def _traced(name: str, sandbox: Any, call: Any, after: Any = None) -> Any:
+    span = _open(name, sandbox)
+    if span is None:
+        return await call()
+    return await run_in_span(span, call, after, label=name)
+
+
+async def start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not _enabled():
+        return await wrapped(*args, **kwargs)
+
+    def after(span: Any, result: Any) -> None:
+        sandbox_id = _sandbox_id(instance)
+        if sandbox_id:
+            span.set_attribute(SANDBOX_ID, sandbox_id)
+
+    return await _traced("gym.sandbox.start", instance, lambda: wrapped(*args, **kwargs), after)
+
+
+async def exec_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if not _enabled():
+        return await wrapped(*args, **kwargs)
+
+    def after(span: Any, result: Any) -> None:
+        return_code = getattr(result, "return_code", None)
+        if isinstance(return_code, int) and not isinstance(return_code, bool):
+            span.set_attribute(RETURN_CODE, return_code)
+        error_type = getattr(result, "error_type", None)
+        if error_type is not None:
+            span.set_attribute(ERROR_TYPE, str(error_type))
+
+    return await _traced("gym.sandbox.exec", instance, lambda: wrapped(*args, **kwargs), after)
+
+
+async def stop_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Only a stop that closes a running sandbox is work worth a span.
+    if not _enabled() or getattr(instance, "_handle", None) is None or getattr(instance, "_stopped", True):
+        return await wrapped(*args, **kwargs)
+    return await _traced("gym.sandbox.stop", instance, lambda: wrapped(*args, **kwargs))

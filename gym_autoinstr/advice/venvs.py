@@ -1,0 +1,284 @@
+"""Server venvs: every venv Gym builds gets gym-autoinstr, pinned to what the orchestrator runs.
+
+Why this module exists: ``opentelemetry-instrument`` hands its ``sitecustomize`` to every
+child through ``PYTHONPATH``, but each child imports OpenTelemetry from *its own* venv,
+and ``gym env start`` builds one uv venv per server.  A server venv without our packages
+prints "Error in sitecustomize" and runs untraced: a trace with a hole in the middle.
+
+Gym already has the seam for this: ``GlobalConfigDictParser.parse`` rebuilds the
+``head_server_deps`` list on every call (users cannot set it), and ``setup_env_command``
+appends that list, joined by spaces, to the ``uv pip install`` that builds each server
+venv.  So, in the orchestrator only:
+
+* after ``parse`` returns, our requirements are appended to ``head_server_deps``
+  (idempotently), each one pinned to the distribution installed *here*, read from its
+  metadata and PEP 610 ``direct_url.json``, so no server resolves a different version
+  from an index: ``name==X`` (an index install), ``name @ file:///...`` (a local wheel or
+  directory), ``-e <path>`` (editable), ``name @ git+<url>@<commit>`` (VCS).  Gym joins
+  the list unquoted and bash runs it, so each argument is ``shlex``-quoted.
+* after ``setup_env_command`` returns a command that reuses an existing venv
+  (``skip_venv_if_present``), that venv is checked for our packages; if they are missing
+  or differ, one message names the server, the venv and the command that fixes it.
+
+What is pinned: the part of gym-autoinstr's dependency closure that carries a span from
+the SDK to the wire.  OpenTelemetry's own packages pin each other exactly (sdk -> api,
+exporters -> proto), ``wrapt`` applies our patches, ``protobuf`` and
+``googleapis-common-protos`` run generated code that is checked against the protobuf
+runtime, ``grpcio`` and ``requests`` are the two exporters' transports.  Left to the
+server's own resolver: general-purpose libraries every server stack depends on anyway
+(``typing-extensions``, ``packaging``, ``importlib-metadata``, ``urllib3``, ``idna``,
+``certifi``, ...), where a pin would only add conflicts with a server's requirements.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from .._log import warn_once
+
+PROJECT = "gym-autoinstr"
+# Beyond opentelemetry-*: the closure members on the span's way to the wire (see above).
+WIRE_PATH = frozenset({PROJECT, "wrapt", "protobuf", "googleapis-common-protos", "grpcio", "requests"})
+HEAD_SERVER_DEPS_KEY = "head_server_deps"
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def is_pinned(name: str) -> bool:
+    name = canonical_name(name)
+    return name in WIRE_PATH or name.startswith("opentelemetry-")
+
+
+@dataclass(frozen=True)
+class PinnedRequirement:
+    name: str  # canonical distribution name
+    version: str
+    arguments: tuple[str, ...]  # what `uv pip install` gets, before shell quoting
+    kind: str  # "index" | "archive" | "directory" | "editable" | "vcs"
+
+    def shell(self) -> str:
+        """The requirement as shell words that survive Gym's unquoted ``" ".join``."""
+        return " ".join(shlex.quote(argument) for argument in self.arguments)
+
+
+def _file_path(url: str) -> str:
+    return urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+
+
+def pinned_requirement(distribution: metadata.Distribution) -> PinnedRequirement:
+    """Reinstalls exactly ``distribution``: its recorded install source, else its version."""
+    name = canonical_name(distribution.metadata["Name"])
+    version = distribution.version
+    direct_url = None
+    try:
+        raw = distribution.read_text("direct_url.json")
+        direct_url = json.loads(raw) if raw else None
+    except (OSError, ValueError):
+        direct_url = None
+    if not isinstance(direct_url, dict) or not direct_url.get("url"):
+        return PinnedRequirement(name, version, (f"{name}=={version}",), "index")
+    url = direct_url["url"]
+    subdirectory = direct_url.get("subdirectory")
+    fragment = f"#subdirectory={subdirectory}" if subdirectory else ""
+    vcs_info = direct_url.get("vcs_info")
+    if isinstance(vcs_info, dict):
+        revision = vcs_info.get("commit_id") or vcs_info.get("requested_revision")
+        at = f"@{revision}" if revision else ""
+        return PinnedRequirement(name, version, (f"{name} @ {vcs_info.get('vcs', 'git')}+{url}{at}{fragment}",), "vcs")
+    dir_info = direct_url.get("dir_info")
+    if isinstance(dir_info, dict):
+        if dir_info.get("editable") and url.startswith("file:"):
+            path = _file_path(url)
+            return PinnedRequirement(name, version, ("-e", os.path.join(path, subdirectory) if subdirectory else path), "editable")
+        return PinnedRequirement(name, version, (f"{name} @ {url}{fragment}",), "directory")
+    return PinnedRequirement(name, version, (f"{name} @ {url}{fragment}",), "archive")
+
+
+def _dependency_closure(root: str, path: "list[str] | None" = None) -> dict[str, metadata.Distribution]:
+    """Every installed distribution ``root`` needs here (markers evaluated, extras followed)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    def find(name: str) -> "metadata.Distribution | None":
+        # What an installer installed (it writes INSTALLER) wins over metadata that merely
+        # lies on sys.path, such as the .egg-info a source checkout holds after an
+        # editable build, found first when the checkout is the working directory.
+        candidates = list(metadata.distributions(name=name, **({} if path is None else {"path": path})))
+        installed = [d for d in candidates if d.read_text("INSTALLER") is not None]
+        return (installed or candidates or [None])[0]
+
+    found: dict[str, metadata.Distribution] = {}
+    followed: set[tuple[str, str]] = set()
+    pending: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
+    while pending:
+        name, extras = pending.pop()
+        key = canonical_name(name)
+        wanted = {(key, extra) for extra in extras | {""}}
+        if wanted <= followed:
+            continue
+        distribution = found.get(key) or find(name)
+        if distribution is None:
+            continue
+        found[key] = distribution
+        for extra in sorted(extras | {""}):
+            if (key, extra) in followed:
+                continue
+            followed.add((key, extra))
+            for raw in distribution.requires or ():
+                try:
+                    requirement = Requirement(raw)
+                except InvalidRequirement:
+                    continue
+                if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+                    continue
+                pending.append((requirement.name, frozenset(requirement.extras)))
+    return found
+
+
+def pinned_requirements(root: str = PROJECT, path: "list[str] | None" = None) -> list[PinnedRequirement]:
+    """``root`` and the wire-path part of its dependency closure, as installed here; sorted."""
+    closure = _dependency_closure(root, path)
+    return [pinned_requirement(d) for key, d in sorted(closure.items()) if is_pinned(key)]
+
+
+@functools.lru_cache(maxsize=1)
+def server_requirements() -> tuple[str, ...]:
+    """What every server venv must install, as shell-quoted ``head_server_deps`` entries."""
+    return tuple(requirement.shell() for requirement in pinned_requirements())
+
+
+# -- head_server_deps ----------------------------------------------------------------------
+
+
+def _requirement_name(entry: str) -> "str | None":
+    found = re.match(r"\s*'?\s*([A-Za-z0-9][A-Za-z0-9._-]*)", str(entry))
+    return canonical_name(found.group(1)) if found and not str(entry).lstrip("'").startswith("-") else None
+
+
+def with_server_requirements(deps: Iterable[str], ours: Iterable[str]) -> list[str]:
+    """``deps`` plus each of ``ours`` not already named there (Gym's own entries win)."""
+    result = [str(d) for d in deps]
+    names = {_requirement_name(d) for d in result} - {None}
+    for entry in ours:
+        name = _requirement_name(entry)
+        if entry in result or (name is not None and name in names):
+            continue
+        result.append(entry)
+    return result
+
+
+def _is_orchestrator() -> bool:
+    from ..pipeline.identity import detect
+
+    return detect().role == "orchestrator"
+
+
+def head_server_deps_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``GlobalConfigDictParser.parse``: our pinned requirements join ``head_server_deps``."""
+    config = wrapped(*args, **kwargs)
+    try:
+        if _is_orchestrator() and config is not None and HEAD_SERVER_DEPS_KEY in config:
+            ours = server_requirements()
+            deps = with_server_requirements(config[HEAD_SERVER_DEPS_KEY] or (), ours)
+            _store(config, deps)
+    except Exception as error:  # never raise into Gym: its venvs are built as before
+        warn_once(
+            "venvs:head_server_deps",
+            "could not add gym-autoinstr to the server venvs' requirements (%r): servers in venvs "
+            "without it run untraced.",
+            error,
+        )
+    return config
+
+
+def _store(config: Any, deps: list[str]) -> None:
+    try:
+        from omegaconf import DictConfig, open_dict
+    except ImportError:
+        DictConfig = None  # type: ignore[assignment]
+    if DictConfig is not None and isinstance(config, DictConfig):
+        with open_dict(config):
+            config[HEAD_SERVER_DEPS_KEY] = deps
+    else:
+        config[HEAD_SERVER_DEPS_KEY] = deps
+
+
+# -- venvs Gym reuses without installing ---------------------------------------------------
+
+
+def _reused_venv(command: str) -> "Path | None":
+    """The venv a ``setup_env_command`` result activates without installing anything, if any."""
+    if "uv pip install" in command or "uv venv" in command:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for before, word in zip(words, words[1:]):
+        if before in ("source", ".") and word.endswith("/bin/activate"):
+            return Path(word[: -len("/bin/activate")])
+    return None
+
+
+def _site_packages(venv: Path) -> list[str]:
+    return [str(p) for p in sorted(venv.glob("lib/python*/site-packages"))]
+
+
+def missing_in(venv: Path, wanted: "Iterable[PinnedRequirement] | None" = None) -> list[str]:
+    """What ``venv`` lacks of ``wanted`` (missing, or another version), read from metadata only."""
+    wanted = list(pinned_requirements() if wanted is None else wanted)
+    installed: dict[str, str] = {}
+    for distribution in metadata.distributions(path=_site_packages(venv)):
+        try:
+            installed.setdefault(canonical_name(distribution.metadata["Name"]), distribution.version)
+        except Exception:
+            continue
+    problems = []
+    for requirement in wanted:
+        have = installed.get(requirement.name)
+        if have is None:
+            problems.append(requirement.name)
+        elif have != requirement.version:
+            problems.append(f"{requirement.name} {have} (orchestrator: {requirement.version})")
+    return problems
+
+
+def fix_command(venv: Path) -> str:
+    requirements = " ".join(server_requirements())
+    return f"uv pip install --python {shlex.quote(str(venv / 'bin' / 'python'))} {requirements}"
+
+
+def setup_env_command_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``setup_env_command``: a reused venv without our packages is named, with its fix."""
+    command = wrapped(*args, **kwargs)
+    try:
+        venv = _reused_venv(command) if isinstance(command, str) and _is_orchestrator() else None
+        if venv is not None:
+            problems = missing_in(venv)
+            if problems:
+                server = args[2] if len(args) > 2 else kwargs.get("prefix", "?")
+                warn_once(
+                    f"venvs:stale:{venv}",
+                    "server %r reuses the venv %s (skip_venv_if_present), which lacks %s: this server "
+                    "runs untraced (Python prints 'Error in sitecustomize' there); the rest of the "
+                    "fleet is traced. Fix: %s",
+                    server,
+                    venv,
+                    ", ".join(problems),
+                    fix_command(venv),
+                )
+    except Exception as error:
+        warn_once("venvs:stale-check", "could not check a reused server venv (%r).", error)
+    return command
+

@@ -1,0 +1,60 @@
+"""The ``gym-autoinstr`` command: ``--version``, ``doctor`` to check an install, ``view`` to read traces."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of traces, 1 or more, not {text!r}")
+    return value
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(prog="gym-autoinstr", description="OpenTelemetry tracing for NeMo Gym.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="command")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that this environment would trace Gym, and say how to fix what would not",
+        description="Check the installed Gym, every pointcut, the OpenTelemetry start-up (distro, configurator, "
+        "instrumentors, exporters), span groups and Gym's own telemetry. Exits 1 when tracing would not work.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    view = commands.add_parser(
+        "view",
+        help="show traces as waterfalls in the terminal, or as one HTML page",
+        description="Read a run directory written by the embedded default (or OTLP-JSON files, or - for "
+        "standard input), join every process's spans, and draw each trace as a waterfall.",
+    )
+    view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
+    view.add_argument("--rollout", metavar="ID", help="only the trace of this rollout id")
+    view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces")
+    view.add_argument("--errors", action="store_true", help="only traces with an error")
+    view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
+    args = parser.parse_args(argv)
+
+    if args.command == "view":
+        from .view import main as view_main
+
+        return view_main(args.paths, rollout=args.rollout, slowest=args.slowest, errors=args.errors,
+                         html_file=args.html)
+
+    if args.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(as_json=args.json)
+    from ..version import __version__
+
+    print(__version__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""``gym-autoinstr doctor``: would this environment trace Gym, and if not, what to change.
+
+We never raise into Gym, so a broken setup shows up as an empty backend rather than an
+error.  The doctor asks the questions a user would ask then, in the order a Gym process
+meets them under ``opentelemetry-instrument``: which Gym is installed (a release we
+know?); does every pointcut resolve on it (found by running the real ``GymInstrumentor``
+and importing Gym's modules, the path a Gym server takes); which distro, configurator and
+instrumentors the start-up would pick; can the exporter's package be imported; which span
+groups are on; is Gym's own telemetry live (then we stand down).  Every problem comes
+with its fix, and the exit status is non-zero when tracing would not work.
+
+One module per question (``installation``, ``startup``, ``exporters``, ``span_groups``,
+``native``, ``venvs``), each returning its section and its problems; ``report`` renders
+them and sets the exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from typing import Any, Mapping
+
+from .exporters import exporters
+from .installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
+from .native import native_telemetry
+from .report import ERROR, exit_status, render
+from .span_groups import span_groups
+from .startup import startup
+from .venvs import server_venvs
+
+__all__ = ["diagnose", "is_gym_module", "main", "render"]
+
+
+def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
+    """Everything the doctor knows, as one JSON-ready dict; ``ok`` is False when tracing
+    would not work."""
+    environ = dict(os.environ if environ is None else environ)
+    from ...pipeline.configurator import STATE
+    from ...version import __version__
+
+    version = installed_gym_version()
+    gym, problems = gym_section(version)
+    report = resolve_pointcuts(version)
+    problems += pointcut_problems(version, report)
+    start, effective, found = startup(environ)
+    problems += found
+    exporter_rows, found = exporters(effective, start["configurator"]["selected"])
+    problems += found
+    group_section, found = span_groups(effective)
+    problems += found
+    native, found = native_telemetry(report)
+    problems += found
+    venvs_section, found = server_venvs(report)
+    problems += found
+
+    return {
+        "ok": not any(p.severity == ERROR for p in problems),
+        "gym_autoinstr": __version__,
+        "python": sys.version.split()[0],
+        "gym": gym,
+        "pointcuts": report,
+        "startup": start,
+        "exporters": exporter_rows,
+        "span_groups": group_section,
+        "native_telemetry": native,
+        "server_venvs": venvs_section,
+        "this_process": {"configured_by": STATE.get("configured_by"), "exporters": list(STATE.get("exporters") or [])},
+        "problems": [asdict(p) for p in problems],
+    }
+
+
+def main(*, as_json: bool = False) -> int:
+    diagnosis = diagnose()
+    if as_json:
+        print(json.dumps(diagnosis, indent=1, default=str))
+    else:
+        print(render(diagnosis))
+    return exit_status(diagnosis)

@@ -1,0 +1,135 @@
+"""Can the exporters the start-up would use be imported, and where would spans go."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Mapping
+
+from ...pipeline import files
+from .report import ERROR, INFO, WARNING, Problem
+from .startup import OUR_CONFIGURATOR, _entry_points
+
+# protocol -> (module, package); kept in step with configurator.py
+OTLP_EXPORTERS = {
+    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry-exporter-otlp-proto-http"),
+    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
+}
+
+
+def _importable(module: str) -> "str | None":
+    try:
+        importlib.import_module(module)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _otlp_protocol(environ: Mapping[str, str]) -> str:
+    raw = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip().lower()
+    return "grpc" if raw == "grpc" else "http/protobuf"
+
+
+def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[list[dict[str, Any]], list[Problem]]:
+    """The trace exporters the configurator would build, and whether their packages import."""
+    problems: list[Problem] = []
+    rows: list[dict[str, Any]] = []
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        problems.append(Problem(ERROR, "exporter", "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED"))
+        return rows, problems
+    if configurator == OUR_CONFIGURATOR and files.embedded_default_applies(environ):
+        return _embedded_default(environ)
+    names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    names = [n for n in names if n != "none"]
+    if not names:
+        problems.append(
+            Problem(
+                ERROR,
+                "exporter",
+                f"OTEL_TRACES_EXPORTER={environ.get('OTEL_TRACES_EXPORTER')!r}: spans are created but never exported",
+                "set OTEL_TRACES_EXPORTER=otlp (or console to see spans on stderr)",
+            )
+        )
+    falls_back = configurator == OUR_CONFIGURATOR
+    working = 0
+    for name in names:
+        if name in ("otlp", "otlp_proto_http", "otlp_proto_grpc"):
+            protocol = _otlp_protocol(environ) if name == "otlp" else ("grpc" if name.endswith("grpc") else "http/protobuf")
+            module, package = OTLP_EXPORTERS[protocol]
+            error = _importable(module)
+            row = {"name": name, "protocol": protocol, "module": module, "package": package, "importable": error is None, "error": error, "used": protocol if error is None else None}
+            if error is None:
+                working += 1
+            else:
+                other = next(p for p in OTLP_EXPORTERS if p != protocol)
+                other_module, other_package = OTLP_EXPORTERS[other]
+                if falls_back and _importable(other_module) is None:
+                    row["used"] = other
+                    working += 1
+                    problems.append(
+                        Problem(
+                            WARNING,
+                            "exporter",
+                            f"the OTLP {protocol} exporter cannot be imported ({error}); spans go over OTLP {other} instead, to that protocol's port",
+                            f"pip install {package}, or set OTEL_EXPORTER_OTLP_PROTOCOL={other} and point "
+                            "OTEL_EXPORTER_OTLP_ENDPOINT at the collector's port for it (4317 grpc, 4318 http)",
+                        )
+                    )
+                else:
+                    problems.append(
+                        Problem(
+                            ERROR,
+                            "exporter",
+                            f"the OTLP {protocol} exporter cannot be imported ({error}): spans are created but never exported",
+                            f"pip install {package}",
+                        )
+                    )
+            rows.append(row)
+        elif name == "console":
+            rows.append({"name": name, "importable": True, "used": "console"})
+            working += 1
+        else:
+            provided = [e for e in _entry_points("opentelemetry_traces_exporter") if e["name"] == name]
+            rows.append({"name": name, "importable": bool(provided), "used": name if provided else None})
+            if provided:
+                working += 1
+            else:
+                problems.append(
+                    Problem(
+                        ERROR if len(names) == 1 else WARNING,
+                        "exporter",
+                        f"OTEL_TRACES_EXPORTER names {name!r}, which no installed package provides",
+                        "set OTEL_TRACES_EXPORTER=otlp, or install the package providing that exporter",
+                    )
+                )
+    return rows, problems
+
+
+def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """No exporter configured: our configurator writes OTLP-JSON files to a run directory."""
+    configured = environ.get(files.OUTPUT_DIR_VARIABLE)
+    directory = configured or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
+    existing = os.path.abspath(configured or os.getcwd())
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    writable = os.path.isdir(existing) and os.access(existing, os.W_OK)
+    row = {"name": "files", "directory": directory, "importable": True, "writable": writable, "used": "files"}
+    if not writable:
+        where = f"{files.OUTPUT_DIR_VARIABLE}={configured!r}" if configured else "the working directory"
+        return [row], [
+            Problem(
+                ERROR,
+                "exporter",
+                f"no exporter is configured, so spans go to local files, but {where} is not writable",
+                f"set {files.OUTPUT_DIR_VARIABLE} to a writable directory, or OTEL_EXPORTER_OTLP_ENDPOINT to a collector",
+            )
+        ]
+    return [row], [
+        Problem(
+            INFO,
+            "exporter",
+            f"no exporter is configured: each Gym process writes its spans as OTLP-JSON under {directory}"
+            + ("" if configured else " (relative to where the orchestrator runs)"),
+            "read them with `gym-autoinstr view <run directory>`; set OTEL_EXPORTER_OTLP_ENDPOINT to send to a collector",
+        )
+    ]

@@ -1,0 +1,77 @@
+"""The doctor's findings, rendered for a person, and the exit status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ERROR = "error"  # tracing would not work
+WARNING = "warning"  # tracing works, with something missing or surprising
+INFO = "info"  # worth knowing, nothing to fix
+
+
+@dataclass
+class Problem:
+    severity: str
+    subject: str
+    problem: str
+    fix: str
+
+
+def render(diagnosis: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines = []
+    gym = diagnosis["gym"]
+    known = "known" if gym["known"] else f"not a release we know ({gym['known_range']})"
+    lines.append(f"nemo-gym      {gym['version'] or 'not installed'}" + (f"  ({known})" if gym["version"] else ""))
+    lines.append(f"gym-autoinstr {diagnosis['gym_autoinstr']}  on Python {diagnosis['python']}")
+    lines.append("")
+    lines.append("pointcuts")
+    for row in diagnosis["pointcuts"]:
+        if row["resolved"]:
+            state = "applied" if row["expected"] is not False else "applied (table says absent)"
+        elif row["expected"] is False:
+            state = "absent, as expected"
+        else:
+            state = f"MISSING: {row['reason']}"
+        lines.append(f"  {row['name']:<22} {row['module']}.{row['attribute']}  [{row['versions']}]  {state}")
+    start = diagnosis["startup"]
+    lines.append("")
+    lines.append(f"distro        {start['distro']['selected'] or 'default'}  (installed: {_names(start['distro']['installed'])})")
+    lines.append(f"configurator  {start['configurator']['selected'] or 'none'}  (installed: {_names(start['configurator']['installed'])})")
+    lines.append(f"instrumentors {', '.join(start['instrumentors']['enabled']) or 'none'}")
+    for row in diagnosis["exporters"]:
+        detail = f" over {row['used']}" if row.get("used") and row.get("protocol") else ""
+        detail += f" to {row['directory']}" if row.get("directory") else ""
+        lines.append(f"exporter      {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
+    if not diagnosis["exporters"]:
+        lines.append("exporter      none")
+    groups_section = diagnosis["span_groups"]
+    source = groups_section["variable"] or "default"
+    lines.append(f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})")
+    native = diagnosis["native_telemetry"]
+    lines.append(
+        "Gym telemetry "
+        + ("live: we stand down" if native["live"] else "not in this Gym" if not native["present"] else "inert: we trace")
+    )
+    venvs = diagnosis["server_venvs"]
+    lines.append(
+        "server venvs  "
+        + (f"gym env start installs {len(venvs['requirements'])} pinned packages into each"
+           if venvs["will_install"] else "NOT given our packages")
+    )
+    lines.append("")
+    for problem in diagnosis["problems"]:
+        lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")
+        lines.append(f"  fix: {problem['fix']}")
+    lines.append("tracing would work" if diagnosis["ok"] else "tracing would NOT work")
+    return "\n".join(lines)
+
+
+def _names(rows: list[dict[str, str]]) -> str:
+    return ", ".join(row["name"] for row in rows) or "none"
+
+
+def exit_status(diagnosis: dict[str, Any]) -> int:
+    """0 when tracing would work, 1 when it would not."""
+    return 0 if diagnosis["ok"] else 1

@@ -1,0 +1,41 @@
+"""Which span groups are on, and from which variable."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ...pipeline import groups
+from .report import ERROR, WARNING, Problem
+
+def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
+    variable = next((v for v in groups.SPEC_VARIABLES if environ.get(v) is not None), None)
+    spec = environ[variable] if variable else None
+    enabled: set[str] = set(groups.PRESETS["default"]) if variable is None else set()
+    unknown: list[str] = []
+    for raw in (spec or "").split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name in groups.PRESETS:
+            enabled |= groups.PRESETS[name]
+        elif name in groups.ALL_GROUPS:
+            enabled.add(name)
+        else:
+            unknown.append(raw.strip())
+    problems = []
+    valid = ", ".join(sorted(groups.ALL_GROUPS)) + "; presets: " + ", ".join(p for p in groups.PRESETS if p != "off")
+    if unknown:
+        problems.append(
+            Problem(
+                ERROR if not enabled else WARNING,
+                "span groups",
+                f"{variable}={spec!r}: unknown name(s) {', '.join(repr(u) for u in unknown)} ignored",
+                f"use group and preset names only: {valid}",
+            )
+        )
+    elif not enabled:
+        problems.append(
+            Problem(WARNING, "span groups", f"{variable}={spec!r} turns every span group off: no span is created", f"unset {variable} (preset 'default') or name groups: {valid}")
+        )
+    section = {"variable": variable, "spec": spec, "enabled": sorted(enabled), "unknown": unknown}
+    return section, problems

@@ -1,0 +1,31 @@
+"""Would ``gym env start`` put our packages into the server venvs it builds?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .report import WARNING, Problem
+
+def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Problem]]:
+    """Would ``gym env start`` put our packages into the server venvs it builds?"""
+    resolved = any(row["name"] == "venvs.requirements" and row["resolved"] for row in report)
+    section: dict[str, Any] = {"will_install": False, "requirements": []}
+    if not resolved:
+        return section, [Problem(
+            WARNING, "server venvs",
+            "Gym's head_server_deps could not be patched here, so server venvs Gym builds get no OpenTelemetry "
+            "and those servers run untraced",
+            "run the servers from one venv with gym-autoinstr installed (+skip_venv_if_present=true), "
+            "or install gym-autoinstr into each server venv",
+        )]
+    try:
+        from ...advice.venvs import server_requirements
+
+        section["requirements"] = list(server_requirements())
+    except Exception as error:
+        return section, [Problem(
+            WARNING, "server venvs", f"the pinned requirements for server venvs could not be derived ({error!r})",
+            "reinstall gym-autoinstr (pip install --force-reinstall gym-autoinstr) so its metadata is complete",
+        )]
+    section["will_install"] = bool(section["requirements"])
+    return section, []

@@ -1,0 +1,283 @@
+"""The OpenTelemetry configurator for Gym processes (entry point ``gym_autoinstr``).
+
+It builds the SDK pipeline from the standard ``OTEL_*`` variables with defaults tuned
+for Gym, and differs from the SDK's stock configurator where Gym needs it to:
+
+* **Only Gym processes export.**  Ray's daemons inherit ``opentelemetry-instrument``'s
+  sitecustomize too; they get no provider, so their internal polling never reaches the
+  backend.
+* **Identity per process**: ``service.name`` is ``<OTEL_SERVICE_NAME or nemo-gym>/<server
+  name>`` (``.../orchestrator`` for ``gym``), plus the ``nemo.gym.*`` resource attributes
+  and one run id shared by the whole fleet.
+* **A missing exporter package never costs the instrumentation.**  If the chosen OTLP
+  protocol's package cannot be imported, the other protocol is used (or none), with one
+  warning naming the package; spans are still created and trace context still flows.
+* **No collector needed to start**: with no endpoint and no exporter configured, spans
+  go to local files (``files.py``), one per process, readable by ``gym-autoinstr view``.
+* **Exit**: the provider's own ``atexit`` shutdown can hang on a dead collector; ours is
+  time-boxed (see ``flush.py``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk._configuration import _BaseConfigurator
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from . import files, identity
+from .._log import logger, warn_once
+from .flush import WatchedExporter, flush, start_flusher
+
+# Batch settings for Gym's scale (thousands of concurrent rollouts): a deep queue so a
+# burst is absorbed instead of dropped, large batches, and a short delay so that little
+# is left to flush when Gym's one-second shutdown grace starts.
+BATCH_DEFAULTS = {
+    "OTEL_BSP_SCHEDULE_DELAY": 1000,
+    "OTEL_BSP_MAX_QUEUE_SIZE": 65536,
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": 4096,
+}
+
+PROTOCOL_HTTP = "http/protobuf"
+PROTOCOL_GRPC = "grpc"
+_OTLP_EXPORTERS = {
+    PROTOCOL_HTTP: ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry-exporter-otlp-proto-http"),
+    PROTOCOL_GRPC: ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
+}
+
+# What this process ended up with; `gym-autoinstr doctor` and the tests read it.
+STATE: dict[str, Any] = {"configured_by": None, "exporters": [], "identity": None, "metrics": False}
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(float(raw))
+        if value <= 0:
+            raise ValueError
+        return value
+    except ValueError:
+        warn_once(f"env:{name}", "%s=%r is not a positive number; using %d.", name, raw, default)
+        return default
+
+
+def _otlp_protocol() -> str:
+    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if not raw:
+        return PROTOCOL_HTTP
+    protocol = raw.strip().lower()
+    if protocol in ("http/protobuf", "http"):
+        return PROTOCOL_HTTP
+    if protocol == "grpc":
+        return PROTOCOL_GRPC
+    warn_once(
+        "otlp-protocol",
+        "OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use 'grpc' or 'http/protobuf'); using http/protobuf.",
+        raw,
+    )
+    return PROTOCOL_HTTP
+
+
+def _otlp_exporter(protocol: str) -> "SpanExporter | None":
+    order = [protocol] + [p for p in _OTLP_EXPORTERS if p != protocol]
+    for candidate in order:
+        module_name, package = _OTLP_EXPORTERS[candidate]
+        try:
+            module = __import__(module_name, fromlist=["OTLPSpanExporter"])
+        except ImportError as error:
+            warn_once(
+                f"exporter-missing:{candidate}",
+                "OTLP %s exporter unavailable (%s): install %s. %s",
+                candidate,
+                error,
+                package,
+                "Trying the other OTLP protocol." if candidate == protocol else "",
+            )
+            continue
+        if candidate != protocol:
+            warn_once(
+                "exporter-fallback",
+                "exporting over OTLP %s instead of %s; point OTEL_EXPORTER_OTLP_ENDPOINT at the "
+                "collector's %s port (4317 grpc, 4318 http) or install %s.",
+                candidate,
+                protocol,
+                candidate,
+                _OTLP_EXPORTERS[protocol][1],
+            )
+        return module.OTLPSpanExporter()
+    warn_once(
+        "exporter-none",
+        "no OTLP exporter could be loaded: spans are created and trace context propagates, but nothing is exported.",
+    )
+    return None
+
+
+def _entry_point_exporter(name: str) -> "SpanExporter | None":
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group="opentelemetry_traces_exporter"):
+        if entry_point.name == name:
+            return entry_point.load()()
+    warn_once(
+        f"exporter-unknown:{name}",
+        "OTEL_TRACES_EXPORTER names %r, which no installed package provides; known here: otlp, console, none.",
+        name,
+    )
+    return None
+
+
+def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[str, SpanExporter]]:
+    if files.embedded_default_applies():
+        who = who or identity.detect()
+        directory = files.resolve_output_dir(identity.run_id())
+        return [(f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who)))]
+    names = os.environ.get("OTEL_TRACES_EXPORTER", "otlp")
+    exporters: list[tuple[str, SpanExporter]] = []
+    for raw in names.split(","):
+        name = raw.strip().lower()
+        if not name or name == "none":
+            continue
+        try:
+            if name == "otlp":
+                exporter = _otlp_exporter(_otlp_protocol())
+                label = "otlp"
+            elif name in ("otlp_proto_http", "otlp_proto_grpc"):
+                exporter = _otlp_exporter(PROTOCOL_HTTP if name.endswith("http") else PROTOCOL_GRPC)
+                label = name
+            elif name == "console":
+                exporter, label = ConsoleSpanExporter(), "console"
+            else:
+                exporter, label = _entry_point_exporter(name), name
+        except Exception as error:
+            warn_once(f"exporter-error:{name}", "trace exporter %r could not be created: %r", name, error)
+            continue
+        if exporter is not None:
+            exporters.append((f"{label}:{type(exporter).__module__}", exporter))
+    return exporters
+
+
+def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
+    resource = Resource.create(identity.resource_attributes(who))
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    for label, exporter in span_exporters(who):
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                WatchedExporter(exporter),
+                max_queue_size=_int_env("OTEL_BSP_MAX_QUEUE_SIZE", BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"]),
+                schedule_delay_millis=_int_env("OTEL_BSP_SCHEDULE_DELAY", BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"]),
+                max_export_batch_size=_int_env(
+                    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"]
+                ),
+            )
+        )
+        STATE["exporters"].append(label)
+    return provider
+
+
+def metric_readers() -> list[Any]:
+    """Metric readers from ``OTEL_METRICS_EXPORTER``: OTLP by default when an OTLP endpoint
+    is configured, none in the embedded file default."""
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+    default = "none" if files.embedded_default_applies() else "otlp"
+    readers = []
+    for raw in os.environ.get("OTEL_METRICS_EXPORTER", default).split(","):
+        name = raw.strip().lower()
+        if not name or name == "none":
+            continue
+        try:
+            if name == "console":
+                exporter = ConsoleMetricExporter()
+            elif name == "otlp":
+                protocol = (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _otlp_protocol()).strip().lower()
+                if protocol == PROTOCOL_GRPC:
+                    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+                else:
+                    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+                exporter = OTLPMetricExporter()
+            else:
+                warn_once(f"metrics-exporter:{name}", "OTEL_METRICS_EXPORTER=%r is not supported here (otlp, console, none).", name)
+                continue
+        except Exception as error:
+            warn_once(f"metrics-exporter-error:{name}", "metric exporter %r could not be created: %r", name, error)
+            continue
+        readers.append(PeriodicExportingMetricReader(exporter))
+    return readers
+
+
+def _configure_metrics(resource: Resource) -> None:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    readers = metric_readers()
+    if readers:
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False))
+        STATE["metrics"] = True
+
+
+def _flush_at_exit() -> None:
+    flush(reason="process exit")
+
+
+def configure_process() -> "TracerProvider | None":
+    """Set up the SDK for this process if it is part of a Gym fleet; idempotent."""
+    if STATE["configured_by"] is not None:
+        return None
+    who = identity.detect()
+    STATE["identity"] = who
+    if who.role == "ray" or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        STATE["configured_by"] = "skipped"
+        return None
+    provider = build_tracer_provider(who)
+    trace.set_tracer_provider(provider)
+    try:
+        _configure_metrics(provider.resource)
+    except Exception as error:
+        warn_once("metrics", "metrics are off: %r", error)
+    start_flusher()
+    from . import quiet
+
+    quiet.install()  # one line per export-failure cause, not one per retry
+    atexit.register(_flush_at_exit)
+    STATE["configured_by"] = "gym_autoinstr"
+    logger.debug("configured %s (%s); exporters: %s", who.name, who.role, STATE["exporters"] or "none")
+    return provider
+
+
+class GymConfigurator(_BaseConfigurator):
+    def _configure(self, **kwargs: Any) -> None:
+        try:
+            configure_process()
+        except Exception as error:  # never stop the program from starting
+            warn_once("configure", "could not configure OpenTelemetry (%r); this process runs untraced.", error)
+
+
+def adopt_foreign_provider() -> None:
+    """Another configurator built the SDK provider (e.g. opentelemetry-distro's, picked
+    first): give it our per-process identity before any tracer is handed out."""
+    if STATE["configured_by"] is not None:
+        return
+    who = identity.detect()
+    STATE["identity"] = who
+    if not who.is_gym:
+        return
+    provider = trace.get_tracer_provider()
+    resource = getattr(provider, "_resource", None)
+    if not isinstance(resource, Resource):
+        return
+    STATE["configured_by"] = f"foreign:{type(provider).__module__}"
+    attributes = identity.resource_attributes(who)
+    current = resource.attributes.get("service.name")
+    if current and not str(current).startswith("unknown_service") and not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes.pop("service.name")
+    try:
+        provider._resource = resource.merge(Resource(attributes))  # type: ignore[attr-defined]
+    except Exception as error:
+        warn_once("adopt-provider", "could not add Gym identity to the active tracer provider: %r", error)

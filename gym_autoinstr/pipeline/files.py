@@ -1,0 +1,229 @@
+"""The embedded default: spans to local files when no exporter is configured.
+
+A user who only wants to see where a rollout's time goes should not need a collector
+first.  With no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` and no ``OTEL_TRACES_EXPORTER`` set,
+every Gym process appends OTLP-JSON lines (the OpenTelemetry Collector file-exporter
+format: one ``ExportTraceServiceRequest`` per line, ids in hex, enums as integers) to
+its *own* file in one run directory, so concurrent processes never interleave.  The
+orchestrator resolves the directory once (``GYM_AUTOINSTR_OUTPUT_DIR``, else
+``./gym-autoinstr-runs/<run id>``) and passes it down in the environment, because
+every server runs from its own working directory.  ``gym-autoinstr view`` reads it.
+
+Each file is bounded (``GYM_AUTOINSTR_FILE_MAX_MB``, default 256): past the bound,
+spans are dropped with one message saying so and how to lift it.  An unwritable
+directory is reported once; Gym keeps running.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from .._log import warn_once
+
+OUTPUT_DIR_VARIABLE = "GYM_AUTOINSTR_OUTPUT_DIR"
+MAX_MB_VARIABLE = "GYM_AUTOINSTR_FILE_MAX_MB"
+DEFAULT_MAX_MB = 256
+DEFAULT_PARENT = "gym-autoinstr-runs"
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+def embedded_default_applies(environ: "dict[str, str] | os._Environ[str] | None" = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return not any(
+        environ.get(name)
+        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER")
+    )
+
+
+def resolve_output_dir(run_id: "str | None", environ: "dict[str, str] | os._Environ[str] | None" = None) -> Path:
+    """The run directory: set once (by the orchestrator, or the user) and inherited."""
+    environ = os.environ if environ is None else environ
+    configured = environ.get(OUTPUT_DIR_VARIABLE)
+    if configured:
+        return Path(configured)
+    directory = (Path.cwd() / DEFAULT_PARENT / (run_id or f"pid-{os.getpid()}")).resolve()
+    environ[OUTPUT_DIR_VARIABLE] = str(directory)
+    return directory
+
+
+def _max_bytes() -> int:
+    raw = os.environ.get(MAX_MB_VARIABLE)
+    if not raw:
+        return DEFAULT_MAX_MB * 1024 * 1024
+    try:
+        value = float(raw)
+        if value <= 0:
+            raise ValueError
+        return int(value * 1024 * 1024)
+    except ValueError:
+        warn_once("file-max", "%s=%r is not a positive number of megabytes; using %d.", MAX_MB_VARIABLE, raw, DEFAULT_MAX_MB)
+        return DEFAULT_MAX_MB * 1024 * 1024
+
+
+def _hex_ids(node: Any) -> Any:
+    """protobuf's JSON mapping writes bytes as base64; OTLP/JSON wants trace and span ids in hex."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_FIELDS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+    return node
+
+
+def encode_otlp_json(spans: Sequence[Any]) -> str:
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    message = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    return json.dumps(_hex_ids(message), separators=(",", ":"))
+
+
+class OtlpJsonFileExporter(SpanExporter):
+    """Appends one OTLP-JSON line per export batch to this process's own file."""
+
+    def __init__(self, directory: Path, file_stem: str) -> None:
+        self.directory = Path(directory)
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_stem).strip("_") or "process"
+        self.path = self.directory / f"{safe}-{os.getpid()}.jsonl"
+        self.max_bytes = _max_bytes()
+        self._written = 0
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        if self._broken or not spans:
+            return SpanExportResult.FAILURE if self._broken else SpanExportResult.SUCCESS
+        try:
+            line = (encode_otlp_json(spans) + "\n").encode("utf-8")
+        except Exception as error:
+            warn_once(f"file-encode:{type(error).__name__}", "could not encode spans for %s: %r", self.path, error)
+            return SpanExportResult.FAILURE
+        with self._lock:
+            if self._written + len(line) > self.max_bytes:
+                warn_once(
+                    "file-full",
+                    "trace file %s reached its bound of %.0f MB; further spans of this process are dropped. "
+                    "Raise %s, or send spans to a collector with OTEL_EXPORTER_OTLP_ENDPOINT.",
+                    self.path,
+                    self.max_bytes / 1024 / 1024,
+                    MAX_MB_VARIABLE,
+                )
+                return SpanExportResult.FAILURE
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                # One write of one whole line in append mode: a reader never sees half a batch.
+                with open(self.path, "ab") as handle:
+                    handle.write(line)
+            except OSError as error:
+                self._broken = True
+                warn_once(
+                    "file-unwritable",
+                    "cannot write traces to %s (%s); this process's spans are dropped, Gym keeps running. "
+                    "Set %s to a writable directory.",
+                    self.path,
+                    error.strerror or error,
+                    OUTPUT_DIR_VARIABLE,
+                )
+                return SpanExportResult.FAILURE
+            self._written += len(line)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _value(any_value: dict) -> Any:
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in any_value:
+            return any_value[key]
+    if "intValue" in any_value:
+        return int(any_value["intValue"])
+    if "arrayValue" in any_value:
+        return [_value(v) for v in any_value["arrayValue"].get("values", [])]
+    if "kvlistValue" in any_value:
+        return {kv["key"]: _value(kv.get("value", {})) for kv in any_value["kvlistValue"].get("values", [])}
+    return None
+
+
+def _attributes(key_values: "list[dict] | None") -> dict[str, Any]:
+    return {kv["key"]: _value(kv.get("value", {})) for kv in key_values or ()}
+
+
+_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+_STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
+
+
+def _enum(value: Any, table: dict[int, str], prefix: str) -> str:
+    if isinstance(value, int):
+        return table.get(value, str(value))
+    if isinstance(value, str):
+        return value.removeprefix(prefix)
+    return table[0]
+
+
+def spans_from_request(request: dict) -> Iterator[dict]:
+    """Flatten one OTLP-JSON ``ExportTraceServiceRequest`` into span dicts."""
+    for resource_spans in request.get("resourceSpans", ()):
+        resource = _attributes(resource_spans.get("resource", {}).get("attributes"))
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            scope = scope_spans.get("scope", {}).get("name", "")
+            for span in scope_spans.get("spans", ()):
+                yield {
+                    "trace_id": span.get("traceId", ""),
+                    "span_id": span.get("spanId", ""),
+                    "parent_span_id": span.get("parentSpanId") or None,
+                    "name": span.get("name", ""),
+                    "kind": _enum(span.get("kind", 0), _KINDS, "SPAN_KIND_"),
+                    "start_ns": int(span.get("startTimeUnixNano", 0)),
+                    "end_ns": int(span.get("endTimeUnixNano", 0)),
+                    "status": _enum(span.get("status", {}).get("code", 0), _STATUS, "STATUS_CODE_"),
+                    "attributes": _attributes(span.get("attributes")),
+                    "resource": resource,
+                    "scope": scope,
+                }
+
+
+def read_lines(lines: "Iterator[str]", source: str = "") -> Iterator[dict]:
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError:
+            warn_once(f"read:{source}:{number}", "skipping %s line %d: not JSON (a partial write?)", source or "input", number)
+            continue
+        yield from spans_from_request(request)
+
+
+def read_path(path: Path) -> list[dict]:
+    """Spans from a run directory, a file, or ``-`` for standard input."""
+    import sys
+
+    if str(path) == "-":
+        return list(read_lines(iter(sys.stdin), "stdin"))
+    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    spans: list[dict] = []
+    for file in files:
+        with open(file, encoding="utf-8") as handle:
+            spans.extend(read_lines(handle, str(file)))
+    return spans

@@ -1,0 +1,66 @@
+"""Small helpers every advice shares: the tracer, and how errors are recorded.
+
+Exception messages are a known leak path (a validation error quotes the request body,
+an upstream error quotes the prompt), so spans record the exception *type* only:
+``error.type`` and an ERROR status whose description is the type name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from ..version import __version__
+
+TRACER_NAME = "gym_autoinstr"
+
+_tracer: "trace.Tracer | None" = None
+_tracer_provider: object = None
+
+
+def tracer() -> trace.Tracer:
+    """The package's tracer, re-fetched only when the global provider changes."""
+    global _tracer, _tracer_provider
+    provider = trace.get_tracer_provider()
+    if _tracer is None or provider is not _tracer_provider:
+        _tracer = provider.get_tracer(TRACER_NAME, __version__)
+        _tracer_provider = provider
+    return _tracer
+
+
+def error_type(error: BaseException) -> str:
+    cls = type(error)
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+def mark_error(span: trace.Span, error: BaseException) -> None:
+    """Record that ``error`` ended the span's work, without its message."""
+    name = error_type(error)
+    span.set_attribute("error.type", name)
+    span.set_status(Status(StatusCode.ERROR, name))
+
+
+async def run_in_span(span: trace.Span, call: Any, after: Any = None, label: str = "") -> Any:
+    """Await ``call()`` with ``span`` current; errors are marked (type only) and re-raised,
+    cancellation ends the span without ERROR, and the span always ends.  ``after(span,
+    result)`` may add attributes from the result; if it fails, the result is unaffected."""
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            result = await call()
+        if after is not None:
+            try:
+                after(span, result)
+            except Exception as error:
+                from .._log import warn_once
+
+                warn_once(f"after:{label}", "%s: result not recorded: %r", label, error)
+        return result
+    except BaseException as error:
+        if isinstance(error, Exception):
+            mark_error(span, error)
+        raise
+    finally:
+        span.end()

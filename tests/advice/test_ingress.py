@@ -1,0 +1,159 @@
+"""Ingress middleware on real FastAPI apps served by real uvicorn."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from fastapi import FastAPI
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gym_autoinstr.advice.ingress import instrument_app
+from tests.servers import post_json, serve
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+def _gym_like_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(body: dict):
+        return {"echo": body}
+
+    @app.post("/ng-rollout/{rollout_id}/v1/responses")
+    async def responses(rollout_id: str, body: dict):
+        return {"rollout": rollout_id}
+
+    @app.post("/boom")
+    async def boom(body: dict):
+        raise RuntimeError("secret prompt text")
+
+    @app.get("/")
+    async def liveness():
+        return {"status": "ok"}
+
+    return app
+
+
+def _server_spans(spans):
+    return [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+
+
+def test_one_server_span_adopting_the_callers_context(instrumented, spans):
+    app = _gym_like_app()
+    assert instrument_app(app, "my_agent")
+    with serve(app) as base:
+        status, _ = post_json(f"{base}/run?api_key=SECRET", {"x": 1}, {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
+    assert status == 200
+    (span,) = _server_spans(spans)  # FastAPI's built-in telemetry is off: exactly one
+    assert span.name == "POST /run"
+    assert format(span.context.trace_id, "032x") == TRACE_ID
+    assert format(span.parent.span_id, "016x") == PARENT_ID
+    assert span.attributes["http.route"] == "/run"
+    assert span.attributes["http.response.status_code"] == 200
+    assert span.attributes["url.path"] == "/run"
+    assert not any("SECRET" in str(v) for v in span.attributes.values())
+    # no ASGI send/receive children
+    assert [s for s in spans.get_finished_spans() if s.kind != SpanKind.SERVER] == []
+
+
+def test_route_template_names_the_span(instrumented, spans):
+    app = _gym_like_app()
+    instrument_app(app, "model")
+    with serve(app) as base:
+        post_json(f"{base}/ng-rollout/r-42/v1/responses", {})
+    (span,) = _server_spans(spans)
+    assert span.name == "POST /ng-rollout/{rollout_id}/v1/responses"
+    assert span.attributes["url.path"] == "/ng-rollout/r-42/v1/responses"
+
+
+def test_probes_are_not_traced(instrumented, spans):
+    app = _gym_like_app()
+    instrument_app(app, "agent")
+    with serve(app) as base:
+        with urllib.request.urlopen(f"{base}/", timeout=10) as response:
+            assert response.status == 200
+    assert _server_spans(spans) == []
+
+
+def test_server_error_sets_error_status_without_the_message(instrumented, spans):
+    app = _gym_like_app()
+    instrument_app(app, "agent")
+    with serve(app) as base:
+        status, _ = post_json(f"{base}/boom", {})
+    assert status == 500
+    (span,) = _server_spans(spans)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["http.response.status_code"] == 500
+    assert span.attributes["error.type"] == "RuntimeError"
+    assert "secret prompt text" not in str(span.status.description) + str(span.attributes) + str(span.events)
+
+
+def test_groups_off_means_no_server_spans(instrumented, spans, monkeypatch):
+    from gym_autoinstr.pipeline import groups
+
+    monkeypatch.setattr(groups, "ENABLED", frozenset())
+    app = _gym_like_app()
+    instrument_app(app, "agent")
+    with serve(app) as base:
+        status, body = post_json(f"{base}/run", {"y": 2})
+    assert (status, body) == (200, {"echo": {"y": 2}})
+    assert spans.get_finished_spans() == ()
+
+
+def test_instrumenting_twice_adds_one_middleware(instrumented, spans):
+    app = _gym_like_app()
+    assert instrument_app(app, "agent") is True
+    assert instrument_app(app, "agent") is False
+    with serve(app) as base:
+        post_json(f"{base}/run", {})
+    assert len(_server_spans(spans)) == 1
+
+
+def test_shutdown_flushes_through_lifespan(instrumented, spans, monkeypatch):
+    from gym_autoinstr.advice import ingress
+
+    calls: list[str] = []
+
+    async def fake_flush_async(timeout=None, *, reason=""):
+        calls.append(reason)
+        return True
+
+    monkeypatch.setattr(ingress, "flush_async", fake_flush_async)
+    app = _gym_like_app()
+    instrument_app(app, "agent")
+    with serve(app):
+        pass
+    assert calls == ["server shutdown"]
+
+
+def test_route_found_behind_gyms_rollout_prefix_middleware(instrumented, spans):
+    """Gym 0.5+ strips /ng-rollout/<id> in a copy of the scope before routing."""
+
+    class StripRolloutPrefix:  # the shape of Gym's RolloutContextMiddleware
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            path = scope.get("path", "")
+            if scope.get("type") == "http" and path.startswith("/ng-rollout/"):
+                rest = "/" + path[len("/ng-rollout/"):].partition("/")[2]
+                scope = {**scope, "path": rest, "raw_path": rest.encode()}
+            await self.app(scope, receive, send)
+
+    app = FastAPI()
+
+    @app.post("/v1/responses")
+    async def responses(body: dict):
+        return {"ok": True}
+
+    app.add_middleware(StripRolloutPrefix)
+    instrument_app(app, "model")
+    with serve(app) as base:
+        status, _ = post_json(f"{base}/ng-rollout/0-7/v1/responses", {})
+    assert status == 200
+    (span,) = _server_spans(spans)
+    assert span.name == "POST /v1/responses"
+    assert span.attributes["http.route"] == "/v1/responses"
+    assert span.attributes["url.path"] == "/ng-rollout/0-7/v1/responses"

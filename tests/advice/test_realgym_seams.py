@@ -1,0 +1,229 @@
+"""The span catalogue on real Gym processes: every seam, with its attributes and its parent.
+
+Each trio runs under ``opentelemetry-instrument`` with this project installed in the Gym
+venv, exporting through a real collector (rotel) to the test's sink.  Rollouts go to the
+agent's ``/run`` directly, and through Gym's own rollout-collection driver
+(``RolloutCollectionHelper.run_from_config``, what ``ng_collect_rollouts`` / ``gym eval
+run --no-serve`` call) for ``gym.job``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import defaultdict
+
+import pytest
+
+from gym_autoinstr.pipeline.groups import ALL_GROUPS, SANDBOX, parse_spec
+from tests.harness.collector import Collector
+from tests.harness.gym_install import gym_venv
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
+
+pytestmark = pytest.mark.realgym
+
+# Gym's `collect_rollouts()` body (the `ng_collect_rollouts` entry point), without the CLI
+# dispatch around it, whose 0.4+ module imports optional packages the test venvs lack.
+COLLECT_DRIVER = """\
+import asyncio
+from nemo_gym.global_config import get_global_config_dict
+from nemo_gym.rollout_collection import RolloutCollectionConfig, RolloutCollectionHelper
+config = RolloutCollectionConfig.model_validate(get_global_config_dict())
+asyncio.run(RolloutCollectionHelper().run_from_config(config))
+"""
+COLLECT_SERVICE = "nemo-gym/collect"
+
+
+def _service(span: dict) -> str:
+    return span["resource"].get("service.name", "")
+
+
+def _otel_env(collector: Collector, groups_spec: str) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "GYM_AUTOINSTR_SPAN_GROUPS": groups_spec,
+    }
+
+
+def _collect(trio: GymTrio, tmp_path, num_repeats: int) -> None:
+    """Run Gym's rollout collection against the running trio, instrumented."""
+    driver = tmp_path / "collect.py"
+    driver.write_text(COLLECT_DRIVER)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(trio.default_row()) + "\n")
+    command = [
+        str(trio.venv / "bin" / "opentelemetry-instrument"),
+        str(trio.venv / "bin" / "python"),
+        str(driver),
+        f"+config_paths=[{trio.config_path}]",
+        f"+agent_name={AGENT}",
+        f"+input_jsonl_fpath={rows}",
+        f"+output_jsonl_fpath={tmp_path / 'rollouts.jsonl'}",
+        f"+num_repeats={num_repeats}",
+        "+upload_rollouts_to_wandb=false",
+    ]
+    done = subprocess.run(command, cwd=trio.workdir, env=trio.environment(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Error in sitecustomize" not in done.stderr
+
+
+def _group_of(span: dict) -> "str | None":
+    name, kind = span["name"], span["kind"]
+    if kind == "SERVER":
+        return "server"
+    if kind == "CLIENT":
+        return "http_client"
+    return {
+        "gym.job": "job",
+        "gym.rollout": "rollout",
+        "gym.verify": "verify",
+        "gym.agent.responses": "agent",
+    }.get(name, "model_call" if name.startswith("gym.model.") else name)
+
+
+def _by_trace(spans: list[dict]) -> dict[str, list[dict]]:
+    traces: dict[str, list[dict]] = defaultdict(list)
+    for span in spans:
+        traces[span["trace_id"]].append(span)
+    return traces
+
+
+def _parent(span: dict, trace: list[dict]) -> dict:
+    (parent,) = [s for s in trace if s["span_id"] == span["parent_span_id"]]
+    return parent
+
+
+SEAM_PARENTS = {
+    # seam: (service it runs in, the SERVER span names it may sit under)
+    "gym.rollout": (AGENT, {"POST /run"}),
+    "gym.agent.responses": (AGENT, {"POST /v1/responses", "POST /ng-rollout/{rollout_id}/v1/responses"}),
+    "gym.model.responses": (MODEL, {"POST /v1/responses"}),
+    "gym.verify": (RESOURCES, {"POST /verify"}),
+}
+
+
+def _assert_rollout_seams(trace: list[dict], rollout_result: "dict | None", version: str, rollout_id: "str | None") -> None:
+    seams = [s for s in trace if s["name"].startswith("gym.") and s["name"] != "gym.job"]
+    names = sorted(s["name"] for s in seams)
+    # one rollout of the example: /run, one agent /v1/responses (a tool loop of two model calls), one verify
+    assert names == ["gym.agent.responses"] + ["gym.model.responses"] * 2 + ["gym.rollout", "gym.verify"], names
+    for seam in seams:
+        service, parents = SEAM_PARENTS[seam["name"]]
+        parent = _parent(seam, trace)
+        assert seam["kind"] == "INTERNAL"
+        assert _service(seam) == f"nemo-gym/{service}"
+        assert (parent["kind"], _service(parent)) == ("SERVER", f"nemo-gym/{service}"), (seam["name"], parent["name"])
+        # (behind Gym's /ng-rollout/<id> prefix too: the ingress finds the route the
+        # prefix-stripping middleware routed to)
+        assert parent["name"] in parents, (seam["name"], parent["name"])
+        assert seam["attributes"]["nemo.gym.server.name"] == service
+        assert seam["status"] == "UNSET"
+    # every model call in GenAI terms; the agent's token totals are the sum of its model calls
+    model_calls = [s for s in seams if s["name"] == "gym.model.responses"]
+    for call in model_calls:
+        attributes = call["attributes"]
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.request.model"] == "policy"  # the model server's configured model
+        assert attributes["gen_ai.response.model"] == "policy"
+        assert attributes["gen_ai.usage.input_tokens"] > 0 and attributes["gen_ai.usage.output_tokens"] > 0
+    if rollout_result is not None:
+        usage = rollout_result["response"]["usage"]
+        assert sum(c["attributes"]["gen_ai.usage.input_tokens"] for c in model_calls) == usage["input_tokens"]
+        assert sum(c["attributes"]["gen_ai.usage.output_tokens"] for c in model_calls) == usage["output_tokens"]
+    # the rollout id: none before 0.5; from 0.5 on gym.rollout; where Gym itself correlates
+    # the rollout (capture on, 0.7.0 here), on every seam and on the calls /run makes
+    (rollout,) = [s for s in seams if s["name"] == "gym.rollout"]
+    if rollout_id is None:
+        assert not [s for s in trace if "nemo.gym.rollout.id" in s["attributes"]]
+    else:
+        assert rollout["attributes"]["nemo.gym.rollout.id"] == rollout_id
+    if version == "0.7.0":
+        # (calls made inside gym.rollout: Gym's agent answers /v1/responses from the path
+        # prefix without entering rollout_context, so its calls to the model are not here)
+        for span in seams + [s for s in trace if s["kind"] == "CLIENT" and s["parent_span_id"] == rollout["span_id"]]:
+            assert span["attributes"].get("nemo.gym.rollout.id") == rollout_id, span["name"]
+
+
+def _extra_config(version: str, tmp_path) -> dict:
+    if version != "0.7.0":
+        return {}
+    # Gym correlates rollouts across servers (the /ng-rollout/<id>/ prefix) only with
+    # model-call capture on.
+    return {"observability_enabled": True, "model_call_capture_dir": str(tmp_path / "capture")}
+
+
+@pytest.mark.parametrize("version", ["0.4.0", "0.5.1", "0.7.0"])
+def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_path, policy_model):
+    with Collector(log_dir=tmp_path / "collector") as collector:
+        trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
+                       env=_otel_env(collector, "all"), extra_config=_extra_config(version, tmp_path))
+        with trio:
+            results = [trio.rollout(rollout_index=index) for index in (0, 1)]
+            _collect(trio, tmp_path, num_repeats=2)
+            assert collector.sink.wait_for(
+                lambda spans: sum(s["name"] == "gym.rollout" for s in spans) >= 4
+                and any(s["name"] == "gym.job" for s in spans),
+                timeout=30,
+            ), sorted({(_service(s), s["name"]) for s in collector.sink.spans()})
+        spans = collector.sink.spans()
+
+    traces = _by_trace(spans)
+    run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
+    direct = {
+        s["trace_id"]: s for s in spans
+        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["parent_span_id"] is None and _service(s) == run_service
+    }
+    assert len(direct) == 2
+    ids = {}
+    for trace_id, root in direct.items():
+        trace = traces[trace_id]
+        (rollout,) = [s for s in trace if s["name"] == "gym.rollout"]
+        ids[trace_id] = rollout["attributes"].get("nemo.gym.rollout.id")
+    expected_ids = {"0-0", "0-1"} if version >= "0.5" else {None}
+    assert set(ids.values()) == expected_ids
+    for trace_id, rollout_id in ids.items():
+        result = results[int(rollout_id.split("-")[1])] if rollout_id else results[0]
+        _assert_rollout_seams(traces[trace_id], result, version, rollout_id)
+
+    # gym.job: one root in the collection process, parent of every rollout's CLIENT span
+    (job,) = [s for s in spans if s["name"] == "gym.job"]
+    assert (job["kind"], job["parent_span_id"], _service(job)) == ("INTERNAL", None, COLLECT_SERVICE)
+    job_trace = traces[job["trace_id"]]
+    run_clients = [s for s in job_trace if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE]
+    assert len(run_clients) >= 2
+    assert all(s["parent_span_id"] == job["span_id"] for s in run_clients)
+    assert sum(s["name"] == "gym.rollout" for s in job_trace) == 2
+    job_ids = sorted(s["attributes"].get("nemo.gym.rollout.id") or "" for s in job_trace if s["name"] == "gym.rollout")
+    assert job_ids == (["", ""] if version < "0.5" else ["0-0", "0-1"])
+
+    # content-free: no prompt or completion text in any attribute
+    prompt = json.dumps(trio.default_row()["responses_create_params"]["input"])
+    words = {w for w in prompt.replace('"', " ").split() if len(w) > 6}
+    leaked = [(s["name"], k) for s in spans for k, v in s["attributes"].items() if isinstance(v, str) and any(w in v for w in words)]
+    assert not leaked
+
+
+# Presets and a mixed spec select exactly their groups; `none` exports nothing at all.
+@pytest.mark.parametrize("spec", ["default", "per_rollout", " Default, verify ,MODEL_CALL", "none"])
+def test_span_groups_select_exactly_their_spans(spec, tmp_path, policy_model):
+    version = "0.4.0"
+    with Collector(log_dir=tmp_path / "collector") as collector:
+        trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
+                       env=_otel_env(collector, spec))
+        with trio:
+            assert trio.rollout()["reward"] == 1.0
+            _collect(trio, tmp_path, num_repeats=1)
+            expected = parse_spec(spec) - {SANDBOX}
+            if expected:
+                assert collector.sink.wait_for(lambda spans: {_group_of(s) for s in spans} >= expected, timeout=30), (
+                    sorted({_group_of(s) for s in collector.sink.spans()})
+                )
+        spans = collector.sink.spans()  # servers and the collection process have flushed at exit
+    assert {_group_of(s) for s in spans} == expected
+    assert expected <= ALL_GROUPS
+    if "job" not in expected and "server" in expected:
+        # no job: each rollout is its own trace, rooted at the agent's POST /run
+        roots = [s for s in spans if s["parent_span_id"] is None]
+        assert roots and all(_service(s) in (COLLECT_SERVICE, f"nemo-gym/{AGENT}") for s in roots)

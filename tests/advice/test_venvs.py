@@ -1,0 +1,323 @@
+"""Server venvs get our packages pinned to the orchestrator's: requirement derivation (fast).
+
+Every install kind is a real distribution installed by pip into a scratch venv: a wheel
+file, a directory, an editable (tiny projects with an in-tree PEP 517/660 backend, so no
+index is needed), plus a hand-written ``direct_url.json`` with ``vcs_info`` and a real
+index-installed package.  Shell safety is checked by letting bash split Gym's unquoted
+join.  The real ``gym env start`` paths are in ``test_realgym_venvs.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import urllib.parse
+from importlib import metadata
+
+import pytest
+
+from gym_autoinstr.advice import venvs
+
+# A complete PEP 517 + PEP 660 backend: enough for pip to install a directory, an
+# editable and a wheel without touching an index.
+BACKEND = textwrap.dedent('''
+    import base64, hashlib, json, os, zipfile
+
+    def _project():
+        with open("tiny.json") as fh:
+            return json.load(fh)
+
+    def _wheel(directory, files):
+        project = _project()
+        name, version = project["name"], project["version"]
+        module = name.replace("-", "_")
+        dist_info = f"{module}-{version}.dist-info"
+        files = dict(files)
+        files[f"{dist_info}/METADATA"] = (
+            f"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
+            + "".join(f"Requires-Dist: {r}\\n" for r in project.get("requires", []))
+        )
+        files[f"{dist_info}/WHEEL"] = "Wheel-Version: 1.0\\nGenerator: tiny\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+        record = []
+        for path, text in files.items():
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{path},sha256={digest},{len(text.encode())}")
+        record.append(f"{dist_info}/RECORD,,")
+        files[f"{dist_info}/RECORD"] = "\\n".join(record) + "\\n"
+        filename = f"{module}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(os.path.join(directory, filename), "w") as wheel:
+            for path, text in files.items():
+                wheel.writestr(path, text)
+        return filename
+
+    def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+        module = _project()["name"].replace("-", "_")
+        return _wheel(wheel_directory, {f"{module}/__init__.py": "KIND = 'built'\\n"})
+
+    def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+        module = _project()["name"].replace("-", "_")
+        return _wheel(wheel_directory, {f"_{module}_editable.pth": os.path.abspath("src") + "\\n"})
+
+    def build_sdist(sdist_directory, config_settings=None):
+        raise NotImplementedError
+''')
+
+
+def _tiny_project(directory: pathlib.Path, name: str, version: str, requires=()) -> pathlib.Path:
+    directory.mkdir(parents=True)
+    (directory / "tiny_backend.py").write_text(BACKEND)
+    (directory / "tiny.json").write_text(json.dumps({"name": name, "version": version, "requires": list(requires)}))
+    (directory / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "tiny_backend"\nbackend-path = ["."]\n'
+    )
+    module = name.replace("-", "_")
+    (directory / "src" / module).mkdir(parents=True)
+    (directory / "src" / module / "__init__.py").write_text("KIND = 'editable'\n")
+    return directory
+
+
+def _build_wheel(project: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    out.mkdir(parents=True, exist_ok=True)
+    code = "import sys, tiny_backend; print(tiny_backend.build_wheel(sys.argv[1]))"
+    name = subprocess.run([sys.executable, "-c", code, str(out)], cwd=project, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    return out / name
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A scratch venv with a wheel file, a directory and an editable installed by pip.
+
+    Paths carry a space and shell metacharacters, as users' paths sometimes do."""
+    root = tmp_path_factory.mktemp("venvs") / "a dir with $(echo meta) & 'quotes'"
+    root.mkdir()
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    wheel = _build_wheel(_tiny_project(root / "wheelproj", "tiny-wheel", "1.0"), root / "dist")
+    directory = _tiny_project(root / "dirproj", "tiny-dir", "2.0")
+    editable = _tiny_project(root / "editproj", "tiny-edit", "3.0")
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + [str(wheel), str(directory), "-e", str(editable)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    return {"venv": venv, "site": site, "wheel": wheel, "directory": directory, "editable": editable}
+
+
+def _distribution(site: pathlib.Path, name: str) -> metadata.Distribution:
+    return next(iter(metadata.distributions(name=name, path=[str(site)])))
+
+
+def _bash_words(joined: str) -> list[str]:
+    """What bash hands ``uv pip install`` for Gym's unquoted join."""
+    out = subprocess.run(["bash", "-c", f'printf "%s\\n" {joined}'], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_an_index_install_is_pinned_to_its_version():
+    distribution = metadata.distribution("wrapt")  # installed from PyPI in this venv
+    requirement = venvs.pinned_requirement(distribution)
+    assert requirement.kind == "index"
+    assert requirement.arguments == (f"wrapt=={distribution.version}",)
+    assert requirement.shell() == f"wrapt=={distribution.version}"
+
+
+def test_a_wheel_installed_from_a_local_file_is_pinned_to_that_file(installed):
+    requirement = venvs.pinned_requirement(_distribution(installed["site"], "tiny-wheel"))
+    assert requirement.kind == "archive"
+    (argument,) = requirement.arguments
+    name, _, url = argument.partition(" @ ")
+    assert name == "tiny-wheel" and url.startswith("file://")
+    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) == installed["wheel"]
+
+
+def test_a_directory_install_is_pinned_to_that_directory(installed):
+    requirement = venvs.pinned_requirement(_distribution(installed["site"], "tiny-dir"))
+    assert requirement.kind == "directory"
+    (argument,) = requirement.arguments
+    name, _, url = argument.partition(" @ ")
+    assert name == "tiny-dir"
+    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) == installed["directory"]
+
+
+def test_an_editable_install_stays_editable_from_the_same_path(installed):
+    requirement = venvs.pinned_requirement(_distribution(installed["site"], "tiny-edit"))
+    assert requirement.kind == "editable"
+    assert requirement.arguments == ("-e", str(installed["editable"]))
+
+
+def test_a_vcs_install_is_pinned_to_its_commit(tmp_path):
+    site = tmp_path / "site"
+    dist_info = site / "tiny_vcs-0.3.0+g1234.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-vcs\nVersion: 0.3.0+g1234\n")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (dist_info / "direct_url.json").write_text(json.dumps({
+        "url": "https://github.com/example/tiny-vcs.git",
+        "vcs_info": {"vcs": "git", "requested_revision": "main", "commit_id": commit},
+        "subdirectory": "python",
+    }))
+    requirement = venvs.pinned_requirement(_distribution(site, "tiny-vcs"))
+    assert requirement.kind == "vcs"
+    assert requirement.arguments == (
+        f"tiny-vcs @ git+https://github.com/example/tiny-vcs.git@{commit}#subdirectory=python",
+    )
+
+
+def test_every_kind_survives_gyms_unquoted_shell_join(installed):
+    requirements = [
+        venvs.pinned_requirement(_distribution(installed["site"], name))
+        for name in ("tiny-wheel", "tiny-dir", "tiny-edit")
+    ] + [venvs.pinned_requirement(metadata.distribution("wrapt"))]
+    # What Gym does: f"... {' '.join(head_server_deps)}", run by bash.
+    gym_deps = ["ray[default]==2.55.1", "openai==2.7.2"]
+    joined = " ".join(venvs.with_server_requirements(gym_deps, [r.shell() for r in requirements]))
+    expected = gym_deps + [argument for r in requirements for argument in r.arguments]
+    assert _bash_words(joined) == expected
+    assert any("$(echo meta)" in word for word in _bash_words(joined))  # never expanded
+
+
+def test_the_closure_follows_markers_and_extras_and_pins_only_the_wire_path(tmp_path):
+    site = tmp_path / "site"
+
+    def dist(name, version, *requires):
+        directory = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        directory.mkdir(parents=True)
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        lines += [f"Requires-Dist: {r}" for r in requires]
+        (directory / "METADATA").write_text("\n".join(lines) + "\n")
+
+    dist("gym-autoinstr", "9.0", "opentelemetry-sdk>=1", "helper[wire]", "opentelemetry-never; python_version < '3'",
+         "typing-extensions")
+    dist("opentelemetry-sdk", "1.5", "opentelemetry-api==1.5", "typing-extensions")
+    dist("opentelemetry-api", "1.5")
+    dist("opentelemetry-never", "1.0")
+    dist("helper", "1.0", "protobuf<9; extra == 'wire'", "grpcio; extra == 'other'")
+    dist("protobuf", "6.1")
+    dist("grpcio", "1.7")
+    dist("typing-extensions", "4.0")
+    pinned = venvs.pinned_requirements(path=[str(site)])
+    assert [r.shell() for r in pinned] == [
+        "gym-autoinstr==9.0", "opentelemetry-api==1.5", "opentelemetry-sdk==1.5", "protobuf==6.1",
+    ]
+
+
+def test_this_venv_pins_our_opentelemetry_stack_at_the_installed_versions():
+    pinned = {r.name: r for r in venvs.pinned_requirements()}
+    for name in ("gym-autoinstr", "wrapt", "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-instrumentation",
+                 "opentelemetry-exporter-otlp-proto-http", "opentelemetry-exporter-otlp-proto-grpc",
+                 "opentelemetry-proto", "protobuf", "grpcio", "requests", "googleapis-common-protos"):
+        assert name in pinned, name
+        assert pinned[name].version == metadata.version(name)
+    assert not {"typing-extensions", "urllib3", "packaging", "certifi"} & set(pinned)
+    # the project runs editable here (tests/harness/gym_install.py): it must stay so
+    assert pinned["gym-autoinstr"].kind == "editable"
+
+
+# -- the two advices, on Gym's real functions ---------------------------------------------
+
+
+@pytest.fixture
+def orchestrator(monkeypatch):
+    monkeypatch.setattr(venvs, "_is_orchestrator", lambda: True)
+
+
+@pytest.fixture
+def said(monkeypatch):
+    from gym_autoinstr import _log
+
+    _log.forget_said()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("gym_autoinstr").addHandler(handler)
+    yield records
+    logging.getLogger("gym_autoinstr").removeHandler(handler)
+    _log.forget_said()
+
+
+def _parsed(tmp_path) -> object:
+    from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
+    from omegaconf import OmegaConf
+
+    parser = GlobalConfigDictParser()
+    config = GlobalConfigDictParserConfig(
+        initial_global_config_dict=OmegaConf.create({"head_server": {"host": "127.0.0.1", "port": 11000}}),
+        skip_load_from_cli=True,
+        skip_load_from_dotenv=True,
+    )
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        return venvs.head_server_deps_advice(parser.parse, parser, (config,), {})
+    finally:
+        os.chdir(cwd)
+
+
+def test_gyms_head_server_deps_gain_our_requirements_once(tmp_path, orchestrator):
+    parsed = _parsed(tmp_path)
+    deps = list(parsed["head_server_deps"])
+    assert deps[0].startswith("ray[default]==") and deps[1].startswith("openai==")
+    assert deps[2:] == list(venvs.server_requirements())
+    again = venvs.head_server_deps_advice(lambda: parsed, None, (), {})
+    assert list(again["head_server_deps"]) == deps  # idempotent
+
+
+def test_head_server_deps_are_untouched_outside_the_orchestrator(tmp_path):
+    # pytest is no orchestrator (identity.detect() says "process")
+    deps = list(_parsed(tmp_path)["head_server_deps"])
+    assert [d.split("==")[0] for d in deps] == ["ray[default]", "openai"]
+
+
+def _setup_env_command(tmp_path, venv_root: pathlib.Path, skip: bool) -> str:
+    from nemo_gym.cli.setup_command import setup_env_command
+    from omegaconf import OmegaConf
+
+    server_dir = tmp_path / "pkg" / "resources_servers" / "tiny"
+    server_dir.mkdir(parents=True, exist_ok=True)
+    (server_dir / "requirements.txt").write_text("")
+    config = OmegaConf.create({
+        "head_server_deps": ["openai==1"], "uv_venv_dir": str(venv_root), "python_version": "3.12",
+        "skip_venv_if_present": skip, "uv_cache_dir": str(tmp_path / "uv"),
+    })
+    return venvs.setup_env_command_advice(setup_env_command, None, (server_dir, config, "tiny_server"), {})
+
+
+def _fake_venv(root: pathlib.Path) -> pathlib.Path:
+    venv = root / "resources_servers" / "tiny" / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "bin" / "activate").write_text("")
+    (venv / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
+    return venv
+
+
+def test_a_reused_venv_without_our_packages_is_named_with_its_fix(tmp_path, orchestrator, said):
+    venv = _fake_venv(tmp_path / "venvs")
+    command = _setup_env_command(tmp_path, tmp_path / "venvs", skip=True)
+    assert "uv pip install" not in command  # Gym reuses it
+    (record,) = said
+    message = record.getMessage()
+    assert "'tiny_server'" in message and str(venv) in message and "gym-autoinstr" in message
+    fix = message.split("Fix: ", 1)[1]
+    assert shlex.split(fix) == ["uv", "pip", "install", "--python", str(venv / "bin" / "python")] + [
+        argument for requirement in venvs.pinned_requirements() for argument in requirement.arguments
+    ]
+
+
+def test_a_reused_venv_with_our_packages_or_a_fresh_build_says_nothing(tmp_path, orchestrator, said):
+    venv = _fake_venv(tmp_path / "venvs")
+    # Gym builds it (no skip): the install carries our requirements, nothing to say
+    assert "uv pip install" in _setup_env_command(tmp_path, tmp_path / "venvs", skip=False)
+    # reused, and holding exactly what the orchestrator runs (this venv's site-packages)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    site.rmdir()
+    site.symlink_to(sysconfig.get_paths()["purelib"])
+    assert venvs.missing_in(venv) == []
+    _setup_env_command(tmp_path, tmp_path / "venvs", skip=True)
+    assert said == []

@@ -1,0 +1,280 @@
+"""``gym-autoinstr doctor`` names what would stop tracing, and how to fix it.
+
+Each diagnosis runs ``doctor --json`` in a fresh interpreter (the runner venv's, with
+nemo-gym 0.4.0) whose environment was bent one way: an exporter package that will not
+import, a Gym version we do not know, a Gym whose target is gone, a span-group typo,
+Gym's own telemetry live.  Breakage is simulated inside that interpreter by a short
+``-c`` prelude, never by a ``sitecustomize``: the doctor must see exactly what a Gym
+process would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gym_autoinstr.pointcuts import POINTCUTS, version_applies
+from tests.harness.gym_targets import clean_environment
+
+HTTP_EXPORTER = "opentelemetry.exporter.otlp.proto.http"
+GRPC_EXPORTER = "opentelemetry.exporter.otlp.proto.grpc"
+COLLECTOR = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.invalid:4318"}
+
+BLOCK_IMPORTS = """
+import importlib.abc
+
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == blocked or name.startswith(blocked + ".") for blocked in BLOCKED):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def doctor(tmp_path, *, prelude: str = "", env: "dict[str, str] | None" = None, pythonpath: str = "", as_json: bool = True):
+    """Run ``gym-autoinstr doctor`` after ``prelude``; return (exit code, JSON or text, stderr)."""
+    arguments = ["doctor", "--json"] if as_json else ["doctor"]
+    code = f"import sys\n{textwrap.dedent(prelude)}\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main({arguments!r}))\n"
+    environ = clean_environment(**(env or {}))
+    if pythonpath:
+        environ["PYTHONPATH"] = pythonpath
+    workdir = tmp_path / "cwd"
+    workdir.mkdir(exist_ok=True)
+    result = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=environ, capture_output=True, text=True, timeout=120)
+    if not as_json:
+        return result.returncode, result.stdout, result.stderr
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        pytest.fail(f"doctor printed no JSON (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return result.returncode, report, result.stderr
+
+
+def problems(report, severity=None, subject=None):
+    return [
+        p
+        for p in report["problems"]
+        if (severity is None or p["severity"] == severity) and (subject is None or p["subject"] == subject)
+    ]
+
+
+def pointcut(report, name):
+    (row,) = [row for row in report["pointcuts"] if row["name"] == name]
+    return row
+
+
+def test_a_healthy_install_is_reported_healthy(tmp_path):
+    code, report, _ = doctor(tmp_path)
+    assert code == 0 and report["ok"], problems(report, "error")
+    assert report["gym"] == {"version": "0.4.0", "known": True, "known_range": "0.2.0 - 0.7.x"}
+    assert {row["name"] for row in report["pointcuts"]} == {p.name for p in POINTCUTS}
+    for row in report["pointcuts"]:
+        assert row["resolved"] is row["expected"], row
+    assert pointcut(report, "coexistence")["reason"] == "no module 'nemo_gym.telemetry'"
+    assert report["startup"]["distro"]["selected"] == "gym_autoinstr"
+    assert report["startup"]["configurator"]["selected"] == "gym_autoinstr"
+    assert "nemo_gym" in report["startup"]["instrumentors"]["enabled"]
+    # No exporter configured: the embedded default writes files beside the orchestrator.
+    assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
+    assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
+    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server"], "unknown": []}
+    assert report["native_telemetry"]["present"] is False
+    # gym env start would pin our packages into every server venv it builds
+    venvs = report["server_venvs"]
+    assert venvs["will_install"] is True
+    assert any(r.startswith("-e ") or r.startswith("gym-autoinstr") or "gym-autoinstr" in r for r in venvs["requirements"])
+    assert any(r.startswith("opentelemetry-sdk==") for r in venvs["requirements"])
+    assert not problems(report, "error") and not problems(report, "warning")
+    assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
+
+
+def test_a_configured_collector_is_reached_over_the_otlp_exporter(tmp_path):
+    code, report, _ = doctor(tmp_path, env=COLLECTOR)
+    assert code == 0 and report["ok"]
+    assert [(e["name"], e["protocol"], e["importable"]) for e in report["exporters"]] == [("otlp", "http/protobuf", True)]
+    assert not problems(report, subject="exporter")
+
+
+def test_an_unwritable_run_directory_means_tracing_would_not_work(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_OUTPUT_DIR": str(blocker / "runs")})
+    assert code == 1
+    (error,) = problems(report, "error")
+    assert error["subject"] == "exporter" and "GYM_AUTOINSTR_OUTPUT_DIR" in error["fix"]
+
+
+def test_the_text_report_ends_with_the_verdict(tmp_path):
+    code, text, _ = doctor(tmp_path, as_json=False)
+    assert code == 0
+    assert "nemo-gym      0.4.0  (known)" in text
+    assert text.rstrip().endswith("tracing would work")
+
+
+def test_a_missing_exporter_package_falls_back_to_the_other_protocol(tmp_path):
+    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}]\n" + BLOCK_IMPORTS, env=COLLECTOR)
+    assert code == 0 and report["ok"]
+    (exporter,) = report["exporters"]
+    assert exporter["importable"] is False and exporter["used"] == "grpc"
+    (warning,) = problems(report, "warning", "exporter")
+    assert "pip install opentelemetry-exporter-otlp-proto-http" in warning["fix"]
+
+
+def test_no_importable_exporter_means_tracing_would_not_work(tmp_path):
+    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}, {GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, env=COLLECTOR)
+    assert code == 1 and not report["ok"]
+    (error,) = problems(report, "error")
+    assert error["subject"] == "exporter" and "never exported" in error["problem"]
+    assert error["fix"] == "pip install opentelemetry-exporter-otlp-proto-http"
+
+
+def test_the_grpc_protocol_checks_the_grpc_package(tmp_path):
+    code, report, _ = doctor(
+        tmp_path,
+        prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS,
+        env={**COLLECTOR, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+    )
+    assert code == 0
+    (exporter,) = report["exporters"]
+    assert exporter["protocol"] == "grpc" and exporter["used"] == "http/protobuf"
+    assert "pip install opentelemetry-exporter-otlp-proto-grpc" in problems(report, "warning", "exporter")[0]["fix"]
+
+
+def test_an_unknown_gym_version_is_named_and_still_checked(tmp_path):
+    # A newer metadata record first on the path: Python reports that version for nemo-gym.
+    overlay = tmp_path / "overlay"
+    record = overlay / "nemo_gym-0.9.0.dist-info"
+    record.mkdir(parents=True)
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: nemo-gym\nVersion: 0.9.0\n")
+    code, report, _ = doctor(tmp_path, pythonpath=str(overlay))
+    assert report["gym"]["version"] == "0.9.0" and report["gym"]["known"] is False
+    (warning,) = problems(report, "warning", "nemo-gym")
+    assert "outside the releases" in warning["problem"]
+    assert pointcut(report, "egress")["resolved"] is True
+    # Every non-optional pointcut still resolves (the code is 0.4.0's): tracing works.
+    assert code == 0 and report["ok"]
+    # Optional pointcuts the table promises for 0.9.0, which this Gym lacks, are warnings.
+    promised = {
+        p.name for p in POINTCUTS if p.optional and version_applies(p.versions, "0.9.0") and not version_applies(p.versions, "0.4.0")
+    }
+    assert promised >= {"coexistence"}
+    assert {p["subject"] for p in problems(report, "warning")} == {"nemo-gym"} | {f"pointcut {name}" for name in promised}
+
+
+def test_a_pointcut_gone_from_gym_is_an_error_with_a_fix(tmp_path):
+    prelude = """
+    import os, tempfile
+    here = os.getcwd()
+    os.chdir(tempfile.mkdtemp())
+    import nemo_gym.server_utils
+    os.chdir(here)
+    del nemo_gym.server_utils.request   # a Gym where the egress target is gone
+    """
+    code, report, _ = doctor(tmp_path, prelude=prelude)
+    assert code == 1 and not report["ok"]
+    row = pointcut(report, "egress")
+    assert row["resolved"] is False and row["expected"] is True
+    assert "request" in row["reason"]
+    (error,) = problems(report, "error", "pointcut egress")
+    assert "nemo_gym.server_utils.request not found in nemo-gym 0.4.0" in error["problem"]
+    assert error["fix"]
+    assert pointcut(report, "ingress")["resolved"] is True  # the rest is still applied
+
+
+@pytest.mark.parametrize(
+    "env, severity, exit_code",
+    [
+        ({"GYM_AUTOINSTR_SPAN_GROUPS": "defualt"}, "error", 1),
+        ({"GYM_AUTOINSTR_SPAN_GROUPS": "default, Sandboxx"}, "warning", 0),
+        ({"NEMO_GYM_OTEL_SPAN_GROUPS": "per_rollout,bogus"}, "warning", 0),
+    ],
+)
+def test_unknown_span_group_names_are_reported(tmp_path, env, severity, exit_code):
+    code, report, _ = doctor(tmp_path, env=env)
+    assert code == exit_code
+    ((variable, spec),) = env.items()
+    assert report["span_groups"]["variable"] == variable and report["span_groups"]["spec"] == spec
+    (problem,) = problems(report, subject="span groups")
+    assert problem["severity"] == severity
+    assert report["span_groups"]["unknown"] == [spec.split(",")[-1].strip()]
+
+
+def test_span_groups_all_off_is_a_warning(tmp_path):
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SPAN_GROUPS": "none"})
+    assert code == 0 and report["span_groups"]["enabled"] == []
+    assert problems(report, "warning", "span groups")
+
+
+@pytest.mark.parametrize(
+    "env, subject",
+    [
+        ({"OTEL_PYTHON_CONFIGURATOR": "nonexistent"}, "configurator"),
+        ({"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi,nemo_gym"}, "instrumentor"),
+        ({"OTEL_TRACES_EXPORTER": "none"}, "exporter"),
+        ({"OTEL_SDK_DISABLED": "true"}, "exporter"),
+    ],
+)
+def test_settings_that_stop_tracing_are_errors(tmp_path, env, subject):
+    code, report, _ = doctor(tmp_path, env=env)
+    assert code == 1
+    (error,) = problems(report, "error")
+    assert error["subject"] == subject and error["fix"]
+
+
+def test_opentelemetry_distro_found_first_changes_the_defaults(tmp_path):
+    # opentelemetry-distro (installed in the runner venv) defaults the protocol to grpc
+    # and leaves the configurator to whichever is found first.
+    code, report, _ = doctor(tmp_path, env={"OTEL_PYTHON_DISTRO": "distro"})
+    assert code == 0
+    assert report["startup"]["distro"]["selected"] == "distro"
+    assert report["startup"]["configurator"]["requested"] is None
+    assert report["exporters"][0]["protocol"] == "grpc"
+    assert problems(report, "info", "distro")
+
+
+# -- Gym 0.7.0: its own telemetry -----------------------------------------------------
+
+FAKE_NEMO_LENS = {
+    "nemo/lens/__init__.py": """
+        from . import handle
+        class NemoLensConfig: pass
+        class TelemetryHandle: pass
+        def get_meter(): return None
+        def get_tracer(): return None
+        def setup_telemetry(*args, **kwargs): return None
+    """,
+    "nemo/lens/handle.py": "_INITIALIZED = False\n",
+    "nemo/lens/semconv.py": "NV_DL_RANK = 'nv.dl.rank'\nNV_DL_WORLD_SIZE = 'nv.dl.world_size'\n",
+}
+
+
+@pytest.mark.realgym
+@pytest.mark.parametrize("with_lens", [True, False], ids=["working nemo-lens", "no nemo-lens"])
+def test_gym_07_own_telemetry_live_means_we_stand_down(tmp_path, with_lens):
+    from tests.harness import gym_targets
+
+    lens = tmp_path / "lens"
+    for path, text in FAKE_NEMO_LENS.items():
+        (lens / path).parent.mkdir(parents=True, exist_ok=True)
+        (lens / path).write_text(textwrap.dedent(text))
+    result = gym_targets.run_doctor(
+        "0.7.0",
+        cwd=str(tmp_path),
+        pythonpath=[str(lens)] if with_lens else [],
+        env=clean_environment(NEMO_GYM_OTEL_ENABLED="1"),
+    )
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], report["problems"]
+    assert report["gym"]["version"] == "0.7.0"
+    assert pointcut(report, "coexistence")["resolved"] is True
+    native = report["native_telemetry"]
+    assert native["present"] and native["call_sites"] and native["enabled"]
+    assert native["live"] is with_lens
+    (note,) = problems(report, "info", "Gym telemetry")
+    assert ("stands down" if with_lens else "inert") in note["problem"]

@@ -1,0 +1,619 @@
+"""``gym-autoinstr view``: traces read back from real runs, in the terminal and in a browser.
+
+Two fixtures:
+
+* ``real_run``: one real Gym 0.4.0 trio under ``opentelemetry-instrument`` with nothing
+  configured (the embedded default writes one OTLP-JSON file per process), every span
+  group on, a few sequential rollouts.  Gym 0.4.0 has no rollout ids and no failures.
+* ``handbuilt_run``: three rollouts written through the real ``OtlpJsonFileExporter``
+  by three "processes" (one provider and one file each), with rollout ids, fixed
+  timestamps and one ERROR span, for the filters whose inputs a healthy 0.4.0 run lacks.
+
+The HTML page is loaded in real headless Chromium: ``--dump-dom`` for the DOM the
+browser built (plus a layout probe added to a copy of the page), ``--screenshot`` for a
+PNG.  Without Chromium the browser tests fail when ``CI=true`` and skip otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import uuid
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from gym_autoinstr.pipeline.files import OtlpJsonFileExporter, read_path
+from gym_autoinstr.commands.view import build_traces, select, summary
+
+N_ROLLOUTS = 4
+BASE_NS = 1_700_000_000_000_000_000
+MS = 1_000_000
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def _service(span: dict) -> str:
+    return span["resource"].get("service.name", "")
+
+
+def _cli(*args: str, stdin: "str | None" = None) -> subprocess.CompletedProcess:
+    """The installed ``gym-autoinstr`` command (the console script), as a user runs it."""
+    script = Path(sys.executable).parent / "gym-autoinstr"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
+    return subprocess.run(command + list(args), input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def _text_blocks(stdout: str) -> list[list[str]]:
+    """The text output split into one list of lines per trace."""
+    return [block.splitlines() for block in stdout.strip().split("\n\n")]
+
+
+def _header_trace_id(block: list[str]) -> str:
+    match = re.match(r"trace ([0-9a-f]{32})  ", block[0])
+    assert match, block[0]
+    return match.group(1)
+
+
+def _depth_of(span: dict, by_id: dict[str, dict]) -> int:
+    depth = 0
+    while span.get("parent_span_id") in by_id:
+        span = by_id[span["parent_span_id"]]
+        depth += 1
+    return depth
+
+
+def _assert_tree_shape(trace) -> None:
+    """Every span once; a child right under its parent's subtree, one level deeper;
+    siblings by start time."""
+    rows = trace.rows
+    assert sorted(r.span["span_id"] for r in rows) == sorted(s["span_id"] for s in trace.spans)
+    index = {r.span["span_id"]: i for i, r in enumerate(rows)}
+    by_id = {s["span_id"]: s for s in trace.spans}
+    last_child_start: dict = {}
+    for i, row in enumerate(rows):
+        parent_id = row.span.get("parent_span_id")
+        if parent_id in by_id:
+            parent = index[parent_id]
+            assert parent < i, f"{row.span['name']} drawn before its parent"
+            assert row.depth == rows[parent].depth + 1
+            # nothing shallower than the child sits between parent and child
+            assert all(rows[j].depth > rows[parent].depth for j in range(parent + 1, i))
+        else:
+            assert row.depth == 0
+        assert row.depth == _depth_of(row.span, by_id)
+        previous = last_child_start.get(parent_id)
+        assert previous is None or previous <= row.span["start_ns"], "siblings out of start order"
+        last_child_start[parent_id] = row.span["start_ns"]
+
+
+def _assert_text_matches_rows(block: list[str], trace) -> None:
+    """The rendered waterfall: one line per row, in row order, the name indented by depth."""
+    lines = block[2:]
+    assert len(lines) == len(trace.rows)
+    service_width = max(len(_service(r.span)) for r in trace.rows)
+    for line, row in zip(lines, trace.rows):
+        assert line[2:].split()[0] == _service(row.span)
+        name_field = line[2 + service_width + 2:]
+        indent = len(name_field) - len(name_field.lstrip(" "))
+        assert indent == 2 * row.depth, (line, row.depth)
+        assert name_field.lstrip(" ").startswith(row.span["name"])
+
+
+# ------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """A run directory written by a real 0.4.0 trio with nothing configured."""
+    from tests.harness.gym_install import gym_venv
+    from tests.harness.trio import GymTrio, PolicyModel
+
+    version = "0.4.0"
+    workdir = tmp_path_factory.mktemp("view-gym")
+    with PolicyModel() as model:
+        trio = GymTrio(gym_venv(version), version, workdir, policy_url=model.url, instrument=True,
+                       env={"GYM_AUTOINSTR_SPAN_GROUPS": "all"})
+        with trio:
+            results = trio.rollouts(N_ROLLOUTS, concurrency=1)  # sequential: trace order is rollout order
+    assert [r["reward"] for r in results] == [1.0] * N_ROLLOUTS
+    runs = list((workdir / "gym-autoinstr-runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def real_spans(real_run) -> list[dict]:
+    return read_path(real_run)
+
+
+@pytest.fixture(scope="module")
+def real_rollouts(real_spans) -> list:
+    """The rollouts' traces (those rooted at the agent's ``POST /run``), in start order."""
+    from tests.harness.trio import AGENT
+
+    traces = [
+        t for t in build_traces(real_spans)
+        if any(r.depth == 0 and r.span["name"] == "POST /run" and _service(r.span) == f"nemo-gym/{AGENT}" for r in t.rows)
+    ]
+    assert len(traces) == N_ROLLOUTS
+    return traces
+
+
+def _tracer(directory: Path, service: str, server_type: str):
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    resource = Resource.create({"service.name": service, "nemo.gym.server.type": server_type})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(directory, service)))
+    return provider.get_tracer("tests.view")
+
+
+# rollout index -> (rollout duration ms, model ms, tool ms, verify ms, tool fails)
+HANDBUILT = {0: (100, 30, 10, 5, False), 1: (300, 60, 20, 8, True), 2: (200, 45, 15, 6, False)}
+
+
+@pytest.fixture
+def handbuilt_run(tmp_path) -> dict:
+    """Three rollouts, three processes' files, one ERROR span (rollout ``7-1``'s tool call)."""
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    directory = tmp_path / "handbuilt-run"
+    agent = _tracer(directory, "nemo-gym/agent", "responses_api_agents")
+    model = _tracer(directory, "nemo-gym/model", "responses_api_models")
+    resources = _tracer(directory, "nemo-gym/resources", "resources_servers")
+    ids: dict = {}
+
+    def span(tracer, name, kind, start_ms, end_ms, parent, **attributes):
+        context = trace.set_span_in_context(parent) if parent is not None else Context()
+        started = tracer.start_span(name, context=context, kind=kind, start_time=BASE_NS + int(start_ms * MS),
+                                    attributes=attributes)
+        ids.setdefault(name, []).append(format(started.get_span_context().span_id, "016x"))
+        return started
+
+    def end(opened, end_ms):
+        opened.end(end_time=BASE_NS + int(end_ms * MS))
+
+    # Written newest rollout first: the order on disk must not be the order shown.
+    for index in sorted(HANDBUILT, reverse=True):
+        total, model_ms, tool_ms, verify_ms, fails = HANDBUILT[index]
+        t0 = index * 1000
+        rollout_id = f"7-{index}"
+        run = span(agent, "POST /run", SpanKind.SERVER, t0, t0 + total, None,
+                   **{"http.route": "/run", "nemo.gym.rollout.id": rollout_id})
+        seam = span(agent, "gym.rollout", SpanKind.INTERNAL, t0 + 1, t0 + total - 1, run,
+                    **{"nemo.gym.rollout.id": rollout_id})
+        calls = [
+            (model, "POST /v1/responses", "/v1/responses", model_ms, False),
+            (resources, "POST /get_weather", "/get_weather", tool_ms, fails),
+            (resources, "POST /verify", "/verify", verify_ms, False),
+        ]
+        at = t0 + 2
+        for tracer, name, route, duration, error in calls:
+            client = span(agent, "HTTP POST", SpanKind.CLIENT, at, at + duration + 2, seam,
+                          **{"http.request.method": "POST", "url.full": f"http://127.0.0.1:1{route}"})
+            server = span(tracer, name, SpanKind.SERVER, at + 1, at + 1 + duration, client,
+                          **{"http.route": route, "note": "<b>not markup</b>"})
+            if error:
+                server.set_attribute("error.type", "TimeoutError")
+                server.set_status(Status(StatusCode.ERROR))
+                ids["error"] = format(server.get_span_context().span_id, "016x")
+            end(server, at + 1 + duration)
+            end(client, at + duration + 2)
+            at += duration + 4
+        end(seam, t0 + total - 1)
+        end(run, t0 + total)
+    assert len(list(directory.glob("*.jsonl"))) == 3
+    return {"dir": directory, "ids": ids}
+
+
+# ------------------------------------------------------------------------- real run: model
+
+
+@pytest.mark.realgym
+def test_real_run_is_one_trace_per_rollout_in_start_order(real_run, real_spans, real_rollouts):
+    traces = build_traces(real_spans)
+    starts = [t.start_ns for t in traces]
+    assert starts == sorted(starts)
+    # sequential rollouts: each trace ends before the next begins
+    for earlier, later in zip(real_rollouts, real_rollouts[1:]):
+        assert earlier.end_ns <= later.start_ns
+    # one file per process, every process in every rollout
+    assert len(list(real_run.glob("*.jsonl"))) == 3
+    assert all(len(t.services) == 3 for t in real_rollouts)
+
+
+@pytest.mark.realgym
+def test_real_run_tree_shape_with_seam_spans(real_rollouts):
+    from tests.harness.trio import MODEL, RESOURCES
+
+    for trace in real_rollouts:
+        _assert_tree_shape(trace)
+        assert [r.depth for r in trace.rows].count(0) == 1
+        by_id = {s["span_id"]: s for s in trace.spans}
+        parent_name = lambda span: by_id[span["parent_span_id"]]["name"]  # noqa: E731
+        names = [r.span["name"] for r in trace.rows]
+        assert names[:2] == ["POST /run", "gym.rollout"]
+        models = [s for s in trace.spans if s["name"] == "gym.model.responses"]
+        assert len(models) == 2  # two model calls per rollout
+        for span in models:
+            assert _service(span) == f"nemo-gym/{MODEL}" and parent_name(span) == "POST /v1/responses"
+        verify = [s for s in trace.spans if s["name"] == "gym.verify"]
+        assert len(verify) == 1 and parent_name(verify[0]) == "POST /verify"
+        assert _service(verify[0]) == f"nemo-gym/{RESOURCES}"
+
+
+@pytest.mark.realgym
+def test_real_run_summary_counts_the_callees_server_spans(real_rollouts):
+    from tests.harness.trio import MODEL, RESOURCES
+
+    def server_ms(trace, service, name=None):
+        return sum(
+            (s["end_ns"] - s["start_ns"]) / 1e6 for s in trace.spans
+            if s["kind"] == "SERVER" and _service(s) == f"nemo-gym/{service}" and (name is None or s["name"] == name)
+        )
+
+    for trace in real_rollouts:
+        numbers = summary(trace)
+        assert numbers["total"] == pytest.approx((trace.end_ns - trace.start_ns) / 1e6)
+        assert numbers["model"] == pytest.approx(server_ms(trace, MODEL))
+        assert numbers["tools"] == pytest.approx(server_ms(trace, RESOURCES, "POST /get_weather"))
+        assert numbers["verify"] == pytest.approx(server_ms(trace, RESOURCES, "POST /verify"))
+        assert 0 < numbers["model"] and 0 < numbers["tools"] and 0 < numbers["verify"]
+        assert numbers["model"] + numbers["tools"] + numbers["verify"] < numbers["total"]
+
+
+# ------------------------------------------------------------------------- real run: CLI
+
+
+@pytest.mark.realgym
+def test_cli_draws_every_real_trace_as_its_tree(real_run, real_spans):
+    result = _cli("view", str(real_run))
+    assert result.returncode == 0, result.stderr
+    traces = build_traces(real_spans)
+    blocks = _text_blocks(result.stdout)
+    assert [_header_trace_id(b) for b in blocks] == [t.trace_id for t in traces]
+    for block, trace in zip(blocks, traces):
+        assert block[0].startswith(f"trace {trace.trace_id}  {len(trace.spans)} spans, {len(trace.services)} services")
+        numbers = summary(trace)
+        assert block[1].strip() == (
+            f"total {numbers['total']:.1f} ms | model {numbers['model']:.1f} ms | tools {numbers['tools']:.1f} ms"
+            f" | verify {numbers['verify']:.1f} ms"
+        )
+        _assert_text_matches_rows(block, trace)
+        assert "ERROR" not in "\n".join(block)
+
+
+@pytest.mark.realgym
+def test_cli_slowest_errors_and_rollout_on_the_real_run(real_run, real_spans):
+    traces = build_traces(real_spans)
+    by_duration = sorted(traces, key=lambda t: t.duration_ms, reverse=True)
+    for n in (1, 2, len(traces)):
+        chosen = select(traces, slowest=n)
+        assert [t.trace_id for t in chosen] == [t.trace_id for t in by_duration[:n]]
+        result = _cli("view", str(real_run), "--slowest", str(n))
+        assert result.returncode == 0, result.stderr
+        assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [t.trace_id for t in by_duration[:n]]
+    # a healthy 0.4.0 run: no errors, and no rollout ids to select by
+    for args in (["--errors"], ["--rollout", "0-0"]):
+        result = _cli("view", str(real_run), *args)
+        assert result.returncode == 1 and result.stdout == ""
+        assert "no traces found matching the filters" in result.stderr
+
+
+@pytest.mark.realgym
+def test_cli_reads_standard_input(real_run):
+    joined = "".join(p.read_text() for p in sorted(real_run.glob("*.jsonl")))
+    from_stdin = _cli("view", "-", stdin=joined)
+    from_dir = _cli("view", str(real_run))
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == from_dir.stdout and from_stdin.stdout.startswith("trace ")
+
+
+# ------------------------------------------------------------------------- hand-built run
+
+
+def test_handbuilt_traces_are_shown_in_start_order_not_file_order(handbuilt_run):
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    assert [sorted(t.rollout_ids) for t in traces] == [["7-0"], ["7-1"], ["7-2"]]
+    for trace, (total, *_rest) in zip(traces, HANDBUILT.values()):
+        _assert_tree_shape(trace)
+        assert trace.duration_ms == pytest.approx(total)
+        assert [r.depth for r in trace.rows] == [0, 1, 2, 3, 2, 3, 2, 3]
+
+
+def test_handbuilt_summary_numbers(handbuilt_run):
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    for trace, (total, model_ms, tool_ms, verify_ms, _fails) in zip(traces, HANDBUILT.values()):
+        assert summary(trace) == pytest.approx({"total": total, "model": model_ms, "tools": tool_ms, "verify": verify_ms})
+
+
+def test_rollout_filter_selects_exactly_that_trace(handbuilt_run):
+    directory = str(handbuilt_run["dir"])
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    for index in HANDBUILT:
+        rollout_id = f"7-{index}"
+        (chosen,) = select(traces, rollout=rollout_id)
+        assert chosen is traces[index]
+        assert {s["span_id"] for s in chosen.spans} == {s["span_id"] for s in traces[index].spans}
+        result = _cli("view", directory, "--rollout", rollout_id)
+        assert result.returncode == 0, result.stderr
+        blocks = _text_blocks(result.stdout)
+        assert len(blocks) == 1 and _header_trace_id(blocks[0]) == chosen.trace_id
+        assert f"rollout {rollout_id}" in blocks[0][0]
+        _assert_text_matches_rows(blocks[0], chosen)
+    result = _cli("view", directory, "--rollout", "7-9")
+    assert result.returncode == 1 and "matching the filters" in result.stderr
+
+
+def test_errors_filter_selects_the_trace_with_an_error_span(handbuilt_run):
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    (chosen,) = select(traces, errors=True)
+    assert chosen.rollout_ids == {"7-1"}
+    result = _cli("view", str(handbuilt_run["dir"]), "--errors")
+    assert result.returncode == 0, result.stderr
+    (block,) = _text_blocks(result.stdout)
+    assert _header_trace_id(block) == chosen.trace_id and block[0].endswith(", ERROR")
+    error_lines = [line for line in block[2:] if " ERROR " in line]
+    assert len(error_lines) == 1 and "POST /get_weather" in error_lines[0] and "error=TimeoutError" in error_lines[0]
+    # filters combine: the one error trace is also among the two slowest
+    assert select(traces, errors=True, slowest=2) == [chosen]
+
+
+def test_slowest_returns_n_traces_longest_first(handbuilt_run):
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    assert [sorted(t.rollout_ids) for t in select(traces, slowest=2)] == [["7-1"], ["7-2"]]
+    assert [t.duration_ms for t in select(traces, slowest=5)] == pytest.approx([300, 200, 100])
+    result = _cli("view", str(handbuilt_run["dir"]), "--slowest", "2")
+    assert result.returncode == 0
+    assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [traces[1].trace_id, traces[2].trace_id]
+
+
+def test_exit_codes(tmp_path, handbuilt_run):
+    missing = _cli("view", str(tmp_path / "no-such-run"))
+    assert missing.returncode == 2 and "no such file or directory" in missing.stderr and missing.stdout == ""
+    (tmp_path / "empty").mkdir()
+    empty = _cli("view", str(tmp_path / "empty"))
+    assert empty.returncode == 1 and "no traces found" in empty.stderr and empty.stdout == ""
+    blank = _cli("view", "-", stdin="")
+    assert blank.returncode == 1 and "no traces found" in blank.stderr
+    # a missing path among good ones still fails: nothing half-read is shown
+    mixed = _cli("view", str(handbuilt_run["dir"]), str(tmp_path / "no-such-run"))
+    assert mixed.returncode == 2 and mixed.stdout == ""
+    ok = _cli("view", str(handbuilt_run["dir"]))
+    assert ok.returncode == 0 and len(_text_blocks(ok.stdout)) == 3
+    # a directory and a file inside it: each span is shown once
+    twice = _cli("view", str(handbuilt_run["dir"]), str(sorted(handbuilt_run["dir"].glob("*.jsonl"))[0]))
+    assert twice.returncode == 0 and twice.stdout == ok.stdout
+    for bad in ("0", "-1", "many"):
+        refused = _cli("view", str(handbuilt_run["dir"]), "--slowest", bad)
+        assert refused.returncode == 2 and "--slowest" in refused.stderr and refused.stdout == ""
+
+
+def test_stdin_reads_a_single_file_the_same_as_the_directory(handbuilt_run):
+    joined = "".join(p.read_text() for p in sorted(handbuilt_run["dir"].glob("*.jsonl")))
+    from_stdin = _cli("view", "-", stdin=joined)
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == _cli("view", str(handbuilt_run["dir"])).stdout
+
+
+# ------------------------------------------------------------------------- the page in Chromium
+
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--hide-scrollbars", "--window-size=1400,1000",
+)
+
+# Added to a copy of the page only: measures what the browser laid out.
+LAYOUT_PROBE = """<script>
+for (const row of document.querySelectorAll('details.span')) {
+  const box = (selector) => row.querySelector(selector).getBoundingClientRect();
+  const bar = box('.bar'), cell = box('.bar-cell'), line = box('summary');
+  row.setAttribute('data-probe', JSON.stringify({
+    bar: [bar.left, bar.width], cell: [cell.left, cell.width], height: line.height,
+    indent: parseFloat(getComputedStyle(row.querySelector('.name')).paddingLeft),
+    colour: getComputedStyle(row.querySelector('.bar')).backgroundColor,
+  }));
+}
+</script>"""
+
+
+ERROR_RED = "rgb(216, 74, 74)"
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    message = ("Chromium is not installed: the HTML page of `gym-autoinstr view` is checked in headless Chromium "
+               "(apt-get install -y chromium; .ci/run installs it)")
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"chromium-profile-{uuid.uuid4().hex[:8]}"
+    profile.mkdir()
+    command = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+class _Element:
+    def __init__(self, tag: str, attrs: dict, parent: "_Element | None") -> None:
+        self.tag, self.attrs, self.parent, self.children, self.text = tag, attrs, parent, [], ""
+
+    @property
+    def classes(self) -> set[str]:
+        return set((self.attrs.get("class") or "").split())
+
+    def walk(self):
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def find(self, tag: str, cls: "str | None" = None) -> list["_Element"]:
+        return [e for e in self.walk() if e.tag == tag and (cls is None or cls in e.classes)]
+
+    def all_text(self) -> str:
+        return self.text + "".join(c.all_text() for c in self.children)
+
+
+class _DomParser(HTMLParser):
+    VOID = {"meta", "br", "img", "link", "input", "hr", "source", "wbr", "area", "base", "col", "embed"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = _Element("#document", {}, None)
+        self.current = self.root
+
+    def handle_starttag(self, tag, attrs):
+        element = _Element(tag, dict(attrs), self.current)
+        self.current.children.append(element)
+        if tag not in self.VOID:
+            self.current = element
+
+    def handle_endtag(self, tag):
+        node = self.current
+        while node is not self.root and node.tag != tag:
+            node = node.parent
+        if node is not self.root:
+            self.current = node.parent
+
+    def handle_data(self, data):
+        self.current.text += data
+
+
+def _dom(markup: str) -> _Element:
+    parser = _DomParser()
+    parser.feed(markup)
+    parser.close()
+    return parser.root
+
+
+def _rendered_dom(tmp_path: Path, page: Path) -> _Element:
+    result = _run_chromium(tmp_path, "--dump-dom", page.resolve().as_uri())
+    assert "<section" in result.stdout, result.stdout[:2000]
+    return _dom(result.stdout)
+
+
+def _assert_self_contained(page: Path, document: _Element) -> None:
+    raw = page.read_text()
+    assert "<script" not in raw and "<link" not in raw and "@import" not in raw
+    assert not re.search(r"url\(\s*['\"]?\s*(https?:)?//", raw)
+    for element in document.walk():
+        for name in ("src", "href", "srcset", "poster", "data", "action", "background"):
+            value = (element.attrs.get(name) or "").strip().lower()
+            assert not value.startswith(("http:", "https:", "//")), (element.tag, name, value)
+
+
+def _assert_page_matches_traces(document: _Element, traces) -> None:
+    sections = document.find("section", "trace")
+    assert len(sections) == len(traces)
+    for section, trace in zip(sections, traces):
+        assert section.attrs["data-trace-id"] == trace.trace_id
+        rows = [c for c in section.children if c.tag == "details"]
+        assert len(rows) == len(trace.spans) == len(section.find("details", "span"))
+        assert [r.attrs["data-span-id"] for r in rows] == [r.span["span_id"] for r in trace.rows]
+        assert [r.attrs["data-kind"] for r in rows] == [r.span["kind"] for r in trace.rows]
+        for row, model_row in zip(rows, trace.rows):
+            (summary_element,) = [c for c in row.children if c.tag == "summary"]
+            assert summary_element.find("span", "name")[0].all_text() == model_row.span["name"]
+            assert ("error" in row.classes) == (model_row.span["status"] == "ERROR")
+
+
+def _probe_layout(tmp_path: Path, page: Path, traces) -> None:
+    """Bars inside their cell, as long as the span is (or the minimum), deeper rows indented more."""
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    document = _rendered_dom(tmp_path, probe)
+    for section, trace in zip(document.find("section", "trace"), traces):
+        rows = [c for c in section.children if c.tag == "details"]
+        measured = [json.loads(r.attrs["data-probe"]) for r in rows]
+        total = trace.end_ns - trace.start_ns
+        for m, row in zip(measured, trace.rows):
+            (bar_left, bar_width), (cell_left, cell_width) = m["bar"], m["cell"]
+            assert m["height"] > 5 and cell_width > 200
+            assert bar_width >= 1 and cell_left - 0.5 <= bar_left and bar_left + bar_width <= cell_left + cell_width + 0.5
+            share = (row.span["end_ns"] - row.span["start_ns"]) / total
+            assert bar_width == pytest.approx(max(share, 0.003) * cell_width, abs=1.5)
+            offset = (row.span["start_ns"] - trace.start_ns) / total
+            assert bar_left - cell_left == pytest.approx(min(offset * cell_width, cell_width - bar_width), abs=1.5)
+        # error bars, and only they, are red
+        for m, row in zip(measured, trace.rows):
+            assert (m["colour"] == ERROR_RED) == (row.span["status"] == "ERROR"), (row.span["name"], m["colour"])
+        by_id = {r.span["span_id"]: m for r, m in zip(trace.rows, measured)}
+        for row in trace.rows:
+            parent = by_id.get(row.span.get("parent_span_id"))
+            if parent is not None:
+                assert by_id[row.span["span_id"]]["indent"] > parent["indent"]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.realgym
+def test_html_page_of_the_real_run_in_chromium(real_run, real_spans, tmp_path):
+    page = tmp_path / "page.html"
+    result = _cli("view", str(real_run), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    traces = build_traces(real_spans)
+    assert result.stdout.strip() == f"wrote {len(traces)} traces to {page}"
+
+    document = _rendered_dom(tmp_path, page)
+    _assert_page_matches_traces(document, traces)
+    _assert_self_contained(page, document)
+    assert "http://127.0.0.1" in document.all_text()  # url.full is shown as text, never loaded
+    assert not document.find("details", "error")
+    _probe_layout(tmp_path, page, traces)
+
+    screenshot = tmp_path / "page.png"
+    _run_chromium(tmp_path, f"--screenshot={screenshot}", page.resolve().as_uri())
+    assert _png_size(screenshot) == (1400, 1000)
+    assert screenshot.stat().st_size > 20_000  # a blank page is a few kB
+
+
+def test_html_page_marks_the_error_in_chromium(handbuilt_run, tmp_path):
+    page = tmp_path / "errors.html"
+    result = _cli("view", str(handbuilt_run["dir"]), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+
+    document = _rendered_dom(tmp_path, page)
+    _assert_page_matches_traces(document, traces)
+    _assert_self_contained(page, document)
+    (error_row,) = document.find("details", "error")
+    assert error_row.attrs["data-span-id"] == handbuilt_run["ids"]["error"]
+    assert error_row.parent.attrs["data-trace-id"] == traces[1].trace_id
+    assert [("error" in s.classes) for s in document.find("section", "trace")] == [False, True, False]
+    assert "ERROR" in error_row.parent.find("h2")[0].all_text()
+    assert "TimeoutError" in error_row.all_text()
+    # attribute values are text, never markup
+    assert not document.find("b") and "<b>not markup</b>" in document.all_text()
+    _probe_layout(tmp_path, page, traces)
+
+    only_errors = tmp_path / "only-errors.html"
+    assert _cli("view", str(handbuilt_run["dir"]), "--errors", "--html", str(only_errors)).returncode == 0
+    _assert_page_matches_traces(_rendered_dom(tmp_path, only_errors), [traces[1]])
+
+    screenshot = tmp_path / "errors.png"
+    _run_chromium(tmp_path, f"--screenshot={screenshot}", page.resolve().as_uri())
+    assert _png_size(screenshot) == (1400, 1000)
