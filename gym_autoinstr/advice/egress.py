@@ -9,6 +9,10 @@ once, inside the span, into a *copy* of the caller's headers.
 Exactly one layer injects: the inner aiohttp call runs under
 ``suppress_http_instrumentation()``, so an aiohttp-client instrumentor installed beside
 us neither adds a second CLIENT span nor re-parents the callee with its own span id.
+
+A ``/run`` sent by Gym's collection driver while our ``gym.job`` is the current span is a
+rollout: its CLIENT span starts a new trace linked to the job, and is counted on the job
+(``advice/job.py`` decides; nothing changes for any other request).
 """
 
 from __future__ import annotations
