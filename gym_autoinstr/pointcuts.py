@@ -135,7 +135,8 @@ POINTCUTS: tuple[Pointcut, ...] = (
         advice=job.run_from_config_advice,
         versions="0.2.0+",
         group=groups.JOB,
-        purpose="gym.job around a rollout collection run (ng_collect_rollouts, gym eval)",
+        purpose="gym.job around a rollout collection run (ng_collect_rollouts, gym eval run); the rollouts it "
+        "dispatches become root traces linked to it (egress), or nest (GYM_AUTOINSTR_JOB_TRACE=single, an embedder's span)",
     ),
     Pointcut(
         name="sandbox.start",

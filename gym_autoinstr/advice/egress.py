@@ -9,6 +9,10 @@ once, inside the span, into a *copy* of the caller's headers.
 Exactly one layer injects: the inner aiohttp call runs under
 ``suppress_http_instrumentation()``, so an aiohttp-client instrumentor installed beside
 us neither adds a second CLIENT span nor re-parents the callee with its own span id.
+
+A ``/run`` sent by Gym's collection driver while our ``gym.job`` is the current span is a
+rollout: its CLIENT span starts a new trace linked to the job, and is counted on the job
+(``advice/job.py`` decides; nothing changes for any other request).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.utils import suppress_http_instrumentation
 from opentelemetry.trace import SpanKind
 
-from . import coexistence
+from . import coexistence, job
 from ..pipeline import groups
 from .._log import warn_once
 from ..pipeline.redaction import redact_url
@@ -104,7 +108,7 @@ def _rollout_id_in_path(url: str) -> "str | None":
     return url[at + len("/ng-rollout/"):].partition("/")[0] or None
 
 
-def _start_client_span(args: tuple, kwargs: dict) -> Any:
+def _start_client_span(args: tuple, kwargs: dict) -> "tuple[Any, job.JobState | None]":
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
@@ -115,7 +119,14 @@ def _start_client_span(args: tuple, kwargs: dict) -> Any:
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id
-    return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes)
+    # A rollout dispatched by the collection driver under our gym.job: its own root trace,
+    # linked to the job (advice/job.py).
+    dispatch = job.rollout_dispatch(full)
+    if dispatch is None:
+        return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes), None
+    attributes[job.JOB_ID] = dispatch.job_id
+    options = job.rollout_span_options(dispatch)
+    return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch
 
 
 def _guarded(step: str, action: Any, *args: Any) -> None:
@@ -127,9 +138,9 @@ def _guarded(step: str, action: Any, *args: Any) -> None:
 
 
 async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
-    span = None
+    span = dispatch = None
     try:
-        span = _start_client_span(args, kwargs)
+        span, dispatch = _start_client_span(args, kwargs)
         context_token = otel_context.attach(trace.set_span_in_context(span))
     except Exception as error:
         # Our half failed before the request: make it untraced, exactly as Gym would.
@@ -153,11 +164,15 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     except BaseException as error:
         if isinstance(error, Exception):  # cancellation ends the span without ERROR
             _guarded("recording the error", mark_error, span, error)
+            if dispatch is not None:
+                _guarded("counting a failed rollout", job.rollout_failed, dispatch)
         raise
     else:
         status = getattr(response, "status", None)
         if isinstance(status, int):
             _guarded("recording the status", span.set_attribute, "http.response.status_code", status)
+            if dispatch is not None and status >= 400:
+                _guarded("counting a failed rollout", job.rollout_failed, dispatch)
         return response
     finally:
         _attempts.reset(attempts_token)

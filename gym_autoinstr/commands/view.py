@@ -7,6 +7,10 @@ status and the attributes that matter when reading a rollout (rollout id, route,
 code, model tokens).  A summary line per trace says where the time went: model calls,
 tools, verify.
 
+Rollouts collected by Gym's driver are traces of their own, each linked to its job's
+``gym.job`` span: traces are grouped by job, a job line (id, counts, how many of its
+rollouts are shown) above its rollouts.
+
 Spans are the plain dicts ``files.spans_from_request`` yields.
 """
 
@@ -105,6 +109,84 @@ def build_traces(spans: Iterable[dict]) -> list[Trace]:
     return sorted(traces, key=lambda t: t.start_ns)
 
 
+JOB_SPAN = "gym.job"
+
+
+@dataclass
+class Job:
+    """A root ``gym.job`` span, its own trace, and the rollout traces linked to it."""
+
+    span: dict
+    trace: "Trace | None" = None  # the job's own trace, when selected
+    rollouts: list[Trace] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> str:
+        return str(self.span["attributes"].get("nemo.gym.job.id", self.span["span_id"]))
+
+    @property
+    def traces(self) -> list[Trace]:
+        """What is drawn under the job line: its own trace unless it is the job span alone
+        (the line says it all), then its rollouts."""
+        own = [self.trace] if self.trace is not None and len(self.trace.spans) > 1 else []
+        return own + self.rollouts
+
+
+def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> "Job | None":
+    for row in trace.rows:
+        if row.depth:
+            continue
+        for link in row.span.get("links") or ():
+            job = jobs.get((link.get("trace_id"), link.get("span_id")))
+            if job is not None:
+                return job
+    return None
+
+
+def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list["Job | Trace"]:
+    """``traces`` in order, with each job's own trace and every trace whose root links to
+    the job's ``gym.job`` span (found in ``everything``) gathered under one job line."""
+    jobs: dict[tuple[str, str], Job] = {}
+    for trace in everything:
+        for span in trace.spans:
+            if span["name"] == JOB_SPAN and span.get("parent_span_id") is None:
+                jobs[(span["trace_id"], span["span_id"])] = Job(span)
+    own = {job.span["trace_id"]: job for job in jobs.values()}
+    items: list["Job | Trace"] = []
+    shown: set[int] = set()
+    for trace in traces:
+        job = own.get(trace.trace_id)
+        if job is not None:
+            job.trace = trace
+        else:
+            job = _linked_job(trace, jobs)
+            if job is None:
+                items.append(trace)
+                continue
+            job.rollouts.append(trace)
+        if id(job) not in shown:
+            shown.add(id(job))
+            items.append(job)
+    return items
+
+
+def job_line(job: Job) -> str:
+    attributes = job.span.get("attributes") or {}
+    counts = " ".join(
+        f"{label}={attributes[key]}"
+        for key, label in (
+            ("nemo.gym.job.rollouts.sent", "sent"),
+            ("nemo.gym.job.rollouts.failed", "failed"),
+            ("nemo.gym.job.num_repeats", "repeats"),
+        )
+        if key in attributes
+    )
+    return (
+        f"job {job.job_id}  {service(job.span)}  {duration_ms(job.span):.1f} ms  {counts}".rstrip()
+        + f"  | {len(job.rollouts)} linked rollout traces below (job trace {job.span['trace_id']})"
+    )
+
+
 def select(traces: Sequence[Trace], *, rollout: "str | None" = None, slowest: "int | None" = None,
            errors: bool = False) -> list[Trace]:
     chosen = list(traces)
@@ -182,43 +264,63 @@ def render_text(trace: Trace, *, bar_width: int = 24) -> str:
     return "\n".join(lines)
 
 
-def render_html(traces: Sequence[Trace], *, title: str = "gym-autoinstr traces") -> str:
+def render_html(traces: Sequence["Trace | Job"], *, title: str = "gym-autoinstr traces") -> str:
     """One self-contained page: no scripts or styles from the network."""
     sections = []
-    for trace in traces:
-        start, total = trace.start_ns, max(trace.end_ns - trace.start_ns, 1)
-        rows = []
-        for row in trace.rows:
-            span = row.span
-            width = max(0.3, 100.0 * (span["end_ns"] - span["start_ns"]) / total)
-            # a bar never leaves its cell (the minimum width of a span at the very end would)
-            left = max(0.0, min(100.0 * (span["start_ns"] - start) / total, 100.0 - width))
-            attributes = "".join(
-                f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
-                for k, v in sorted((span.get("attributes") or {}).items())
+    flat: list[Trace] = []
+    for item in traces:
+        if isinstance(item, Job):
+            sections.append(
+                f'<h2 class="job" data-job-id="{html.escape(item.job_id)}" '
+                f'data-trace-id="{html.escape(item.span["trace_id"])}">{html.escape(job_line(item))}</h2>'
             )
-            error = span.get("status") == "ERROR"
-            kind = str(span.get("kind", ""))
-            service_name = html.escape(service(span))
-            name = html.escape(span["name"])
-            rows.append(
-                f'<details class="span{" error" if error else ""}" data-span-id="{html.escape(span["span_id"])}" '
-                f'data-kind="{html.escape(kind)}">'
-                f'<summary><span class="service" title="{service_name}">{service_name}</span>'
-                f'<span class="name" style="padding-left:{row.depth * 14}px" title="{name} ({html.escape(kind)})">{name}</span>'
-                f'<span class="bar-cell"><span class="bar" style="left:{left:.2f}%;width:{width:.2f}%"></span></span>'
-                f'<span class="duration">{duration_ms(span):.1f} ms</span></summary>'
-                f'<table class="attributes">{attributes}</table></details>'
-            )
-        rollouts = ", ".join(sorted(trace.rollout_ids))
-        sections.append(
-            f'<section class="trace{" error" if trace.has_error else ""}" data-trace-id="{html.escape(trace.trace_id)}">'
-            f'<h2>trace {html.escape(trace.trace_id)}'
-            f'{" · rollout " + html.escape(rollouts) if rollouts else ""}'
-            f'{" · <span class=flag>ERROR</span>" if trace.has_error else ""}</h2>'
-            f'<p class="summary">{html.escape(_summary_text(trace))} · {len(trace.spans)} spans · '
-            f'{len(trace.services)} services</p>{"".join(rows)}</section>'
+            members = item.traces
+            flat.extend(members)
+        else:
+            flat.append(item)
+            members = [item]
+        sections.extend(_html_trace(trace) for trace in members)
+    traces = flat
+    return _html_page(title, traces, sections)
+
+
+def _html_trace(trace: Trace) -> str:
+    start, total = trace.start_ns, max(trace.end_ns - trace.start_ns, 1)
+    rows = []
+    for row in trace.rows:
+        span = row.span
+        width = max(0.3, 100.0 * (span["end_ns"] - span["start_ns"]) / total)
+        # a bar never leaves its cell (the minimum width of a span at the very end would)
+        left = max(0.0, min(100.0 * (span["start_ns"] - start) / total, 100.0 - width))
+        attributes = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
+            for k, v in sorted((span.get("attributes") or {}).items())
         )
+        error = span.get("status") == "ERROR"
+        kind = str(span.get("kind", ""))
+        service_name = html.escape(service(span))
+        name = html.escape(span["name"])
+        rows.append(
+            f'<details class="span{" error" if error else ""}" data-span-id="{html.escape(span["span_id"])}" '
+            f'data-kind="{html.escape(kind)}">'
+            f'<summary><span class="service" title="{service_name}">{service_name}</span>'
+            f'<span class="name" style="padding-left:{row.depth * 14}px" title="{name} ({html.escape(kind)})">{name}</span>'
+            f'<span class="bar-cell"><span class="bar" style="left:{left:.2f}%;width:{width:.2f}%"></span></span>'
+            f'<span class="duration">{duration_ms(span):.1f} ms</span></summary>'
+            f'<table class="attributes">{attributes}</table></details>'
+        )
+    rollouts = ", ".join(sorted(trace.rollout_ids))
+    return (
+        f'<section class="trace{" error" if trace.has_error else ""}" data-trace-id="{html.escape(trace.trace_id)}">'
+        f'<h2>trace {html.escape(trace.trace_id)}'
+        f'{" · rollout " + html.escape(rollouts) if rollouts else ""}'
+        f'{" · <span class=flag>ERROR</span>" if trace.has_error else ""}</h2>'
+        f'<p class="summary">{html.escape(_summary_text(trace))} · {len(trace.spans)} spans · '
+        f'{len(trace.services)} services</p>{"".join(rows)}</section>'
+    )
+
+
+def _html_page(title: str, traces: Sequence[Trace], sections: list[str]) -> str:
     style = """
 body{font:13px/1.4 system-ui,sans-serif;margin:16px;color:#222}
 h1{font-size:18px;margin:0 0 4px}h2{font-size:14px;margin:18px 0 2px}.summary{color:#555;margin:0 0 6px}
@@ -264,13 +366,22 @@ def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | 
             print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
             return 2
         spans.extend(read_path(target))
-    traces = select(build_traces(spans), rollout=rollout, slowest=slowest, errors=errors)
+    everything = build_traces(spans)
+    traces = select(everything, rollout=rollout, slowest=slowest, errors=errors)
     if not traces:
         print("no traces found" + (" matching the filters" if (rollout or slowest or errors) else ""), file=sys.stderr)
         return 1
     if html_file:
-        Path(html_file).write_text(render_html(traces), encoding="utf-8")
+        page = render_html(group_by_job(traces, everything))
+        Path(html_file).write_text(page, encoding="utf-8")
         print(f"wrote {len(traces)} traces to {html_file}")
         return 0
-    print("\n\n".join(render_text(t) for t in traces))
+    blocks = []
+    for item in group_by_job(traces, everything):
+        if isinstance(item, Job):
+            blocks.append(job_line(item))
+            blocks.extend(render_text(t) for t in item.traces)
+        else:
+            blocks.append(render_text(item))
+    print("\n\n".join(blocks))
     return 0

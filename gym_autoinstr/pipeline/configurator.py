@@ -14,6 +14,8 @@ for Gym, and differs from the SDK's stock configurator where Gym needs it to:
   warning naming the package; spans are still created and trace context still flows.
 * **No collector needed to start**: with no endpoint and no exporter configured, spans
   go to local files (``files.py``), one per process, readable by ``gym-autoinstr view``.
+* **A job is always kept**: the configured sampler is wrapped so that a root ``gym.job``
+  span is always sampled; rollouts are sampled per rollout (``sampling.py``).
 * **Exit**: the provider's own ``atexit`` shutdown can hang on a dead collector; ours is
   time-boxed (see ``flush.py``).
 """
@@ -30,7 +32,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-from . import files, identity
+from . import files, identity, sampling
 from .._log import logger, warn_once
 from .flush import WatchedExporter, flush, start_flusher
 
@@ -165,7 +167,7 @@ def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[
 
 def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
     resource = Resource.create(identity.resource_attributes(who))
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider = TracerProvider(resource=resource, sampler=sampling.configured_sampler(), shutdown_on_exit=False)
     for label, exporter in span_exporters(who):
         provider.add_span_processor(
             BatchSpanProcessor(

@@ -199,6 +199,10 @@ def spans_from_request(request: dict) -> Iterator[dict]:
                     "attributes": _attributes(span.get("attributes")),
                     "resource": resource,
                     "scope": scope,
+                    "links": [
+                        {"trace_id": link.get("traceId", ""), "span_id": link.get("spanId", "")}
+                        for link in span.get("links", ())
+                    ],
                 }
 
 

@@ -4,7 +4,7 @@ Each trio runs under ``opentelemetry-instrument`` with this project installed in
 venv, exporting through a real collector (rotel) to the test's sink.  Rollouts go to the
 agent's ``/run`` directly, and through Gym's own rollout-collection driver
 (``RolloutCollectionHelper.run_from_config``, what ``ng_collect_rollouts`` / ``gym eval
-run --no-serve`` call) for ``gym.job``.
+run --no-serve`` call) for ``gym.job`` and the rollout traces linked to it.
 """
 
 from __future__ import annotations
@@ -187,15 +187,18 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
         result = results[int(rollout_id.split("-")[1])] if rollout_id else results[0]
         _assert_rollout_seams(traces[trace_id], result, version, rollout_id)
 
-    # gym.job: one root in the collection process, parent of every rollout's CLIENT span
+    # gym.job: one root in the collection process, a trace of its own; each rollout's
+    # CLIENT span is the root of that rollout's trace, linked to the job
     (job,) = [s for s in spans if s["name"] == "gym.job"]
     assert (job["kind"], job["parent_span_id"], _service(job)) == ("INTERNAL", None, COLLECT_SERVICE)
-    job_trace = traces[job["trace_id"]]
-    run_clients = [s for s in job_trace if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE]
-    assert len(run_clients) >= 2
-    assert all(s["parent_span_id"] == job["span_id"] for s in run_clients)
-    assert sum(s["name"] == "gym.rollout" for s in job_trace) == 2
-    job_ids = sorted(s["attributes"].get("nemo.gym.rollout.id") or "" for s in job_trace if s["name"] == "gym.rollout")
+    run_clients = [s for s in spans if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE
+                   and s["attributes"]["url.full"].endswith("/run")]
+    assert len(run_clients) == 2
+    assert all(s["parent_span_id"] is None for s in run_clients)
+    assert all(s["links"] == [{"trace_id": job["trace_id"], "span_id": job["span_id"]}] for s in run_clients)
+    job_rollouts = [r for c in run_clients for r in traces[c["trace_id"]] if r["name"] == "gym.rollout"]
+    assert len(job_rollouts) == 2
+    job_ids = sorted(s["attributes"].get("nemo.gym.rollout.id") or "" for s in job_rollouts)
     assert job_ids == (["", ""] if version < "0.5" else ["0-0", "0-1"])
 
     # content-free: no prompt or completion text in any attribute

@@ -278,3 +278,14 @@ def test_gym_07_own_telemetry_live_means_we_stand_down(tmp_path, with_lens):
     assert native["live"] is with_lens
     (note,) = problems(report, "info", "Gym telemetry")
     assert ("stands down" if with_lens else "inert") in note["problem"]
+
+
+@pytest.mark.parametrize("value, mode, warned", [(None, "per_rollout", False), (" Single", "single", False), ("one", "per_rollout", True)])
+def test_the_job_trace_setting_is_reported(tmp_path, value, mode, warned):
+    code, report, _ = doctor(tmp_path, env={} if value is None else {"GYM_AUTOINSTR_JOB_TRACE": value})
+    assert code == 0
+    assert report["job_trace"] == {"variable": "GYM_AUTOINSTR_JOB_TRACE", "value": value, "mode": mode}
+    found = problems(report, "warning", "job trace")
+    assert bool(found) is warned
+    if warned:
+        assert "GYM_AUTOINSTR_JOB_TRACE=single" in found[0]["fix"]

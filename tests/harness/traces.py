@@ -80,3 +80,45 @@ def assert_one_connected_trace(trace: list[dict], trio: GymTrio) -> None:
     assert any(service_of(s) == f"nemo-gym/{MODEL}" and s["attributes"]["url.full"].endswith("/responses") for s in clients)
     # one root per rollout
     assert sum(1 for s in trace if s["parent_span_id"] is None) == 1
+
+
+# ----------------------------------------------------------- collection jobs (issue 15)
+
+
+def spans_since(spans: list[dict], start_ns: int) -> list[dict]:
+    """The spans that started at or after ``start_ns`` (one phase of a shared fleet)."""
+    return [s for s in spans if s["start_ns"] >= start_ns]
+
+
+def job_spans(spans: list[dict]) -> list[dict]:
+    return [s for s in spans if s["name"] == "gym.job"]
+
+
+def by_trace(spans: list[dict]) -> dict[str, list[dict]]:
+    traces: dict[str, list[dict]] = {}
+    for span in spans:
+        traces.setdefault(span["trace_id"], []).append(span)
+    return traces
+
+
+def linked_rollout_roots(spans: list[dict], job: dict) -> list[dict]:
+    """Root spans (no parent) whose links point at ``job``: the rollouts of that job."""
+    return [
+        s for s in spans
+        if s["parent_span_id"] is None
+        and {"trace_id": job["trace_id"], "span_id": job["span_id"]} in s.get("links", [])
+    ]
+
+
+def assert_whole_rollout(trace: list[dict], root: dict, trio: GymTrio) -> None:
+    """One rollout's trace, complete: ``root`` is its only root, every other span's parent
+    is in it, and it crosses the collection process and every server of the trio down to
+    the verify call."""
+    ids = {s["span_id"] for s in trace}
+    assert [s for s in trace if s["parent_span_id"] is None] == [root]
+    assert all(s["parent_span_id"] in ids for s in trace if s is not root)
+    services = {service_of(s) for s in trace}
+    assert services >= expected_services(trio) | {service_of(root)}, services
+    assert len(services) >= 4  # the collection process and the trio's three servers (at least)
+    names = [s["name"] for s in trace]
+    assert names.count("gym.rollout") == 1 and "POST /verify" in names and "POST /seed_session" in names, names

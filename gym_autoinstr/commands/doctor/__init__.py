@@ -26,7 +26,7 @@ from .exporters import exporters
 from .installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
 from .native import native_telemetry
 from .report import ERROR, exit_status, render
-from .span_groups import span_groups
+from .span_groups import job_trace, span_groups
 from .startup import startup
 from .venvs import server_venvs
 
@@ -50,6 +50,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
     problems += found
     group_section, found = span_groups(effective)
     problems += found
+    job_section, found = job_trace(effective)
+    problems += found
     native, found = native_telemetry(report)
     problems += found
     venvs_section, found = server_venvs(report)
@@ -64,6 +66,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
         "startup": start,
         "exporters": exporter_rows,
         "span_groups": group_section,
+        "job_trace": job_section,
         "native_telemetry": native,
         "server_venvs": venvs_section,
         "this_process": {"configured_by": STATE.get("configured_by"), "exporters": list(STATE.get("exporters") or [])},

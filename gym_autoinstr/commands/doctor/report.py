@@ -49,6 +49,14 @@ def render(diagnosis: dict[str, Any]) -> str:
     groups_section = diagnosis["span_groups"]
     source = groups_section["variable"] or "default"
     lines.append(f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})")
+    jobs = diagnosis.get("job_trace") or {}
+    if jobs:
+        lines.append(
+            "job traces    "
+            + ("one trace per job (rollouts nested under gym.job)" if jobs["mode"] == "single"
+               else "each rollout its own trace, linked to gym.job")
+            + f"  ({jobs['variable']})"
+        )
     native = diagnosis["native_telemetry"]
     lines.append(
         "Gym telemetry "

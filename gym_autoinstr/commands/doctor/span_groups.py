@@ -1,9 +1,10 @@
-"""Which span groups are on, and from which variable."""
+"""Which span groups are on, and from which variable; how collection jobs are traced."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ...advice import job
 from ...pipeline import groups
 from .report import ERROR, WARNING, Problem
 
@@ -39,3 +40,23 @@ def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Proble
         )
     section = {"variable": variable, "spec": spec, "enabled": sorted(enabled), "unknown": unknown}
     return section, problems
+
+
+def job_trace(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
+    """``GYM_AUTOINSTR_JOB_TRACE``: each rollout its own trace (default) or one per job."""
+    raw = environ.get(job.JOB_TRACE_VARIABLE)
+    mode = (raw or "").strip().lower() or job.PER_ROLLOUT
+    problems = []
+    if mode not in job.JOB_TRACE_MODES:
+        problems.append(
+            Problem(
+                WARNING,
+                "job trace",
+                f"{job.JOB_TRACE_VARIABLE}={raw!r} is not one of {', '.join(job.JOB_TRACE_MODES)}: "
+                f"{job.PER_ROLLOUT} is used",
+                f"unset it (each rollout its own trace, linked to gym.job) or set {job.JOB_TRACE_VARIABLE}=single "
+                "(one trace per job)",
+            )
+        )
+        mode = job.PER_ROLLOUT
+    return {"variable": job.JOB_TRACE_VARIABLE, "value": raw, "mode": mode}, problems

@@ -1,0 +1,74 @@
+"""``gym-autoinstr view`` groups rollout traces under their job, from files written by the
+real ``OtlpJsonFileExporter`` (spans made by a real SDK provider, links included).  The
+real collection driver's files are read back in ``tests/advice/test_realgym_job.py``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import Link, SpanKind
+
+from gym_autoinstr.commands.view import Job, build_traces, group_by_job, render_html, select
+from gym_autoinstr.pipeline.files import OtlpJsonFileExporter, read_path
+
+
+def _write_run(directory: Path) -> dict:
+    provider = TracerProvider(resource=Resource.create({"service.name": "nemo-gym/orchestrator"}))
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(directory, "orchestrator")))
+    tracer = provider.get_tracer("t")
+    root = trace.set_span_in_context(trace.INVALID_SPAN)
+    with tracer.start_as_current_span("gym.job", attributes={"nemo.gym.job.id": "j" * 32}) as job:
+        with tracer.start_as_current_span("HTTP POST", kind=SpanKind.CLIENT):  # the job's own call
+            pass
+        rollouts = []
+        for index in range(2):
+            with tracer.start_as_current_span("HTTP POST", context=root, kind=SpanKind.CLIENT,
+                                              links=[Link(job.get_span_context())],
+                                              attributes={"nemo.gym.rollout.id": f"0-{index}"}) as rollout:
+                with tracer.start_as_current_span("gym.rollout", attributes={"nemo.gym.rollout.id": f"0-{index}"}):
+                    pass
+            rollouts.append(rollout)
+        job.set_attribute("nemo.gym.job.rollouts.sent", 2)
+        job.set_attribute("nemo.gym.job.rollouts.failed", 0)
+    with tracer.start_as_current_span("POST /run", context=root, kind=SpanKind.SERVER) as alone:
+        pass
+    provider.shutdown()
+    hexid = lambda span: format(span.get_span_context().trace_id, "032x")  # noqa: E731
+    return {"job": hexid(job), "rollouts": [hexid(r) for r in rollouts], "alone": hexid(alone)}
+
+
+def test_rollout_traces_are_grouped_under_their_jobs_line(tmp_path):
+    ids = _write_run(tmp_path / "run")
+    everything = build_traces(read_path(tmp_path / "run"))
+    items = group_by_job(everything, everything)
+    (job,) = [item for item in items if isinstance(item, Job)]
+    assert [t.trace_id for t in job.traces] == [ids["job"], *ids["rollouts"]]
+    assert [item.trace_id for item in items if not isinstance(item, Job)] == [ids["alone"]]
+    # a filter that selects one rollout keeps its job line above it, and nothing of the rest
+    chosen = select(everything, rollout="0-1")
+    (only,) = group_by_job(chosen, everything)
+    assert isinstance(only, Job) and [t.trace_id for t in only.traces] == [ids["rollouts"][1]]
+    # the page: the job heading, then the job's traces in order, then the unrelated trace
+    page = render_html(items)
+    order = re.findall(r'<h2 class="job" data-job-id="(\w+)"|<section class="trace" data-trace-id="(\w+)"', page)
+    assert order == [("j" * 32, ""), ("", ids["job"]), ("", ids["rollouts"][0]), ("", ids["rollouts"][1]), ("", ids["alone"])]
+
+
+def test_the_command_prints_the_job_line_first(tmp_path):
+    ids = _write_run(tmp_path / "run")
+    script = Path(sys.executable).parent / "gym-autoinstr"
+    shown = subprocess.run([str(script), "view", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    blocks = shown.stdout.strip().split("\n\n")
+    assert re.fullmatch(
+        r"job j{32}  nemo-gym/orchestrator  [\d.]+ ms  sent=2 failed=0  \| 2 linked rollout traces below "
+        rf"\(job trace {ids['job']}\)", blocks[0]
+    ), blocks[0]
+    assert [re.match(r"trace (\w+)", b).group(1) for b in blocks[1:]] == [ids["job"], *ids["rollouts"], ids["alone"]]

@@ -1,0 +1,52 @@
+"""The sampler wrapper: a root ``gym.job`` is always kept, everything else is sampled as
+``OTEL_TRACES_SAMPLER`` says (read by the real configurator from the environment)."""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link
+
+from gym_autoinstr.pipeline import sampling
+
+
+def _provider(monkeypatch, sampler: str, arg: str):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampling.configured_sampler())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("t"), exporter, provider
+
+
+def test_job_roots_are_kept_at_ratio_zero_and_nothing_else_is(monkeypatch):
+    tracer, exporter, provider = _provider(monkeypatch, "parentbased_traceidratio", "0")
+    assert "TraceIdRatioBased{0.0}" in provider.sampler.get_description()
+    with tracer.start_as_current_span("gym.job") as job:
+        with tracer.start_as_current_span("HTTP POST"):  # a child of the kept job: parent-based, kept
+            pass
+    for _ in range(20):  # rollout roots linked to the job: the ratio decides, 0 keeps none
+        with tracer.start_as_current_span("HTTP POST", context=trace.set_span_in_context(trace.INVALID_SPAN),
+                                          links=[Link(job.get_span_context())]):
+            pass
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["HTTP POST", "gym.job"]
+
+
+def test_a_job_under_an_unsampled_parent_follows_the_parent(monkeypatch):
+    tracer, exporter, _ = _provider(monkeypatch, "parentbased_traceidratio", "0")
+    with tracer.start_as_current_span("train.step"):  # not sampled at ratio 0
+        with tracer.start_as_current_span("gym.job"):
+            pass
+    assert exporter.get_finished_spans() == ()
+
+
+def test_ratio_one_half_keeps_about_half_of_the_roots(monkeypatch):
+    tracer, exporter, _ = _provider(monkeypatch, "parentbased_traceidratio", "0.5")
+    for _ in range(400):
+        with tracer.start_as_current_span("HTTP POST"):
+            pass
+    kept = len(exporter.get_finished_spans())
+    assert 120 <= kept <= 280, kept  # Binomial(400, 0.5): outside is ~1e-16
