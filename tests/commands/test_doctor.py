@@ -83,8 +83,9 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     # No exporter configured: the embedded default writes files beside the orchestrator.
     assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
     assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
-    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server"], "unknown": []}
+    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "ray", "rollout", "server"], "unknown": []}
     assert report["native_telemetry"]["present"] is False
+    assert report["ray"]["active"] is True and report["ray"]["ray_version"]
     # gym env start would pin our packages into every server venv it builds
     venvs = report["server_venvs"]
     assert venvs["will_install"] is True
@@ -278,3 +279,13 @@ def test_gym_07_own_telemetry_live_means_we_stand_down(tmp_path, with_lens):
     assert native["live"] is with_lens
     (note,) = problems(report, "info", "Gym telemetry")
     assert ("stands down" if with_lens else "inert") in note["problem"]
+
+
+def test_ray_propagation_is_reported_with_the_ray_version_and_why_not(tmp_path):
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SPAN_GROUPS": "server"})
+    import ray
+
+    assert report["ray"] == {"ray_version": ray.__version__, "active": False, "reason": "span group 'ray' is off"}
+    assert any(p["subject"] == "ray" and "'ray'" in p["fix"] for p in problems(report, "info"))
+    code, text, _ = doctor(tmp_path, as_json=False)
+    assert f"ray           {ray.__version__}: tasks traced into the workers" in text

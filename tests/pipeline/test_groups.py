@@ -8,8 +8,8 @@ from gym_autoinstr._log import forget_said
 
 
 def test_presets_select_exactly_their_groups():
-    assert groups.parse_spec("default") == {"job", "server", "http_client", "rollout"}
-    assert groups.parse_spec("per_rollout") == {"server", "http_client", "rollout", "verify", "agent", "model_call"}
+    assert groups.parse_spec("default") == {"job", "server", "http_client", "rollout", "ray"}
+    assert groups.parse_spec("per_rollout") == {"server", "http_client", "rollout", "verify", "agent", "model_call", "ray"}
     assert groups.parse_spec("all") == groups.ALL_GROUPS
     assert groups.parse_spec("none") == frozenset() == groups.parse_spec("")
 
