@@ -26,8 +26,8 @@ import pytest
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.ray_cluster import RayCluster
-from tests.harness.traces import otel_env, service_of
-from tests.harness.trio import free_ports
+from tests.harness.traces import otel_env, rollout_traces, service_of
+from tests.harness.trio import AGENT, CODE_ANSWER, MODEL, GymTrio, PolicyModel, free_ports
 
 pytestmark = pytest.mark.realgym
 
@@ -35,6 +35,9 @@ PROBE = pathlib.Path(__file__).resolve().parent.parent / "ray_probe"
 SERVER = "ray_probe"
 SUBMITTER = f"nemo-gym/{SERVER}"
 WORKER = f"nemo-gym/{SERVER}/ray"
+CODE_GEN = "nemo-gym/code_gen"
+CODE_GEN_WORKER = "nemo-gym/code_gen/ray"
+GYM_SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, "orchestrator")}
 TRACED = ["double", "check_correctness", "raises", "positional_only", "star", "pair"]
 
 
@@ -53,34 +56,53 @@ def _run_probe(venv: pathlib.Path, cluster: RayCluster, env: dict, workdir: path
 
 
 @pytest.fixture(scope="module")
-def ray_run(tmp_path_factory):
-    venv = gym_venv("0.4.0")
+def venv():
+    return gym_venv("0.4.0")
+
+
+@pytest.fixture(scope="module")
+def module_collector(tmp_path_factory):
+    with Collector(log_dir=tmp_path_factory.mktemp("collector")) as collector:
+        yield collector
+
+
+@pytest.fixture(scope="module")
+def cluster(venv, module_collector, tmp_path_factory):
+    """Two Ray nodes, shared by the module; idle workers reaped at once."""
     workdir = tmp_path_factory.mktemp("ray")
+    cluster = RayCluster(venv, workdir, otel_env(module_collector, "http/protobuf"), num_cpus=1, raylet_env={
+        "RAY_num_workers_soft_limit": "0", "RAY_idle_worker_killing_time_threshold_ms": "300"})
+    with cluster.start(nodes=2):
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def ray_run(venv, module_collector, cluster):
+    collector, workdir = module_collector, cluster.workdir
     started = time.monotonic()
-    with Collector(log_dir=workdir / "collector") as collector:
-        env = otel_env(collector, "http/protobuf")
-        cluster = RayCluster(venv, workdir, env, num_cpus=1, raylet_env={
-            "RAY_num_workers_soft_limit": "0", "RAY_idle_worker_killing_time_threshold_ms": "300"})
-        with cluster.start(nodes=2):
-            results, stderr = _run_probe(venv, cluster, env, workdir)
-            daemons = {p.pid for p in cluster.processes() if not _is_worker(p)}
-            worker_logs = "\n".join(
-                path.read_text(errors="replace") for path in cluster.temp_root.rglob("worker-*.err"))
-            # A dead collector: the same tasks, the same answers.
-            dead = otel_env(collector, "http/protobuf")
-            dead["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_ports(1)[0]}"
-            dead_results, _ = _run_probe(venv, cluster, dead, workdir)
-            worker_pids = {r["pid"] for r in results["spread"]} | {results["double"]["pid"]}
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in worker_pids):
-                time.sleep(1)
-            reaped = not any(psutil.pid_exists(pid) for pid in worker_pids)
-            collector.sink.wait_for(lambda spans: sum(s["name"].startswith("ray.execute") for s in spans) >= 9, timeout=60)
-            yield {
-                "results": results, "stderr": stderr, "spans": collector.sink.spans(), "daemons": daemons,
-                "worker_logs": worker_logs, "dead_results": dead_results, "reaped": reaped,
-                "bodies": collector.sink.raw_bodies(), "seconds": time.monotonic() - started,
-            }
+    env = otel_env(collector, "http/protobuf")
+    results, stderr = _run_probe(venv, cluster, env, workdir)
+    daemons = {p.pid for p in cluster.processes() if not _is_worker(p)}
+    worker_logs = "\n".join(path.read_text(errors="replace") for path in cluster.temp_root.rglob("worker-*.err"))
+    # A dead collector: the same tasks, the same answers.
+    dead = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_ports(1)[0]}")
+    dead_results, _ = _run_probe(venv, cluster, dead, workdir)
+    worker_pids = {r["pid"] for r in results["spread"]} | {results["double"]["pid"]}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in worker_pids):
+        time.sleep(1)
+    reaped = not any(psutil.pid_exists(pid) for pid in worker_pids)
+    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 9, timeout=60)
+    return {
+        "results": results, "stderr": stderr, "spans": [s for s in collector.sink.spans() if SERVER in service_of(s)],
+        "all_spans": collector.sink.spans(), "daemons": daemons, "worker_logs": worker_logs,
+        "dead_results": dead_results, "reaped": reaped, "bodies": collector.sink.raw_bodies(),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _probe_spans(spans: list[dict], prefix: str) -> list[dict]:
+    return [s for s in spans if s["name"].startswith(prefix) and SERVER in service_of(s)]
 
 
 def _is_worker(process: psutil.Process) -> bool:
@@ -120,7 +142,7 @@ def test_every_task_runs_in_a_worker_span_under_its_submit_span(ray_run):
     assert double[0]["attributes"]["ray.node.id"] == results["double"]["node"]
 
 
-def test_code_gen_shaped_tasks_spread_over_both_nodes_and_are_traced_despite_their_pythonpath(ray_run):
+def test_code_gen_shaped_tasks_are_traced_although_their_runtime_env_replaces_pythonpath(ray_run):
     results, spans = ray_run["results"], ray_run["spans"]
     assert all(r["value"] is True for r in results["spread"])
     # runtime_env replaced PYTHONPATH: opentelemetry-instrument's sitecustomize is gone there
@@ -129,7 +151,6 @@ def test_code_gen_shaped_tasks_spread_over_both_nodes_and_are_traced_despite_the
     assert len(executes) == 4
     assert {(s["attributes"]["process.pid"], s["attributes"]["ray.node.id"]) for s in executes} == {
         (r["pid"], r["node"]) for r in results["spread"]}
-    assert len({s["attributes"]["ray.node.id"] for s in executes}) == 2, "SPREAD tasks should land on both nodes"
     assert len({s["trace_id"] for s in executes}) == 4
 
 
@@ -172,8 +193,10 @@ def test_spans_of_reaped_idle_workers_arrive(ray_run):
 
 
 def test_ray_daemons_export_nothing(ray_run):
-    spans = ray_run["spans"]
-    assert {service_of(s) for s in spans} == {SUBMITTER, WORKER}
+    spans = ray_run["all_spans"]
+    # only the Gym-style submitters and the workers doing their tasks, never a Ray daemon
+    assert {service_of(s) for s in spans} <= {SUBMITTER, WORKER, CODE_GEN, CODE_GEN_WORKER, *GYM_SERVICES}
+    assert {SUBMITTER, WORKER} <= {service_of(s) for s in spans}
     assert ray_run["daemons"]
     assert not {s["resource"].get("process.pid") for s in spans} & ray_run["daemons"]
 
@@ -194,3 +217,49 @@ def test_a_dead_collector_changes_no_answer(ray_run):
         return out
 
     assert values(ray_run["dead_results"]) == values(ray_run["results"])
+
+
+# --- Gym's real code_gen verifier, joined to the two-node cluster ---------------------
+
+
+@pytest.fixture(scope="module")
+def code_gen_run(venv, module_collector, cluster, tmp_path_factory):
+    started = time.monotonic()
+    workdir = tmp_path_factory.mktemp("code_gen")
+    with PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
+        trio = GymTrio(venv, "0.4.0", workdir, policy.url, env=otel_env(module_collector, "http/protobuf"),
+                       instrument=True, resources="code_gen",
+                       extra_config={"ray_head_node_address": cluster.address})
+        with trio:
+            results = trio.rollouts(4, concurrency=2)
+            module_collector.sink.wait_for(
+                lambda spans: len([s for s in spans if s["name"] == "ray.execute check_correctness_remote"]) >= 4,
+                timeout=120)
+            time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
+    return {"results": results, "spans": module_collector.sink.spans(), "seconds": time.monotonic() - started}
+
+
+def test_code_gen_rollouts_continue_below_verify_into_the_ray_worker(code_gen_run):
+    assert [r["reward"] for r in code_gen_run["results"]] == [1.0] * 4
+    traces = rollout_traces(code_gen_run["spans"], f"nemo-gym/{AGENT}")
+    assert len(traces) == 4
+    nodes = set()
+    for spans in traces.values():
+        by_id = {s["span_id"]: s for s in spans}
+        (verify,) = [s for s in spans if s["name"] == "POST /verify" and s["kind"] == "SERVER"]
+        assert service_of(verify) == CODE_GEN
+        (submit,) = [s for s in spans if s["name"] == "ray.submit check_correctness_remote"]
+        (execute,) = [s for s in spans if s["name"] == "ray.execute check_correctness_remote"]
+        assert service_of(submit) == CODE_GEN and submit["kind"] == "PRODUCER"
+        assert service_of(execute) == CODE_GEN_WORKER and execute["kind"] == "CONSUMER"
+        assert execute["parent_span_id"] == submit["span_id"]
+        # the submit span sits inside /verify's handling
+        ancestor = by_id[submit["parent_span_id"]]
+        while ancestor["span_id"] != verify["span_id"]:
+            ancestor = by_id[ancestor["parent_span_id"]]
+        assert execute["attributes"]["ray.task.wait.duration"] >= 0
+        assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
+        assert execute["resource"]["nemo.gym.server.name"] == "code_gen"
+        nodes.add(execute["attributes"]["ray.node.id"])
+    # Gym joined the cluster through ray_head_node_address; SPREAD used both nodes
+    assert len(nodes) == 2

@@ -15,7 +15,7 @@ def test_presets_select_exactly_their_groups():
 
 
 def test_mixed_spec_is_case_insensitive_and_trimmed():
-    assert groups.parse_spec(" Default , SANDBOX,verify ") == {"job", "server", "http_client", "rollout", "sandbox", "verify"}
+    assert groups.parse_spec(" Default , SANDBOX,verify ") == {"job", "server", "http_client", "rollout", "ray", "sandbox", "verify"}
 
 
 def test_unknown_names_are_ignored_with_one_warning_listing_the_valid_ones(caplog):
