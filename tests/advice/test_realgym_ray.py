@@ -27,7 +27,7 @@ from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.ray_cluster import RayCluster
 from tests.harness.traces import otel_env, rollout_traces, service_of
-from tests.harness.trio import AGENT, CODE_ANSWER, MODEL, GymTrio, PolicyModel, free_ports
+from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, PolicyModel, free_ports
 
 pytestmark = pytest.mark.realgym
 
@@ -37,7 +37,7 @@ SUBMITTER = f"nemo-gym/{SERVER}"
 WORKER = f"nemo-gym/{SERVER}/ray"
 CODE_GEN = "nemo-gym/code_gen"
 CODE_GEN_WORKER = "nemo-gym/code_gen/ray"
-GYM_SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, "orchestrator")}
+GYM_SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, ENVIRONMENT, "orchestrator")}
 TRACED = ["double", "check_correctness", "raises", "positional_only", "star", "pair"]
 
 
@@ -239,9 +239,9 @@ def code_gen_run(venv, module_collector, cluster, tmp_path_factory):
     return {"results": results, "spans": module_collector.sink.spans(), "seconds": time.monotonic() - started}
 
 
-def test_code_gen_rollouts_continue_below_verify_into_the_ray_worker(code_gen_run):
-    assert [r["reward"] for r in code_gen_run["results"]] == [1.0] * 4
-    traces = rollout_traces(code_gen_run["spans"], f"nemo-gym/{AGENT}")
+def _assert_rollouts_continue_into_the_ray_worker(run: dict, run_service: str) -> set:
+    assert [r["reward"] for r in run["results"]] == [1.0] * 4
+    traces = rollout_traces(run["spans"], run_service)
     assert len(traces) == 4
     nodes = set()
     for spans in traces.values():
@@ -260,6 +260,50 @@ def test_code_gen_rollouts_continue_below_verify_into_the_ray_worker(code_gen_ru
         assert execute["attributes"]["ray.task.wait.duration"] >= 0
         assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
         assert execute["resource"]["nemo.gym.server.name"] == "code_gen"
+        assert execute["resource"]["nemo.gym.process.role"] == "ray_worker"
         nodes.add(execute["attributes"]["ray.node.id"])
+    return nodes
+
+
+def test_code_gen_rollouts_continue_below_verify_into_the_ray_worker_on_both_nodes(code_gen_run):
+    nodes = _assert_rollouts_continue_into_the_ray_worker(code_gen_run, f"nemo-gym/{AGENT}")
     # Gym joined the cluster through ray_head_node_address; SPREAD used both nodes
     assert len(nodes) == 2
+
+
+@pytest.fixture(scope="module")
+def code_gen_07_run(tmp_path_factory):
+    """Gym 0.7.0's code_gen (ray_enabled), with the Ray cluster Gym starts itself."""
+    venv = gym_venv("0.7.0")
+    started = time.monotonic()
+    workdir = tmp_path_factory.mktemp("code_gen_07")
+    with Collector(log_dir=workdir / "collector") as collector, PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
+        trio = GymTrio(venv, "0.7.0", workdir, policy.url, env=otel_env(collector, "http/protobuf"),
+                       instrument=True, resources="code_gen")
+        with trio:
+            results = trio.rollouts(4, concurrency=2)
+            collector.sink.wait_for(
+                lambda spans: len([s for s in spans if s["name"] == "ray.execute check_correctness_remote"]) >= 4,
+                timeout=120)
+            time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
+            processes = {p.pid: " ".join(p.cmdline()[:3]) for p in trio.processes() if _alive_cmdline(p)}
+        return {"results": results, "spans": collector.sink.spans(), "processes": processes,
+                "seconds": time.monotonic() - started}
+
+
+def _alive_cmdline(process: psutil.Process) -> bool:
+    try:
+        return bool(process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def test_code_gen_07_rollouts_continue_into_the_ray_worker_gym_started(code_gen_07_run):
+    _assert_rollouts_continue_into_the_ray_worker(code_gen_07_run, f"nemo-gym/{ENVIRONMENT}")
+    # Ray's daemons (started by Gym, under opentelemetry-instrument) export nothing
+    daemons = {pid for pid, cmdline in code_gen_07_run["processes"].items()
+               if "/ray/" in cmdline and "default_worker.py" not in cmdline}
+    assert daemons
+    spans = code_gen_07_run["spans"]
+    assert not {s["resource"].get("process.pid") for s in spans} & daemons
+    assert {service_of(s) for s in spans} <= {CODE_GEN, CODE_GEN_WORKER, *GYM_SERVICES}
