@@ -179,6 +179,28 @@ POINTCUTS: tuple[Pointcut, ...] = (
         parameters=("args", "kwargs"),
     ),
     Pointcut(
+        name="ray.actor",
+        module="ray.actor",
+        attribute="_modify_class",
+        advice=ray_tasks.modify_class_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="the methods of an actor class a Gym process creates take the trace context (in Ray's own "
+        "subclass, never the user's class)",
+        parameters=("cls",),
+    ),
+    Pointcut(
+        name="ray.actor_method",
+        module="ray.actor",
+        attribute="ActorMethod._remote",
+        advice=ray_tasks.actor_method_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="ray.submit PRODUCER span around an actor method call from a Gym process; the actor runs it in "
+        "a ray.execute span",
+        parameters=("args", "kwargs"),
+    ),
+    Pointcut(
         name="fleet.ready",
         module="nemo_gym.cli.env",
         attribute="RunHelper.wait_for_spinup",

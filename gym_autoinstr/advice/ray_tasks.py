@@ -1,4 +1,4 @@
-"""Ray tasks: the trace follows Gym's work across ``.remote()`` into the Ray worker.
+"""Ray tasks and actors: the trace follows Gym's work across ``.remote()`` into the Ray worker.
 
 Gym's verifiers hand their real work to Ray (``code_gen`` runs the model's code in a
 ``@ray.remote`` task with ``scheduling_strategy="SPREAD"`` and a ``runtime_env`` that
@@ -9,6 +9,8 @@ replaces ``PYTHONPATH``).  Two halves:
   context to the task in one extra keyword argument, the *carrier*
   (``_gym_autoinstr_ctx``: W3C ``traceparent``/``tracestate``, the submitting server's
   name, the submission time, the exporter settings; never the task's arguments).
+  Actor method calls (pointcut ``ray.actor_method``) the same way, for actors whose
+  class a Gym process created (pointcut ``ray.actor``, see "actors" below).
 * **Execution** (the Ray worker): the function Ray pickles is a small wrapper around
   Gym's that takes the carrier off again.  The wrapper is pickled *by value* and needs
   nothing but the standard library to unpickle and run: in a worker whose interpreter
@@ -280,13 +282,17 @@ def _refs_task_id(result: Any) -> "str | None":
 def _prepare(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
     if coexistence.native_telemetry_live() or _client_mode() or not _install(instance):
         return None
-    call_args, call_kwargs = _call_parts(args, kwargs)
     function = instance._function
     name = _function_name(getattr(function, "__wrapped__", function))
+    return _open_submission(f"ray.submit {getattr(function, '__qualname__', name)}", {FUNCTION: name}, args, kwargs)
+
+
+def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
+    _, call_kwargs = _call_parts(args, kwargs)
     span = tracer().start_span(
-        f"ray.submit {getattr(function, '__qualname__', name)}",
+        span_name,
         kind=SpanKind.PRODUCER,
-        attributes={FUNCTION: name, "messaging.system": "ray", "messaging.operation.type": "send"},
+        attributes={**attributes, "messaging.system": "ray", "messaging.operation.type": "send"},
     )
     new_kwargs = dict(call_kwargs or {})
     new_kwargs[CARRIER] = _carrier(span)
@@ -305,7 +311,10 @@ def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         prepared = None
     if prepared is None:
         return wrapped(*args, **kwargs)
-    span, args, kwargs = prepared
+    return _submit(wrapped, *prepared)
+
+
+def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
     try:
         with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
             result = wrapped(*args, **kwargs)
@@ -322,6 +331,92 @@ def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         pass
     span.end()
     return result
+
+
+# --- actors ---------------------------------------------------------------------------
+#
+# ``ray.remote(SomeClass)`` hands ``ray.actor._modify_class`` the class; it returns a
+# subclass defined inside Ray (so Ray pickles it by value), which the worker loads and
+# instantiates.  The carrier wrappers go into that subclass, one per method, never
+# touching the user's class: inherited methods are shadowed, dunders (``__init__``,
+# Ray's ``__ray_ready__``, ...), static and class methods and generators are left alone.
+# Ray reads each method's signature (``inspect.unwrap`` first) to check calls against,
+# so the wrappers carry no ``__wrapped__`` and declare the carrier in ``__signature__``.
+
+
+def modify_class_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``ray.actor._modify_class``: the actor's methods take the carrier."""
+    modified = wrapped(*args, **kwargs)
+    if groups.RAY not in groups.ENABLED:
+        return modified
+    try:
+        _install_on_class(modified)
+    except Exception as error:
+        warn_once("ray:actor-class", "Ray actor %r runs untraced: %r", getattr(modified, "__name__", "?"), error)
+    return modified
+
+
+def _install_on_class(cls: Any) -> None:
+    if not isinstance(cls, type) or "__ray_actor_class__" not in cls.__dict__ or INSTALLED in cls.__dict__:
+        return
+    for name in dir(cls):
+        if name.startswith("__"):
+            continue
+        raw = inspect.getattr_static(cls, name)
+        if not inspect.isfunction(raw) or inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+            continue
+        try:
+            signature = _signature_with_carrier(raw)
+        except (TypeError, ValueError):
+            continue
+        if signature is None:
+            warn_once(
+                f"ray:collision:{_function_name(raw)}",
+                "Ray actor method %s has a parameter named %s, which gym-autoinstr uses to carry trace "
+                "context; calls to it run untraced. Rename the parameter to trace it.",
+                _function_name(raw),
+                CARRIER,
+            )
+            continue
+        wrapper = carrier_wrapper(raw)
+        del wrapper.__wrapped__  # Ray unwraps before reading the signature
+        wrapper.__signature__ = signature
+        setattr(cls, name, wrapper)
+    setattr(cls, INSTALLED, True)
+
+
+def actor_method_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ActorMethod._remote``: as for tasks, when the actor's class took the carrier."""
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        prepared = _prepare_actor_call(instance, args, kwargs)
+    except Exception as error:
+        warn_once("ray:actor-submit", "Ray actor call not traced: %r", error)
+        prepared = None
+    if prepared is None:
+        return wrapped(*args, **kwargs)
+    return _submit(wrapped, *prepared)
+
+
+def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
+    signature = instance.__dict__.get("_signature") or ()
+    if (
+        instance.__dict__.get("_is_generator")
+        or not any(getattr(parameter, "name", None) == CARRIER for parameter in signature)
+        or coexistence.native_telemetry_live()
+        or _client_mode()
+    ):
+        return None
+    handle = instance.__dict__.get("_actor")
+    descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+    class_name = getattr(descriptor, "class_name", None) or "actor"
+    method = f"{class_name}.{instance.__dict__.get('_method_name', '?')}"
+    attributes = {FUNCTION: f"{getattr(descriptor, 'module_name', '?')}.{method}"}
+    actor_id = getattr(handle, "_ray_actor_id", None)
+    if actor_id is not None:
+        attributes[ACTOR_ID] = actor_id.hex()
+    return _open_submission(f"ray.submit {method}", attributes, args, kwargs)
 
 
 # --- the worker side -----------------------------------------------------------------

@@ -92,7 +92,7 @@ def ray_run(venv, module_collector, cluster):
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in worker_pids):
         time.sleep(1)
     reaped = not any(psutil.pid_exists(pid) for pid in worker_pids)
-    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 9, timeout=60)
+    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 13, timeout=60)
     return {
         "results": results, "stderr": stderr, "spans": [s for s in collector.sink.spans() if SERVER in service_of(s)],
         "all_spans": collector.sink.spans(), "daemons": daemons, "worker_logs": worker_logs,
@@ -171,6 +171,30 @@ def test_odd_shapes_run_as_before(ray_run):
     assert not _named(spans, "ray.submit", "collides") and not _named(spans, "ray.execute", "collides")
     assert not _named(spans, "ray.execute", "numbers")  # generators: untraced
     assert "has a parameter named _gym_autoinstr_ctx" in ray_run["stderr"]
+
+
+def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
+    results, spans = ray_run["results"], ray_run["spans"]
+    assert [r["value"] for r in results["actor"]] == [11, 15]
+    assert results["actor_raises"] == "KeyError" and results["actor_static"] == 1
+    assert results["async_actor"]["value"] == "hi"
+    for method, count, pid in (("Counter.add", 2, results["actor"][0]["pid"]), ("Counter.fail", 1, results["actor"][0]["pid"]),
+                               ("AsyncEcho.echo", 1, results["async_actor"]["pid"])):
+        submits, executes = _named(spans, "ray.submit", method), _named(spans, "ray.execute", method)
+        assert len(submits) == len(executes) == count, method
+        for execute in executes:
+            (submit,) = [s for s in submits if s["span_id"] == execute["parent_span_id"]]
+            assert submit["trace_id"] == execute["trace_id"] and submit["kind"] == "PRODUCER"
+            assert service_of(submit) == SUBMITTER and service_of(execute) == WORKER and execute["kind"] == "CONSUMER"
+            assert submit["attributes"]["ray.actor.id"] == execute["attributes"]["ray.actor.id"]
+            assert submit["attributes"]["ray.task.id"] == execute["attributes"]["ray.task.id"]
+            assert execute["attributes"]["ray.task.function"] == f"probe_tasks.{method}"
+            assert execute["attributes"]["process.pid"] == pid  # the actor's own process
+    (fail,) = _named(spans, "ray.execute", "Counter.fail")
+    assert fail["status"] == "ERROR" and fail["attributes"]["error.type"] == "KeyError"
+    assert not [s for s in spans if "version" in s["name"]]  # static methods: untraced
+    # both actors were killed right after their last call; their spans had left already
+    assert not any(psutil.pid_exists(pid) for pid in (results["actor"][0]["pid"], results["async_actor"]["pid"]))
 
 
 def test_a_worker_without_gym_autoinstr_runs_the_task_untraced_and_says_so(ray_run):

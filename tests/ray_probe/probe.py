@@ -30,6 +30,18 @@ out["star"] = ray.get(t.star.options(name="renamed", num_cpus=0.5).remote(1, 2, 
 out["collides"] = ray.get(t.collides.remote(5))
 out["pair"] = ray.get(list(t.pair.remote(7)))
 out["numbers"] = list(ray.get(list(t.numbers.options(num_returns=3).remote(3))))
+counter = t.Counter.remote(10)
+out["actor"] = [ray.get(counter.add.remote(1)), ray.get(counter.add.options(name="add-twice").remote(2, times=2))]
+try:
+    ray.get(counter.fail.remote())
+    out["actor_raises"] = "no error"
+except ray.exceptions.RayTaskError as error:
+    out["actor_raises"] = type(error.cause).__name__
+out["actor_static"] = ray.get(counter.version.remote())
+echo = t.AsyncEcho.remote()
+out["async_actor"] = ray.get(echo.echo.remote("hi"))
+ray.kill(counter)  # killed as Gym's shutdown kills actors: their spans left already
+ray.kill(echo)
 missing = t.double.options(runtime_env={"env_vars": {"PYTHONPATH": shadow + os.pathsep + os.path.dirname(os.path.abspath(__file__))}})
 out["missing"] = ray.get([missing.remote(4), missing.remote(5)])
 print("PROBE-RESULT " + json.dumps(out), flush=True)

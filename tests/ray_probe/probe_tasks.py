@@ -53,3 +53,28 @@ def pair(x):
 def numbers(n):
     for i in range(n):
         yield i
+
+
+@ray.remote
+class Counter:
+    """A Gym-style actor (like longmt_eval's or wmt_translation's scorers)."""
+
+    def __init__(self, start):
+        self.total = start
+
+    def add(self, x, *, times=1):
+        self.total += x * times
+        return {"value": self.total, **_where()}
+
+    def fail(self):
+        raise KeyError("secret-canary")
+
+    @staticmethod
+    def version():
+        return 1
+
+
+@ray.remote
+class AsyncEcho:
+    async def echo(self, x):
+        return {"value": x, **_where()}
