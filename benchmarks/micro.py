@@ -8,7 +8,11 @@ Per call, with ``timeit``, variants interleaved in every repetition:
 * route seam: an async handler unwrapped, and ``routes.wrap_handler`` around it (the
   ``gym.verify`` seam) with its group off and on;
 * ingress: a trivial ASGI app bare, and behind ``GymServerMiddleware`` with the
-  ``server`` group off and on.
+  ``server`` group off and on;
+* ray submit: a method of ``RemoteFunction._remote``'s shape, called as ``.remote()``
+  calls it (``self._remote(args=..., kwargs=..., **options)``), unwrapped and wrapped as
+  the ``ray.task`` pointcut wraps it with the ``ray`` group off (what a ``.remote()``
+  call costs more than untraced; "on" needs a Ray cluster: ``tests/advice/test_realgym_ray.py``).
 
 "on" runs the real SDK pipeline of our configurator (``TracerProvider`` with the
 ``BatchSpanProcessor`` at our defaults) in front of an exporter that discards.
@@ -45,7 +49,7 @@ def main() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from gym_autoinstr.advice import egress, routes
+    from gym_autoinstr.advice import egress, ray_tasks, routes
     from gym_autoinstr.pipeline import groups
     from gym_autoinstr.pipeline.configurator import BATCH_DEFAULTS
     from gym_autoinstr.advice.ingress import GymServerMiddleware
@@ -100,6 +104,17 @@ def main() -> None:
     async def send(message):
         return None
 
+    class RemoteFunction:  # the shape of ray.remote_function.RemoteFunction._remote
+        def _remote(self, args=None, kwargs=None, **task_options):
+            return None
+
+    class TracedRemoteFunction(RemoteFunction):
+        pass
+
+    TracedRemoteFunction._remote = wrapt.FunctionWrapper(RemoteFunction._remote, ray_tasks.remote_function_advice)
+    plain_function, traced_function = RemoteFunction(), TracedRemoteFunction()
+    call_args, call_kwargs = (1, 2), {"k": 3}
+
     url = "http://127.0.0.1:8000/verify"
     cases = {
         "request": {
@@ -116,6 +131,10 @@ def main() -> None:
             "unwrapped": lambda: _drive(app(scope, receive, send)),
             "off": lambda: _drive(middleware(scope, receive, send)),
             "on": lambda: _drive(middleware(scope, receive, send)),
+        },
+        "ray_submit": {
+            "unwrapped": lambda: plain_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),
+            "off": lambda: traced_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),
         },
     }
     enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS}

@@ -12,7 +12,8 @@ Behaviour:
   request offers, e.g. ``get_weather({"city": "San Francisco"})``;
 * a turn whose input carries a tool result (``function_call_output`` item, or a
   ``tool`` chat message) answers with final assistant text;
-* a request without tools answers with text straight away.
+* a request without tools answers with text straight away (with ``--answer TEXT``,
+  that text: e.g. a fenced python block for Gym's ``code_gen`` verifier).
 
 Every answer echoes the requested ``model`` and carries ``usage``.  Ids are
 counter based; nothing is random and ``created`` timestamps are fixed.
@@ -115,8 +116,9 @@ def example_arguments(parameters: Any, city: str = "San Francisco") -> Dict[str,
 
 
 class PolicyModel:
-    def __init__(self, city: str = "San Francisco") -> None:
+    def __init__(self, city: str = "San Francisco", answer: Optional[str] = None) -> None:
         self.city = city  # the tool argument it asks for (tests plant canaries here)
+        self.answer = answer  # the final text when no tool was offered (e.g. a code block)
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
         self.received: List[Dict[str, Any]] = []
@@ -168,7 +170,7 @@ class PolicyModel:
             ]
             out_tokens = count_tokens(arguments)
         else:
-            text = self._final_text([o.get("output") for o in tool_outputs])
+            text = self.answer if self.answer is not None and not tools else self._final_text([o.get("output") for o in tool_outputs])
             output = [
                 {
                     "type": "message",
@@ -242,7 +244,7 @@ class PolicyModel:
             finish_reason = "tool_calls"
             out_tokens = count_tokens(arguments)
         else:
-            text = self._final_text([m.get("content") for m in tool_messages])
+            text = self.answer if self.answer is not None and not tools else self._final_text([m.get("content") for m in tool_messages])
             message = {"role": "assistant", "content": text}
             finish_reason = "stop"
             out_tokens = count_tokens(text)
@@ -435,8 +437,9 @@ class Server:
                 pass
 
 
-async def serve(host: str, port: int, latency_ms: float = 0.0, city: str = "San Francisco") -> None:
-    server_impl = Server(PolicyModel(city), latency_s=latency_ms / 1000.0)
+async def serve(host: str, port: int, latency_ms: float = 0.0, city: str = "San Francisco",
+                answer: Optional[str] = None) -> None:
+    server_impl = Server(PolicyModel(city, answer), latency_s=latency_ms / 1000.0)
     server = await asyncio.start_server(
         server_impl.handle_connection, host, port, limit=MAX_HEADER_BYTES, backlog=1024
     )
@@ -466,8 +469,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to each model call")
     parser.add_argument("--city", default="San Francisco", help="the city it asks the weather tool about")
+    parser.add_argument("--answer", default=None, help="final text when the request offers no tool (e.g. a fenced code block)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, args.latency_ms, args.city))
+    asyncio.run(serve(args.host, args.port, args.latency_ms, args.city, args.answer))
     return 0
 
 

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .advice import coexistence, egress, fleet, ingress, job, routes, sandbox, venvs
+from .advice import coexistence, egress, fleet, ingress, job, ray_tasks, routes, sandbox, venvs
 from .pipeline import groups
 
 
@@ -167,6 +167,39 @@ POINTCUTS: tuple[Pointcut, ...] = (
         group=groups.SANDBOX,
         purpose="gym.sandbox.stop of a running sandbox",
         optional=True,
+    ),
+    Pointcut(
+        name="ray.task",
+        module="ray.remote_function",
+        attribute="RemoteFunction._remote",
+        advice=ray_tasks.remote_function_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="ray.submit PRODUCER span around a task submission from a Gym process; the trace context "
+        "rides to the worker, which runs the task in a ray.execute span and exports as the Gym server's",
+        parameters=("args", "kwargs"),
+    ),
+    Pointcut(
+        name="ray.actor",
+        module="ray.actor",
+        attribute="_modify_class",
+        advice=ray_tasks.modify_class_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="the methods of an actor class a Gym process creates take the trace context (in Ray's own "
+        "subclass, never the user's class)",
+        parameters=("cls",),
+    ),
+    Pointcut(
+        name="ray.actor_method",
+        module="ray.actor",
+        attribute="ActorMethod._remote",
+        advice=ray_tasks.actor_method_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="ray.submit PRODUCER span around an actor method call from a Gym process; the actor runs it in "
+        "a ray.execute span",
+        parameters=("args", "kwargs"),
     ),
     Pointcut(
         name="fleet.ready",

@@ -20,6 +20,13 @@ venv.  So, in the orchestrator only:
   (``skip_venv_if_present``), that venv is checked for our packages; if they are missing
   or differ, one message names the server, the venv and the command that fixes it.
 
+Servers on other hosts: Gym builds a server's venv on the host the server runs on (a
+multi-node Ray cluster, e.g. NeMo RL's).  An index install pins ``name==X``, installable
+anywhere the index is; a local wheel, directory or editable checkout is a path on *this*
+machine.  Then the orchestrator says so once (and ``gym-autoinstr doctor`` does), and
+``GYM_AUTOINSTR_SERVER_REQUIREMENT`` names the requirement to install instead
+(``gym-autoinstr==0.3.0``, a wheel URL, a path every host shares).
+
 What is pinned: the part of gym-autoinstr's dependency closure that carries a span from
 the SDK to the wire.  OpenTelemetry's own packages pin each other exactly (sdk -> api,
 exporters -> proto), ``wrapt`` applies our patches, ``protobuf`` and
@@ -50,6 +57,8 @@ PROJECT = "gym-autoinstr"
 # Beyond opentelemetry-*: the closure members on the span's way to the wire (see above).
 WIRE_PATH = frozenset({PROJECT, "wrapt", "protobuf", "googleapis-common-protos", "grpcio", "requests"})
 HEAD_SERVER_DEPS_KEY = "head_server_deps"
+# The requirement server venvs install gym-autoinstr from, instead of this machine's.
+SERVER_REQUIREMENT_VARIABLE = "GYM_AUTOINSTR_SERVER_REQUIREMENT"
 
 
 def canonical_name(name: str) -> str:
@@ -71,6 +80,18 @@ class PinnedRequirement:
     def shell(self) -> str:
         """The requirement as shell words that survive Gym's unquoted ``" ".join``."""
         return " ".join(shlex.quote(argument) for argument in self.arguments)
+
+    @property
+    def local_path(self) -> "str | None":
+        """The path on this machine it is installed from (a local wheel, directory or
+        editable checkout), which another host cannot install; None otherwise."""
+        if self.kind == "editable":
+            return self.arguments[-1]
+        if self.kind in ("archive", "directory"):
+            url = self.arguments[0].partition(" @ ")[2]
+            if url.startswith("file:"):
+                return _file_path(url)
+        return None
 
 
 def _file_path(url: str) -> str:
@@ -152,10 +173,61 @@ def pinned_requirements(root: str = PROJECT, path: "list[str] | None" = None) ->
     return [pinned_requirement(d) for key, d in sorted(closure.items()) if is_pinned(key)]
 
 
+def requirement_override(environ: "Any" = None) -> "tuple[str, ...] | None":
+    """``GYM_AUTOINSTR_SERVER_REQUIREMENT`` as install arguments; None when unset or bad."""
+    raw = (os.environ if environ is None else environ).get(SERVER_REQUIREMENT_VARIABLE, "").strip()
+    if not raw:
+        return None
+    # One requirement, as pip and uv take it ("name @ url" stays one argument), or -e PATH.
+    if raw.startswith("-e ") or raw.startswith("-e\t"):
+        words: tuple[str, ...] = ("-e", raw[3:].strip())
+    elif raw.startswith("-"):
+        words = ()
+    else:
+        words = (raw,)
+    if not words or not words[-1]:
+        warn_once(
+            "venvs:override",
+            "%s=%r is not one requirement (e.g. 'gym-autoinstr==0.3.0', 'gym-autoinstr @ https://.../x.whl' "
+            "or '-e /shared/path'); server venvs get this machine's gym-autoinstr instead.",
+            SERVER_REQUIREMENT_VARIABLE,
+            raw,
+        )
+        return None
+    return words
+
+
 @functools.lru_cache(maxsize=1)
 def server_requirements() -> tuple[str, ...]:
     """What every server venv must install, as shell-quoted ``head_server_deps`` entries."""
-    return tuple(requirement.shell() for requirement in pinned_requirements())
+    override = requirement_override()
+    return tuple(
+        " ".join(shlex.quote(word) for word in override) if override and requirement.name == PROJECT else requirement.shell()
+        for requirement in pinned_requirements()
+    )
+
+
+def local_requirements() -> list[PinnedRequirement]:
+    """The pinned requirements installed from a path on this machine (not overridden)."""
+    overridden = requirement_override() is not None
+    return [r for r in pinned_requirements() if r.local_path and not (overridden and r.name == PROJECT)]
+
+
+def local_path_message(local: "list[PinnedRequirement]") -> str:
+    names = ", ".join(f"{r.name} ({r.local_path})" for r in local)
+    return (
+        f"server venvs install {names} from a path on this machine: a server venv Gym builds on another host "
+        f"(a multi-node Ray cluster) cannot install it, and that server runs untraced"
+    )
+
+
+def local_path_fix() -> str:
+    return (
+        f"install gym-autoinstr from a package index (then servers pin gym-autoinstr==<version>), or set "
+        f"{SERVER_REQUIREMENT_VARIABLE} to a requirement every host can install, e.g. "
+        f"'gym-autoinstr==<version>', 'gym-autoinstr @ https://host/gym_autoinstr-<version>-py3-none-any.whl' "
+        f"or '-e /path/shared/by/every/host'"
+    )
 
 
 # -- head_server_deps ----------------------------------------------------------------------
@@ -192,6 +264,9 @@ def head_server_deps_advice(wrapped: Any, instance: Any, args: tuple, kwargs: di
             ours = server_requirements()
             deps = with_server_requirements(config[HEAD_SERVER_DEPS_KEY] or (), ours)
             _store(config, deps)
+            local = local_requirements()
+            if local:
+                warn_once("venvs:local-path", "%s. Fix: %s.", local_path_message(local), local_path_fix())
     except Exception as error:  # never raise into Gym: its venvs are built as before
         warn_once(
             "venvs:head_server_deps",

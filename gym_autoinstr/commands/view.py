@@ -4,7 +4,7 @@ Reads what the embedded default wrote (a run directory of per-process OTLP-JSON 
 single files, or standard input), joins the processes' spans by trace, and draws each
 trace: service, span name (indented under its parent), start offset, a duration bar,
 status and the attributes that matter when reading a rollout (rollout id, route, status
-code, model tokens).  A summary line per trace says where the time went: model calls,
+code, model tokens, a Ray task's wait before it started and its node).  A summary line per trace says where the time went: model calls,
 tools, verify.
 
 Rollouts collected by Gym's driver are traces of their own, each linked to its job's
@@ -30,7 +30,17 @@ KEY_ATTRIBUTES = (
     ("gen_ai.usage.input_tokens", "in_tokens"),
     ("gen_ai.usage.output_tokens", "out_tokens"),
     ("error.type", "error"),
+    ("ray.task.wait.duration", "wait"),
+    ("ray.node.id", "node"),
 )
+
+
+def _shown(key: str, value: object) -> str:
+    if key == "ray.task.wait.duration" and isinstance(value, (int, float)):
+        return f"{value * 1000:.1f}ms"  # how long the Ray task waited to start
+    if key == "ray.node.id":
+        return str(value)[:8]
+    return str(value)
 
 
 @dataclass
@@ -235,7 +245,7 @@ def _summary_text(trace: Trace) -> str:
 
 def _key_attributes(span: dict) -> str:
     attributes = span.get("attributes") or {}
-    return " ".join(f"{label}={attributes[key]}" for key, label in KEY_ATTRIBUTES if key in attributes)
+    return " ".join(f"{label}={_shown(key, attributes[key])}" for key, label in KEY_ATTRIBUTES if key in attributes)
 
 
 def render_text(trace: Trace, *, bar_width: int = 24) -> str:

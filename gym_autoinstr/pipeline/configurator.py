@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 from typing import Any
 
 from opentelemetry import trace
@@ -165,8 +166,8 @@ def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[
     return exporters
 
 
-def build_tracer_provider(who: identity.ProcessIdentity) -> TracerProvider:
-    resource = Resource.create(identity.resource_attributes(who))
+def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] | None" = None) -> TracerProvider:
+    resource = Resource.create({**identity.resource_attributes(who), **(extra or {})})
     provider = TracerProvider(resource=resource, sampler=sampling.configured_sampler(), shutdown_on_exit=False)
     for label, exporter in span_exporters(who):
         provider.add_span_processor(
@@ -251,6 +252,82 @@ def configure_process() -> "TracerProvider | None":
     STATE["configured_by"] = "gym_autoinstr"
     logger.debug("configured %s (%s); exporters: %s", who.name, who.role, STATE["exporters"] or "none")
     return provider
+
+
+# What a Gym process hands a Ray worker with each task, so that the worker exports where
+# the fleet does even when the task's runtime_env or the cluster's own environment
+# differs.  Never headers, certificates or keys: those stay in the worker's environment.
+RAY_WORKER_SETTINGS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_INSECURE",
+    "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    "GYM_AUTOINSTR_SERVICE_NAME_SUFFIX",
+    "GYM_AUTOINSTR_OUTPUT_DIR",
+    "GYM_AUTOINSTR_FILE_MAX_MB",
+    "GYM_AUTOINSTR_FLUSH_TIMEOUT_MS",
+    identity.RUN_ID_VARIABLE,
+    "NEMO_GYM_OTEL_RUN_ID",
+)
+_ray_worker_lock = threading.Lock()
+
+
+def ray_worker_settings() -> dict[str, str]:
+    """This process's exporter settings, as handed to the Ray workers running its tasks."""
+    return {name: os.environ[name] for name in RAY_WORKER_SETTINGS if name in os.environ}
+
+
+def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: "str | None") -> bool:
+    """Give this Ray worker a tracer provider, the first time it runs a task a Gym process
+    submitted; True when spans from here are exported.  Idempotent and thread-safe.
+
+    Ray workers start silent, like Ray's daemons (``configure_process`` skips role
+    ``ray``); a worker becomes part of the fleet only when Gym's work arrives, under the
+    identity of the Gym server that submitted it and with that server's exporter settings
+    (they win over the worker's environment, which a task's runtime_env may replace).
+    """
+    with _ray_worker_lock:
+        configured = STATE["configured_by"]
+        if configured not in (None, "skipped"):
+            return configured != "disabled"
+        who = identity.ray_worker(server_name)
+        STATE["identity"] = who
+        saved = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
+        try:
+            if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+                STATE["configured_by"] = "disabled"
+                return False
+            provider = build_tracer_provider(who, extra={"ray.node.id": node_id} if node_id else None)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            trace.set_tracer_provider(provider)
+            STATE["configured_by"] = "gym_autoinstr:ray_worker"
+        else:  # someone else's provider is already live here: use it, as elsewhere
+            STATE["configured_by"] = f"foreign:{type(trace.get_tracer_provider()).__module__}"
+        start_flusher()
+        from . import quiet
+
+        quiet.install()
+        atexit.register(_flush_at_exit)
+        logger.debug("Ray worker configured for %s; exporters: %s", server_name, STATE["exporters"] or "none")
+        return True
 
 
 class GymConfigurator(_BaseConfigurator):

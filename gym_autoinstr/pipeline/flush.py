@@ -95,6 +95,15 @@ class _Flusher:
                 self._completed = max(self._completed, target)
                 self._condition.notify_all()
 
+    def request(self) -> bool:
+        """Ask for a flush and return at once (nothing waits for it, nothing is abandoned)."""
+        if not self.start():
+            return False
+        with self._condition:
+            self._requested += 1
+            self._condition.notify_all()
+        return True
+
     def flush(self, timeout: float) -> bool:
         if not self.start():
             return False
@@ -155,6 +164,12 @@ def exports_stuck() -> bool:
 def start_flusher() -> None:
     """Start the flush thread now, while threads can still be started."""
     _flusher.start()
+
+
+def request_flush() -> bool:
+    """Start exporting what is buffered, on the flush thread, without waiting for it:
+    for code that must not be slowed (a Ray task's end), not even by a dead collector."""
+    return _flusher.request()
 
 
 def flush(timeout: "float | None" = None, *, reason: str = "") -> bool:

@@ -24,12 +24,15 @@ VERIFY = "verify"
 AGENT = "agent"
 MODEL_CALL = "model_call"
 SANDBOX = "sandbox"
+RAY = "ray"
 
-ALL_GROUPS = frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, SANDBOX})
+ALL_GROUPS = frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, SANDBOX, RAY})
 
 PRESETS: dict[str, frozenset[str]] = {
-    "default": frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT}),
-    "per_rollout": frozenset({SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL}),
+    # `ray` is in the default: its spans exist only where Gym hands work to Ray (a
+    # verifier's tasks), and without them a rollout's trace stops at a black box.
+    "default": frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, RAY}),
+    "per_rollout": frozenset({SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, RAY}),
     "all": ALL_GROUPS,
     "none": frozenset(),
     "off": frozenset(),

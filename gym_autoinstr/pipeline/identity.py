@@ -23,8 +23,10 @@ ORCHESTRATOR_PREFIXES = ("ng_", "nemo_gym_")
 
 @dataclass(frozen=True)
 class ProcessIdentity:
-    role: str  # "server" | "orchestrator" | "ray" | "process"
-    name: str  # the Gym server name, "orchestrator", or the program's name
+    role: str  # "server" | "orchestrator" | "ray" | "ray_worker" | "process"
+    # the Gym server name, "orchestrator", or the program's name; for a ray_worker, the
+    # Gym server whose tasks it runs
+    name: str
 
     @property
     def is_gym(self) -> bool:
@@ -46,6 +48,22 @@ def _is_ray_process(argv: list[str]) -> bool:
         if arg == "-m" and i + 1 < len(argv) and argv[i + 1].split(".")[0] == "ray":
             return True
     return False
+
+
+RAY_WORKER_SCRIPT = "/ray/_private/workers/default_worker.py"
+
+
+def is_ray_worker(argv: "list[str] | None" = None) -> bool:
+    """A Ray worker process (it runs tasks and actors), as opposed to Ray's daemons (GCS,
+    raylet, dashboard and its agents, log monitor), which run other scripts."""
+    argv = _command_line() if argv is None else argv
+    return any(arg.replace("\\", "/").endswith(RAY_WORKER_SCRIPT) for arg in argv[:4])
+
+
+def ray_worker(server_name: str) -> ProcessIdentity:
+    """The identity a Ray worker takes on when it runs the first task a Gym process
+    submitted with our context: it does that server's work."""
+    return ProcessIdentity("ray_worker", server_name or "unknown")
 
 
 def _program_name(argv: list[str]) -> str:
@@ -98,7 +116,9 @@ def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Envir
     environ = os.environ if environ is None else environ
     base = environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAMESPACE
     if environ.get("GYM_AUTOINSTR_SERVICE_NAME_SUFFIX", "true").strip().lower() in ("0", "false", "no", "off"):
-        return base
+        return f"{base}/ray" if identity.role == "ray_worker" else base
+    if identity.role == "ray_worker":
+        return f"{base}/{identity.name}/ray"
     return f"{base}/{identity.name}"
 
 
@@ -129,6 +149,12 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
     elif identity.role == "orchestrator":
         attributes["nemo.gym.server.name"] = "orchestrator"
         attributes["nemo.gym.server.type"] = "orchestrator"
+    elif identity.role == "ray_worker":
+        # Whose work it does, and where: the Ray node id is added by the configurator.
+        attributes["nemo.gym.server.name"] = identity.name
+        attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
+        attributes["host.name"] = _host_name()
+        attributes["process.pid"] = os.getpid()  # type: ignore[assignment]
     rid = run_id(environ, mint=identity.role == "orchestrator")
     if rid:
         attributes["nemo.gym.run.id"] = rid
@@ -136,6 +162,15 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
     if version:
         attributes["nemo.gym.version"] = version
     return attributes
+
+
+def _host_name() -> str:
+    import socket
+
+    try:
+        return socket.gethostname()
+    except OSError:
+        return "unknown"
 
 
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")

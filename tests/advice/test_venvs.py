@@ -321,3 +321,49 @@ def test_a_reused_venv_with_our_packages_or_a_fresh_build_says_nothing(tmp_path,
     assert venvs.missing_in(venv) == []
     _setup_env_command(tmp_path, tmp_path / "venvs", skip=True)
     assert said == []
+
+
+# -- servers on other hosts ------------------------------------------------------------------
+
+
+def test_local_installs_name_their_path_and_index_installs_none(installed):
+    assert venvs.pinned_requirement(metadata.distribution("wrapt")).local_path is None
+    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-wheel")).local_path == str(installed["wheel"])
+    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-dir")).local_path == str(installed["directory"])
+    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-edit")).local_path == str(installed["editable"])
+
+
+@pytest.fixture
+def fresh_requirements():
+    venvs.server_requirements.cache_clear()
+    yield
+    venvs.server_requirements.cache_clear()
+
+
+def test_a_local_gym_autoinstr_is_said_once_with_the_fix(tmp_path, orchestrator, said, fresh_requirements, monkeypatch):
+    monkeypatch.delenv(venvs.SERVER_REQUIREMENT_VARIABLE, raising=False)
+    # this checkout is installed editable: a path no other host has
+    assert "gym-autoinstr" in {r.name for r in venvs.local_requirements()}
+    _parsed(tmp_path)
+    _parsed(tmp_path)
+    messages = [r.getMessage() for r in said if "from a path on this machine" in r.getMessage()]
+    assert len(messages) == 1
+    assert "gym-autoinstr (" in messages[0] and venvs.SERVER_REQUIREMENT_VARIABLE in messages[0]
+
+
+def test_the_setting_names_the_requirement_server_venvs_install(tmp_path, orchestrator, said, fresh_requirements, monkeypatch):
+    monkeypatch.setenv(venvs.SERVER_REQUIREMENT_VARIABLE, "gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl")
+    deps = list(_parsed(tmp_path)["head_server_deps"])
+    ours = [d for d in deps if "gym" in d and "autoinstr" in d]
+    assert ours == ["'gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl'"]
+    assert _bash_words(ours[0]) == ["gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl"]
+    assert "gym-autoinstr" not in {r.name for r in venvs.local_requirements()}
+    assert any(d.startswith("opentelemetry-sdk==") for d in deps)  # the rest stays pinned
+
+
+def test_a_setting_that_is_not_one_requirement_is_named_and_ignored(said, fresh_requirements, monkeypatch):
+    monkeypatch.setenv(venvs.SERVER_REQUIREMENT_VARIABLE, "--index-url http://x gym-autoinstr")
+    assert venvs.requirement_override() is None
+    assert any(venvs.SERVER_REQUIREMENT_VARIABLE in r.getMessage() and "not one requirement" in r.getMessage() for r in said)
+    (ours,) = [r for r in venvs.pinned_requirements() if r.name == "gym-autoinstr"]
+    assert ours.shell() in venvs.server_requirements()

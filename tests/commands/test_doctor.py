@@ -83,14 +83,19 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     # No exporter configured: the embedded default writes files beside the orchestrator.
     assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
     assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
-    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server"], "unknown": []}
+    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "ray", "rollout", "server"], "unknown": []}
     assert report["native_telemetry"]["present"] is False
+    assert report["ray"]["active"] is True and report["ray"]["ray_version"]
     # gym env start would pin our packages into every server venv it builds
     venvs = report["server_venvs"]
     assert venvs["will_install"] is True
     assert any(r.startswith("-e ") or r.startswith("gym-autoinstr") or "gym-autoinstr" in r for r in venvs["requirements"])
     assert any(r.startswith("opentelemetry-sdk==") for r in venvs["requirements"])
     assert not problems(report, "error") and not problems(report, "warning")
+    # this checkout is installed editable: a path servers on other hosts cannot install
+    assert venvs["local_paths"]["gym-autoinstr"] and venvs["override"] is None
+    (local,) = [p for p in problems(report, "info", "server venvs") if "from a path on this machine" in p["problem"]]
+    assert "GYM_AUTOINSTR_SERVER_REQUIREMENT" in local["fix"]
     assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
 
 
@@ -289,3 +294,22 @@ def test_the_job_trace_setting_is_reported(tmp_path, value, mode, warned):
     assert bool(found) is warned
     if warned:
         assert "GYM_AUTOINSTR_JOB_TRACE=single" in found[0]["fix"]
+
+
+def test_ray_propagation_is_reported_with_the_ray_version_and_why_not(tmp_path):
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SPAN_GROUPS": "server"})
+    import ray
+
+    assert report["ray"] == {"ray_version": ray.__version__, "active": False, "reason": "span group 'ray' is off"}
+    assert any(p["subject"] == "ray" and "'ray'" in p["fix"] for p in problems(report, "info"))
+    code, text, _ = doctor(tmp_path, as_json=False)
+    assert f"ray           {ray.__version__}: tasks traced into the workers" in text
+
+
+def test_the_server_requirement_setting_replaces_the_local_path(tmp_path):
+    wheel = "gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl"
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SERVER_REQUIREMENT": wheel})
+    venvs = report["server_venvs"]
+    assert venvs["override"] == wheel and "gym-autoinstr" not in venvs["local_paths"]
+    assert f"'{wheel}'" in venvs["requirements"]
+    assert not [p for p in problems(report, subject="server venvs") if "gym-autoinstr (" in p["problem"]]

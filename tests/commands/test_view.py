@@ -617,3 +617,31 @@ def test_html_page_marks_the_error_in_chromium(handbuilt_run, tmp_path):
     screenshot = tmp_path / "errors.png"
     _run_chromium(tmp_path, f"--screenshot={screenshot}", page.resolve().as_uri())
     assert _png_size(screenshot) == (1400, 1000)
+
+
+def test_a_ray_worker_span_is_drawn_under_its_submit_span_with_its_wait(tmp_path):
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind
+
+    directory = tmp_path / "ray-run"
+    server = _tracer(directory, "nemo-gym/code_gen", "resources_servers")
+    worker = _tracer(directory, "nemo-gym/code_gen/ray", "")
+    verify = server.start_span("POST /verify", kind=SpanKind.SERVER, start_time=BASE_NS, attributes={"http.route": "/verify"})
+    submit = server.start_span("ray.submit check_correctness_remote", context=trace.set_span_in_context(verify),
+                               kind=SpanKind.PRODUCER, start_time=BASE_NS + 1 * MS)
+    submit.end(end_time=BASE_NS + 2 * MS)
+    execute = worker.start_span("ray.execute check_correctness_remote", context=trace.set_span_in_context(submit),
+                                kind=SpanKind.CONSUMER, start_time=BASE_NS + 40 * MS,
+                                attributes={"ray.task.wait.duration": 0.0385, "ray.node.id": "8f182d92ab1af534b665"})
+    execute.end(end_time=BASE_NS + 90 * MS)
+    verify.end(end_time=BASE_NS + 95 * MS)
+    result = _cli("view", str(directory))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    (submit_line,) = [line for line in lines if "ray.submit check_correctness_remote" in line]
+    (execute_line,) = [line for line in lines if "ray.execute check_correctness_remote" in line]
+    assert execute_line.startswith("  nemo-gym/code_gen/ray")
+    # indented one level below the submit span, which is one below POST /verify
+    (verify_line,) = [line for line in lines if "POST /verify" in line]
+    assert execute_line.index("ray.execute") == submit_line.index("ray.submit") + 2 == verify_line.index("POST /verify") + 4
+    assert "wait=38.5ms" in execute_line and "node=8f182d92" in execute_line

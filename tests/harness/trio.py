@@ -52,6 +52,22 @@ AGENT = "example_single_tool_call_simple_agent"
 MODEL = "policy_model"
 ENVIRONMENT = "example_single_tool_call_environment_server"
 
+# The resources servers a trio can run, with the settings their configs need.
+RESOURCES_CONFIGS: dict[str, dict[str, Any]] = {
+    RESOURCES: {"domain": "agent", "verified": False, "description": "Basic single-step tool calling"},
+    # Gym's competitive-coding verifier: runs the model's fenced python block against
+    # the row's unit tests in a Ray task (SPREAD, runtime_env replacing PYTHONPATH).
+    "code_gen": {"domain": "coding", "verified": False, "description": "code_gen",
+                 "num_processes": 4, "unit_test_timeout_secs": 30, "debug": False},
+}
+# A code_gen task row the policy model's CODE_ANSWER solves.
+CODE_GEN_ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "Read two integers and print their sum. "
+                                           "Answer with a ```python code block."}]},
+    "verifier_metadata": {"unit_tests": {"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12\n"], "fn_name": None}},
+}
+CODE_ANSWER = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
 _MARKER_ENV = "GYM_AUTOINSTR_TRIO_ID"
 _READY_RE = re.compile(r"All (\d+) / (\d+) servers ready!")
 
@@ -105,6 +121,7 @@ class GymTrio:
         build_venvs: bool = False,
         server_venvs: Mapping[str, pathlib.Path | str] | None = None,
         uv_cache_dir: pathlib.Path | str | None = None,
+        resources: str = RESOURCES,
     ) -> None:
         self.venv = pathlib.Path(venv).absolute()
         self.gym_version = gym_version
@@ -123,7 +140,11 @@ class GymTrio:
         self.has_relay = _vtuple(gym_version) >= (0, 7)
         self.has_rollout_ids = _vtuple(gym_version) >= (0, 5)
 
-        names = [RESOURCES, AGENT, MODEL] + ([ENVIRONMENT] if self.has_relay else [])
+        # The resources server: the example one, or one of RESOURCES_CONFIGS (e.g.
+        # "code_gen", whose verify runs the model's code in Ray tasks); its config key is
+        # its implementation's name.
+        self.resources = resources
+        names = [resources, AGENT, MODEL] + ([ENVIRONMENT] if self.has_relay else [])
         ports = free_ports(len(names) + 1, self.host)
         self.head_port = ports[0]
         self.ports: dict[str, int] = dict(zip(names, ports[1:]))
@@ -152,14 +173,13 @@ class GymTrio:
         h = self.host
         cfg: dict[str, Any] = {
             "head_server": {"host": h, "port": self.head_port},
-            RESOURCES: {"resources_servers": {"example_single_tool_call": {
-                "entrypoint": "app.py", "host": h, "port": self.ports[RESOURCES],
-                "domain": "agent", "verified": False,
-                "description": "Basic single-step tool calling",
+            self.resources: {"resources_servers": {self.resources: {
+                "entrypoint": "app.py", "host": h, "port": self.ports[self.resources],
+                **RESOURCES_CONFIGS[self.resources],
             }}},
             AGENT: {"responses_api_agents": {"simple_agent": {
                 "entrypoint": "app.py", "host": h, "port": self.ports[AGENT],
-                "resources_server": {"type": "resources_servers", "name": RESOURCES},
+                "resources_server": {"type": "resources_servers", "name": self.resources},
                 "model_server": {"type": "responses_api_models", "name": MODEL},
             }}},
             MODEL: {"responses_api_models": {"openai_model": {
@@ -378,6 +398,8 @@ class GymTrio:
     # ------------------------------------------------------------------ rollouts
 
     def default_row(self) -> dict:
+        if self.resources == "code_gen":
+            return copy.deepcopy(CODE_GEN_ROW)
         data = (self.site_packages() / "resources_servers" / "example_single_tool_call"
                 / "data" / "example.jsonl")
         with open(data) as fh:

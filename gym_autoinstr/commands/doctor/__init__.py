@@ -10,7 +10,7 @@ groups are on; is Gym's own telemetry live (then we stand down).  Every problem 
 with its fix, and the exit status is non-zero when tracing would not work.
 
 One module per question (``installation``, ``startup``, ``exporters``, ``span_groups``,
-``native``, ``venvs``), each returning its section and its problems; ``report`` renders
+``native``, ``venvs``, ``ray``), each returning its section and its problems; ``report`` renders
 them and sets the exit status.
 """
 
@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from .exporters import exporters
 from .installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
 from .native import native_telemetry
+from .ray import ray_propagation
 from .report import ERROR, exit_status, render
 from .span_groups import job_trace, span_groups
 from .startup import startup
@@ -56,6 +57,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
     problems += found
     venvs_section, found = server_venvs(report)
     problems += found
+    ray_section, found = ray_propagation(effective, report, group_section["enabled"])
+    problems += found
 
     return {
         "ok": not any(p.severity == ERROR for p in problems),
@@ -69,6 +72,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
         "job_trace": job_section,
         "native_telemetry": native,
         "server_venvs": venvs_section,
+        "ray": ray_section,
         "this_process": {"configured_by": STATE.get("configured_by"), "exporters": list(STATE.get("exporters") or [])},
         "problems": [asdict(p) for p in problems],
     }

@@ -68,6 +68,12 @@ def render(diagnosis: dict[str, Any]) -> str:
         + (f"gym env start installs {len(venvs['requirements'])} pinned packages into each"
            if venvs["will_install"] else "NOT given our packages")
     )
+    ray_section = diagnosis.get("ray") or {}
+    lines.append(
+        "ray           "
+        + (f"{ray_section.get('ray_version')}: tasks traced into the workers" if ray_section.get("active")
+           else f"{ray_section.get('ray_version') or 'not installed'}: not traced ({ray_section.get('reason')})")
+    )
     lines.append("")
     for problem in diagnosis["problems"]:
         lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")

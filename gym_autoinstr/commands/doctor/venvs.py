@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import WARNING, Problem
+from .report import INFO, WARNING, Problem
 
 def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Problem]]:
     """Would ``gym env start`` put our packages into the server venvs it builds?"""
@@ -19,13 +19,20 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
             "or install gym-autoinstr into each server venv",
         )]
     try:
-        from ...advice.venvs import server_requirements
+        from ...advice.venvs import (
+            local_path_fix, local_path_message, local_requirements, requirement_override, server_requirements)
 
         section["requirements"] = list(server_requirements())
+        override = requirement_override()
+        section["override"] = " ".join(override) if override else None
+        local = local_requirements()
+        section["local_paths"] = {r.name: r.local_path for r in local}
     except Exception as error:
         return section, [Problem(
             WARNING, "server venvs", f"the pinned requirements for server venvs could not be derived ({error!r})",
             "reinstall gym-autoinstr (pip install --force-reinstall gym-autoinstr) so its metadata is complete",
         )]
     section["will_install"] = bool(section["requirements"])
-    return section, []
+    # Only a problem once servers run on other hosts: said, not warned.
+    problems = [Problem(INFO, "server venvs", local_path_message(local), local_path_fix())] if local else []
+    return section, problems

@@ -1,0 +1,518 @@
+"""Ray tasks and actors: the trace follows Gym's work across ``.remote()`` into the Ray worker.
+
+Gym's verifiers hand their real work to Ray (``code_gen`` runs the model's code in a
+``@ray.remote`` task with ``scheduling_strategy="SPREAD"`` and a ``runtime_env`` that
+replaces ``PYTHONPATH``).  Two halves:
+
+* **Submission** (a Gym process, pointcut ``ray.task``): ``RemoteFunction._remote``
+  opens a PRODUCER span ``ray.submit <function>`` around the submission and hands the
+  context to the task in one extra keyword argument, the *carrier*
+  (``_gym_autoinstr_ctx``: W3C ``traceparent``/``tracestate``, the submitting server's
+  name, the submission time, the exporter settings; never the task's arguments).
+  Actor method calls (pointcut ``ray.actor_method``) the same way, for actors whose
+  class a Gym process created (pointcut ``ray.actor``, see "actors" below).
+* **Execution** (the Ray worker): the function Ray pickles is a small wrapper around
+  Gym's that takes the carrier off again.  The wrapper is pickled *by value* and needs
+  nothing but the standard library to unpickle and run: in a worker whose interpreter
+  lacks gym-autoinstr the task runs exactly as before (one message says so and names
+  the fix).  Where our package imports, the worker gets a tracer provider the first time
+  (``configurator.configure_ray_worker``: identity of the Gym server whose work it does,
+  ``host.name``, Ray node id) and the task runs inside a CONSUMER span
+  ``ray.execute <function>``, the submit span's child, with the time it waited between
+  submission and execution (``ray.task.wait.duration``, seconds).  At the task's end a
+  flush is *requested* (the export starts on the flush thread), never waited for: a slow
+  or dead collector costs the task nothing, and a worker Ray reaps soon after has
+  already handed its spans over.
+
+Why a carrier argument rather than Ray's own tracing hooks: Ray's
+(``_ray_trace_ctx``) only work when tracing is switched on for the whole cluster at
+``ray.init`` and crash a task whose worker lacks OpenTelemetry; a wrapper pickled by
+reference would make unpickling depend on our package; a per-task ``runtime_env``
+would cost a new worker per trace.  The carrier rides inside Ray's own argument
+passing, so ``.options(...)``, ``num_returns``, SPREAD scheduling and retries are
+untouched, and a function's own parameters (positional-only, keyword-only,
+``*args``/``**kwargs``) keep their meaning: the carrier is a keyword-only parameter added
+to the signature Ray checks calls against.  Not traced (the task runs as before):
+generators, cross-language functions, Ray client mode, a function that already has a
+parameter of the carrier's name (one warning), functions with an invocation decorator.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from typing import Any
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.trace import SpanKind
+
+from . import coexistence
+from .._log import logger, warn_once
+from ..pipeline import groups
+from ..pipeline.spans import mark_error, tracer
+
+CARRIER = "_gym_autoinstr_ctx"
+INSTALLED = "_gym_autoinstr_carrier"  # on a RemoteFunction: True traced, False not
+
+FUNCTION = "ray.task.function"
+TASK_ID = "ray.task.id"
+NODE_ID = "ray.node.id"
+WORKER_ID = "ray.worker.id"
+ACTOR_ID = "ray.actor.id"
+JOB_ID = "ray.job.id"
+WAIT = "ray.task.wait.duration"
+WORKER_PID = "process.pid"
+
+MISSING_MESSAGE = (
+    "gym-autoinstr: this Ray worker's Python cannot import gym_autoinstr, so the Gym task "
+    "it runs is not traced (the task itself runs as usual). Fix: install gym-autoinstr "
+    "(and its OpenTelemetry packages) into the interpreter Ray runs the task with, or "
+    "into the task's runtime_env."
+)
+
+
+# --- the submitting side -------------------------------------------------------------
+
+
+def _call_parts(args: tuple, kwargs: dict) -> "tuple[Any, Any]":
+    # RemoteFunction._remote(self, args=None, kwargs=None, **task_options); Ray passes
+    # both by keyword, older callers positionally.
+    call_args = kwargs["args"] if "args" in kwargs else (args[0] if args else None)
+    call_kwargs = kwargs["kwargs"] if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
+    return call_args, call_kwargs
+
+
+def _with_call_kwargs(args: tuple, kwargs: dict, call_kwargs: dict) -> "tuple[tuple, dict]":
+    if "kwargs" in kwargs or len(args) < 2:
+        kwargs = dict(kwargs)
+        kwargs["kwargs"] = call_kwargs
+        return args, kwargs
+    return (args[0], call_kwargs) + tuple(args[2:]), kwargs
+
+
+def _client_mode() -> bool:
+    try:
+        from ray._private.client_mode_hook import client_mode_should_convert
+
+        return bool(client_mode_should_convert())
+    except Exception:
+        return False
+
+
+def _function_name(function: Any) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', getattr(function, '__name__', '?'))}"
+
+
+def _signature_with_carrier(function: Any) -> "inspect.Signature | None":
+    signature = inspect.signature(function)
+    if CARRIER in signature.parameters:
+        return None
+    parameters = list(signature.parameters.values())
+    carrier = inspect.Parameter(CARRIER, inspect.Parameter.KEYWORD_ONLY, default=None)
+    position = len(parameters)
+    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+        position -= 1
+    parameters.insert(position, carrier)
+    return signature.replace(parameters=parameters)
+
+
+def carrier_wrapper(function: Any) -> Any:
+    """The function Ray pickles and runs instead of ``function``: it takes the carrier
+    off and, where gym-autoinstr imports, runs ``function`` in a span.
+
+    Pickled by value (a closure is never found under its name in a module): its code
+    reads only builtins, its closure, and modules it imports itself, inside ``try``.
+    """
+    missing = []  # per worker process, after unpickling: said once
+
+    if inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def traced_async(*args, **kwargs):  # type: ignore[no-untyped-def]
+            carrier = kwargs.pop("_gym_autoinstr_ctx", None)
+            if carrier is not None:
+                try:
+                    from gym_autoinstr.advice.ray_tasks import execute_async
+                except Exception:
+                    execute_async = None
+                    if not missing:
+                        missing.append(1)
+                        import sys
+
+                        print(MISSING_TEXT, file=sys.stderr, flush=True)
+                if execute_async is not None:
+                    return await execute_async(function, args, kwargs, carrier)
+            return await function(*args, **kwargs)
+
+        wrapper = traced_async
+    else:
+
+        @functools.wraps(function)
+        def traced(*args, **kwargs):  # type: ignore[no-untyped-def]
+            carrier = kwargs.pop("_gym_autoinstr_ctx", None)
+            if carrier is not None:
+                try:
+                    from gym_autoinstr.advice.ray_tasks import execute
+                except Exception:
+                    execute = None
+                    if not missing:
+                        missing.append(1)
+                        import sys
+
+                        print(MISSING_TEXT, file=sys.stderr, flush=True)
+                if execute is not None:
+                    return execute(function, args, kwargs, carrier)
+            return function(*args, **kwargs)
+
+        wrapper = traced
+    return wrapper
+
+
+# The wrapper's code names this global; cloudpickle carries its value with the function.
+MISSING_TEXT = MISSING_MESSAGE
+
+
+def _install(remote_function: Any) -> bool:
+    """Swap the carrier wrapper in for the function Ray pickles, once per remote function."""
+    installed = remote_function.__dict__.get(INSTALLED)
+    if installed is not None:
+        return installed
+    lock = remote_function.__dict__.get("_inject_lock")
+    if lock is None:
+        return _install_locked(remote_function)
+    with lock:
+        return _install_locked(remote_function)
+
+
+def _install_locked(remote_function: Any) -> bool:
+    installed = remote_function.__dict__.get(INSTALLED)
+    if installed is not None:
+        return installed
+    result = False
+    function = remote_function.__dict__.get("_function")
+    if function is None or not all(
+        name in remote_function.__dict__ for name in ("_function_signature", "_last_export_cluster_and_job")
+    ):
+        warn_once(
+            "ray:unknown-remote-function",
+            "this Ray version's RemoteFunction (ray %s) is not one gym-autoinstr knows; Ray tasks run untraced. "
+            "Run `gym-autoinstr doctor` and report the Ray version.",
+            _ray_version(),
+        )
+    elif (
+        remote_function.__dict__.get("_is_cross_language")
+        or remote_function.__dict__.get("_is_generator")
+        or remote_function.__dict__.get("_decorator") is not None
+        or inspect.isgeneratorfunction(function)
+        or inspect.isasyncgenfunction(function)
+    ):
+        logger.debug("Ray task %s: generator, cross-language or decorated; not traced", _function_name(function))
+    else:
+        try:
+            signature = _signature_with_carrier(function)
+        except (TypeError, ValueError):
+            signature = None
+            logger.debug("Ray task %s: no signature; not traced", _function_name(function))
+        else:
+            if signature is None:
+                warn_once(
+                    f"ray:collision:{_function_name(function)}",
+                    "Ray task %s has a parameter named %s, which gym-autoinstr uses to carry trace context; "
+                    "this task runs untraced. Rename the parameter to trace it.",
+                    _function_name(function),
+                    CARRIER,
+                )
+        if signature is not None:
+            wrapper = carrier_wrapper(function)
+            wrapper.__signature__ = signature  # what Ray binds calls against
+            remote_function._function = wrapper
+            # Ray extracts the signature and pickles the function on the next call
+            # (again, if an earlier call already did).
+            remote_function._function_signature = None
+            remote_function._last_export_cluster_and_job = None
+            result = True
+    remote_function.__dict__[INSTALLED] = result
+    return result
+
+
+def _ray_version() -> str:
+    try:
+        import ray
+
+        return str(ray.__version__)
+    except Exception:
+        return "unknown"
+
+
+def _carrier(span: Any) -> dict:
+    from ..pipeline import configurator
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers, context=trace.set_span_in_context(span))
+    who = configurator.STATE.get("identity")
+    return {
+        "context": headers,
+        "server": getattr(who, "name", None) or "unknown",
+        "submitted": time.time(),
+        "settings": _settings(),
+    }
+
+
+_settings_cache: "dict[str, str] | None" = None
+
+
+def _settings() -> dict:
+    global _settings_cache
+    if _settings_cache is None:
+        from ..pipeline.configurator import ray_worker_settings
+
+        _settings_cache = ray_worker_settings()
+    return _settings_cache
+
+
+def _refs_task_id(result: Any) -> "str | None":
+    first = result[0] if isinstance(result, list) and result else result
+    task_id = getattr(first, "task_id", None)
+    if task_id is None:
+        return None
+    return task_id().hex()
+
+
+def _prepare(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
+    if coexistence.native_telemetry_live() or _client_mode() or not _install(instance):
+        return None
+    function = instance._function
+    name = _function_name(getattr(function, "__wrapped__", function))
+    return _open_submission(f"ray.submit {getattr(function, '__qualname__', name)}", {FUNCTION: name}, args, kwargs)
+
+
+def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
+    _, call_kwargs = _call_parts(args, kwargs)
+    span = tracer().start_span(
+        span_name,
+        kind=SpanKind.PRODUCER,
+        attributes={**attributes, "messaging.system": "ray", "messaging.operation.type": "send"},
+    )
+    new_kwargs = dict(call_kwargs or {})
+    new_kwargs[CARRIER] = _carrier(span)
+    args, kwargs = _with_call_kwargs(args, kwargs, new_kwargs)
+    return span, args, kwargs
+
+
+def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``RemoteFunction._remote``: a PRODUCER span around the submission, the carrier added."""
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        prepared = _prepare(instance, args, kwargs)
+    except Exception as error:
+        warn_once("ray:submit", "Ray task submission not traced: %r", error)
+        prepared = None
+    if prepared is None:
+        return wrapped(*args, **kwargs)
+    return _submit(wrapped, *prepared)
+
+
+def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            result = wrapped(*args, **kwargs)
+    except BaseException as error:
+        if isinstance(error, Exception):
+            mark_error(span, error)
+        span.end()
+        raise
+    try:
+        task_id = _refs_task_id(result)
+        if task_id:
+            span.set_attribute(TASK_ID, task_id)
+    except Exception:
+        pass
+    span.end()
+    return result
+
+
+# --- actors ---------------------------------------------------------------------------
+#
+# ``ray.remote(SomeClass)`` hands ``ray.actor._modify_class`` the class; it returns a
+# subclass defined inside Ray (so Ray pickles it by value), which the worker loads and
+# instantiates.  The carrier wrappers go into that subclass, one per method, never
+# touching the user's class: inherited methods are shadowed, dunders (``__init__``,
+# Ray's ``__ray_ready__``, ...), static and class methods and generators are left alone.
+# Ray reads each method's signature (``inspect.unwrap`` first) to check calls against,
+# so the wrappers carry no ``__wrapped__`` and declare the carrier in ``__signature__``.
+
+
+def modify_class_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``ray.actor._modify_class``: the actor's methods take the carrier."""
+    modified = wrapped(*args, **kwargs)
+    if groups.RAY not in groups.ENABLED:
+        return modified
+    try:
+        _install_on_class(modified)
+    except Exception as error:
+        warn_once("ray:actor-class", "Ray actor %r runs untraced: %r", getattr(modified, "__name__", "?"), error)
+    return modified
+
+
+def _install_on_class(cls: Any) -> None:
+    if not isinstance(cls, type) or "__ray_actor_class__" not in cls.__dict__ or INSTALLED in cls.__dict__:
+        return
+    for name in dir(cls):
+        if name.startswith("__"):
+            continue
+        raw = inspect.getattr_static(cls, name)
+        if not inspect.isfunction(raw) or inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+            continue
+        try:
+            signature = _signature_with_carrier(raw)
+        except (TypeError, ValueError):
+            continue
+        if signature is None:
+            warn_once(
+                f"ray:collision:{_function_name(raw)}",
+                "Ray actor method %s has a parameter named %s, which gym-autoinstr uses to carry trace "
+                "context; calls to it run untraced. Rename the parameter to trace it.",
+                _function_name(raw),
+                CARRIER,
+            )
+            continue
+        wrapper = carrier_wrapper(raw)
+        del wrapper.__wrapped__  # Ray unwraps before reading the signature
+        wrapper.__signature__ = signature
+        setattr(cls, name, wrapper)
+    setattr(cls, INSTALLED, True)
+
+
+def actor_method_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ActorMethod._remote``: as for tasks, when the actor's class took the carrier."""
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        prepared = _prepare_actor_call(instance, args, kwargs)
+    except Exception as error:
+        warn_once("ray:actor-submit", "Ray actor call not traced: %r", error)
+        prepared = None
+    if prepared is None:
+        return wrapped(*args, **kwargs)
+    return _submit(wrapped, *prepared)
+
+
+def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
+    signature = instance.__dict__.get("_signature") or ()
+    if (
+        instance.__dict__.get("_is_generator")
+        or not any(getattr(parameter, "name", None) == CARRIER for parameter in signature)
+        or coexistence.native_telemetry_live()
+        or _client_mode()
+    ):
+        return None
+    handle = instance.__dict__.get("_actor")
+    descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+    class_name = getattr(descriptor, "class_name", None) or "actor"
+    method = f"{class_name}.{instance.__dict__.get('_method_name', '?')}"
+    attributes = {FUNCTION: f"{getattr(descriptor, 'module_name', '?')}.{method}"}
+    actor_id = getattr(handle, "_ray_actor_id", None)
+    if actor_id is not None:
+        attributes[ACTOR_ID] = actor_id.hex()
+    return _open_submission(f"ray.submit {method}", attributes, args, kwargs)
+
+
+# --- the worker side -----------------------------------------------------------------
+
+
+def _runtime_facts() -> dict:
+    facts: dict[str, Any] = {}
+    try:
+        import ray
+
+        runtime = ray.get_runtime_context()
+        for key, getter in ((TASK_ID, "get_task_id"), (NODE_ID, "get_node_id"), (WORKER_ID, "get_worker_id"),
+                            (ACTOR_ID, "get_actor_id"), (JOB_ID, "get_job_id")):
+            try:
+                value = getattr(runtime, getter)()
+            except Exception:
+                value = None
+            if value:
+                facts[key] = str(value)
+    except Exception:
+        pass
+    return facts
+
+
+def _begin(function: Any, carrier: Any) -> "tuple[Any, Any] | None":
+    if not isinstance(carrier, dict):
+        return None
+    from ..pipeline import configurator
+
+    facts = _runtime_facts()
+    if not configurator.configure_ray_worker(
+        str(carrier.get("server") or "unknown"), dict(carrier.get("settings") or {}), facts.get(NODE_ID)
+    ):
+        return None
+    parent = propagate.extract(carrier.get("context") or {})
+    attributes: dict[str, Any] = {FUNCTION: _function_name(function), "messaging.system": "ray",
+                                  "messaging.operation.type": "process", **facts}
+    import os
+
+    attributes[WORKER_PID] = os.getpid()
+    submitted = carrier.get("submitted")
+    if isinstance(submitted, (int, float)):
+        attributes[WAIT] = max(0.0, time.time() - float(submitted))
+    span = tracer().start_span(
+        f"ray.execute {getattr(function, '__qualname__', '?')}", context=parent, kind=SpanKind.CONSUMER,
+        attributes=attributes,
+    )
+    token = context.attach(trace.set_span_in_context(span, parent))
+    return span, token
+
+
+def _end(span: Any, token: Any) -> None:
+    try:
+        context.detach(token)
+    except Exception:
+        pass
+    span.end()
+    from ..pipeline.flush import request_flush
+
+    request_flush()
+
+
+def execute(function: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
+    """Run a Gym task in this Ray worker inside a ``ray.execute`` span."""
+    try:
+        begun = _begin(function, carrier)
+    except Exception as error:
+        warn_once("ray:execute", "Ray task not traced in this worker: %r", error)
+        begun = None
+    if begun is None:
+        return function(*args, **kwargs)
+    span, token = begun
+    try:
+        return function(*args, **kwargs)
+    except BaseException as error:
+        if isinstance(error, Exception):
+            mark_error(span, error)
+        raise
+    finally:
+        _end(span, token)
+
+
+async def execute_async(function: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
+    try:
+        begun = _begin(function, carrier)
+    except Exception as error:
+        warn_once("ray:execute", "Ray task not traced in this worker: %r", error)
+        begun = None
+    if begun is None:
+        return await function(*args, **kwargs)
+    span, token = begun
+    try:
+        return await function(*args, **kwargs)
+    except BaseException as error:
+        if isinstance(error, Exception):
+            mark_error(span, error)
+        raise
+    finally:
+        _end(span, token)

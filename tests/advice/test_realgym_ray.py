@@ -1,0 +1,333 @@
+"""Ray tasks submitted by a Gym process, traced into the Ray worker (real Ray, real collector).
+
+One two-node Ray cluster (head + a second ``ray start --address`` node, all on loopback,
+started under ``opentelemetry-instrument`` as Gym's ``initialize_ray()`` would be) and one
+collector serve the module.  A Gym-style process (``NEMO_GYM_CONFIG_PATH`` set, so it is a
+Gym server to gym-autoinstr) submits tasks in the shapes Gym's servers use
+(``tests/ray_probe``): plain, code_gen's SPREAD + ``runtime_env`` replacing
+``PYTHONPATH``, a raising task, positional-only / keyword-only / ``*args, **kwargs``,
+``.options(...)``, ``num_returns``, a generator, a parameter named like the carrier, and a
+worker whose interpreter cannot import gym-autoinstr.  Idle workers are reaped at once
+(``RAY_num_workers_soft_limit=0``) and the batch delay is a minute, so only the flush at
+a task's end can deliver a worker's spans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.harness.collector import Collector
+from tests.harness.gym_install import gym_venv
+from tests.harness.ray_cluster import RayCluster
+from tests.harness.traces import otel_env, rollout_traces, service_of
+from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, PolicyModel, free_ports
+
+pytestmark = pytest.mark.realgym
+
+PROBE = pathlib.Path(__file__).resolve().parent.parent / "ray_probe"
+SERVER = "ray_probe"
+SUBMITTER = f"nemo-gym/{SERVER}"
+WORKER = f"nemo-gym/{SERVER}/ray"
+CODE_GEN = "nemo-gym/code_gen"
+CODE_GEN_WORKER = "nemo-gym/code_gen/ray"
+GYM_SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, ENVIRONMENT, "orchestrator")}
+TRACED = ["double", "check_correctness", "raises", "positional_only", "star", "pair"]
+
+
+def _run_probe(venv: pathlib.Path, cluster: RayCluster, env: dict, workdir: pathlib.Path) -> tuple[dict, str]:
+    penv = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_"))}
+    penv.update(env)
+    penv.update({"NEMO_GYM_CONFIG_PATH": SERVER, "RAY_AUTH_MODE": "disabled", "OTEL_BSP_SCHEDULE_DELAY": "60000"})
+    result = subprocess.run(
+        [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(PROBE / "probe.py"),
+         cluster.address, str(PROBE / "shadow")],
+        env=penv, capture_output=True, text=True, timeout=600, cwd=workdir,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
+    assert result.returncode == 0 and lines, f"probe failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return json.loads(lines[-1][len("PROBE-RESULT "):]), result.stderr
+
+
+@pytest.fixture(scope="module")
+def venv():
+    return gym_venv("0.4.0")
+
+
+@pytest.fixture(scope="module")
+def module_collector(tmp_path_factory):
+    with Collector(log_dir=tmp_path_factory.mktemp("collector")) as collector:
+        yield collector
+
+
+@pytest.fixture(scope="module")
+def cluster(venv, module_collector, tmp_path_factory):
+    """Two Ray nodes, shared by the module; idle workers reaped at once."""
+    workdir = tmp_path_factory.mktemp("ray")
+    cluster = RayCluster(venv, workdir, otel_env(module_collector, "http/protobuf"), num_cpus=1, raylet_env={
+        "RAY_num_workers_soft_limit": "0", "RAY_idle_worker_killing_time_threshold_ms": "300"})
+    with cluster.start(nodes=2):
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def ray_run(venv, module_collector, cluster):
+    collector, workdir = module_collector, cluster.workdir
+    started = time.monotonic()
+    env = otel_env(collector, "http/protobuf")
+    results, stderr = _run_probe(venv, cluster, env, workdir)
+    daemons = {p.pid for p in cluster.processes() if not _is_worker(p)}
+    worker_logs = "\n".join(path.read_text(errors="replace") for path in cluster.temp_root.rglob("worker-*.err"))
+    # A dead collector: the same tasks, the same answers.
+    dead = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_ports(1)[0]}")
+    dead_results, _ = _run_probe(venv, cluster, dead, workdir)
+    worker_pids = {r["pid"] for r in results["spread"]} | {results["double"]["pid"]}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in worker_pids):
+        time.sleep(1)
+    reaped = not any(psutil.pid_exists(pid) for pid in worker_pids)
+    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 13, timeout=60)
+    return {
+        "results": results, "stderr": stderr, "spans": [s for s in collector.sink.spans() if SERVER in service_of(s)],
+        "all_spans": collector.sink.spans(), "daemons": daemons, "worker_logs": worker_logs,
+        "dead_results": dead_results, "reaped": reaped, "bodies": collector.sink.raw_bodies(),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _probe_spans(spans: list[dict], prefix: str) -> list[dict]:
+    return [s for s in spans if s["name"].startswith(prefix) and SERVER in service_of(s)]
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    try:
+        return any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in process.cmdline()[:4])
+    except psutil.Error:
+        return False
+
+
+def _named(spans: list[dict], prefix: str, function: str) -> list[dict]:
+    return [s for s in spans if s["name"] == f"{prefix} {function}"]
+
+
+def test_every_task_runs_in_a_worker_span_under_its_submit_span(ray_run):
+    spans, results = ray_run["spans"], ray_run["results"]
+    for function in TRACED:
+        submits = _named(spans, "ray.submit", function)
+        executes = _named(spans, "ray.execute", function)
+        assert submits and executes, function
+        for execute in executes:
+            parent = next(s for s in submits if s["span_id"] == execute["parent_span_id"])
+            assert parent["trace_id"] == execute["trace_id"]
+            assert parent["kind"] == "PRODUCER" and execute["kind"] == "CONSUMER"
+            assert service_of(parent) == SUBMITTER and service_of(execute) == WORKER
+            assert parent["attributes"]["ray.task.id"] == execute["attributes"]["ray.task.id"]
+            assert execute["attributes"]["ray.task.function"] == f"probe_tasks.{function}"
+            assert execute["attributes"]["ray.task.wait.duration"] >= 0
+            assert execute["attributes"]["process.pid"] != results["driver_pid"]
+            assert execute["resource"]["process.pid"] == execute["attributes"]["process.pid"]
+            assert execute["resource"]["nemo.gym.server.name"] == SERVER
+            assert execute["resource"]["nemo.gym.process.role"] == "ray_worker"
+            assert execute["resource"]["host.name"]
+            assert execute["resource"]["ray.node.id"] == execute["attributes"]["ray.node.id"]
+    # Where each task ran (its own answer) is what its span says.
+    double = _named(spans, "ray.execute", "double")
+    assert [s["attributes"]["process.pid"] for s in double] == [results["double"]["pid"]]
+    assert double[0]["attributes"]["ray.node.id"] == results["double"]["node"]
+
+
+def test_code_gen_shaped_tasks_are_traced_although_their_runtime_env_replaces_pythonpath(ray_run):
+    results, spans = ray_run["results"], ray_run["spans"]
+    assert all(r["value"] is True for r in results["spread"])
+    # runtime_env replaced PYTHONPATH: opentelemetry-instrument's sitecustomize is gone there
+    assert {r["pythonpath"] for r in results["spread"]} == {str(PROBE)}
+    executes = _named(spans, "ray.execute", "check_correctness")
+    assert len(executes) == 4
+    assert {(s["attributes"]["process.pid"], s["attributes"]["ray.node.id"]) for s in executes} == {
+        (r["pid"], r["node"]) for r in results["spread"]}
+    assert len({s["trace_id"] for s in executes}) == 4
+
+
+def test_a_raising_task_marks_its_worker_span_with_the_error_type_only(ray_run):
+    assert ray_run["results"]["raises"] == "ValueError"
+    (execute,) = _named(ray_run["spans"], "ray.execute", "raises")
+    assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "ValueError"
+    assert not any(b"secret-canary" in body for body in ray_run["bodies"])
+
+
+def test_odd_shapes_run_as_before(ray_run):
+    results, spans = ray_run["results"], ray_run["spans"]
+    assert results["positional_only"]["value"] == [1, 2, 3]
+    assert results["star"]["value"] == [[1, 2], ["k"]]  # the carrier never reaches **kwargs
+    assert results["pair"] == [7, 8]
+    assert results["numbers"] == [0, 1, 2]
+    assert results["collides"]["value"] == [5, None]  # its own parameter, untouched
+    assert not _named(spans, "ray.submit", "collides") and not _named(spans, "ray.execute", "collides")
+    assert not _named(spans, "ray.execute", "numbers")  # generators: untraced
+    assert "has a parameter named _gym_autoinstr_ctx" in ray_run["stderr"]
+
+
+def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
+    results, spans = ray_run["results"], ray_run["spans"]
+    assert [r["value"] for r in results["actor"]] == [11, 15]
+    assert results["actor_raises"] == "KeyError" and results["actor_static"] == 1
+    assert results["async_actor"]["value"] == "hi"
+    for method, count, pid in (("Counter.add", 2, results["actor"][0]["pid"]), ("Counter.fail", 1, results["actor"][0]["pid"]),
+                               ("AsyncEcho.echo", 1, results["async_actor"]["pid"])):
+        submits, executes = _named(spans, "ray.submit", method), _named(spans, "ray.execute", method)
+        assert len(submits) == len(executes) == count, method
+        for execute in executes:
+            (submit,) = [s for s in submits if s["span_id"] == execute["parent_span_id"]]
+            assert submit["trace_id"] == execute["trace_id"] and submit["kind"] == "PRODUCER"
+            assert service_of(submit) == SUBMITTER and service_of(execute) == WORKER and execute["kind"] == "CONSUMER"
+            assert submit["attributes"]["ray.actor.id"] == execute["attributes"]["ray.actor.id"]
+            assert submit["attributes"]["ray.task.id"] == execute["attributes"]["ray.task.id"]
+            assert execute["attributes"]["ray.task.function"] == f"probe_tasks.{method}"
+            assert execute["attributes"]["process.pid"] == pid  # the actor's own process
+    (fail,) = _named(spans, "ray.execute", "Counter.fail")
+    assert fail["status"] == "ERROR" and fail["attributes"]["error.type"] == "KeyError"
+    assert not [s for s in spans if "version" in s["name"]]  # static methods: untraced
+    # both actors were killed right after their last call; their spans had left already
+    assert not any(psutil.pid_exists(pid) for pid in (results["actor"][0]["pid"], results["async_actor"]["pid"]))
+
+
+def test_a_worker_without_gym_autoinstr_runs_the_task_untraced_and_says_so(ray_run):
+    results, spans = ray_run["results"], ray_run["spans"]
+    assert [r["value"] for r in results["missing"]] == [8, 10]
+    missing_pids = {r["pid"] for r in results["missing"]}
+    assert not [s for s in spans if s["resource"].get("process.pid") in missing_pids]
+    assert len(_named(spans, "ray.submit", "double")) == 3 and len(_named(spans, "ray.execute", "double")) == 1
+    said = ray_run["worker_logs"].count("cannot import gym_autoinstr")
+    assert 1 <= said <= len(missing_pids)
+
+
+def test_spans_of_reaped_idle_workers_arrive(ray_run):
+    # The batch delay is a minute and the workers were reaped within seconds: only the
+    # flush requested at each task's end can have delivered these.
+    assert ray_run["reaped"]
+    pids = {r["pid"] for r in ray_run["results"]["spread"]} | {ray_run["results"]["double"]["pid"]}
+    exported = {s["attributes"].get("process.pid") for s in ray_run["spans"] if s["name"].startswith("ray.execute")}
+    assert pids <= exported
+
+
+def test_ray_daemons_export_nothing(ray_run):
+    spans = ray_run["all_spans"]
+    # only the Gym-style submitters and the workers doing their tasks, never a Ray daemon
+    assert {service_of(s) for s in spans} <= {SUBMITTER, WORKER, CODE_GEN, CODE_GEN_WORKER, *GYM_SERVICES}
+    assert {SUBMITTER, WORKER} <= {service_of(s) for s in spans}
+    assert ray_run["daemons"]
+    assert not {s["resource"].get("process.pid") for s in spans} & ray_run["daemons"]
+
+
+def test_a_dead_collector_changes_no_answer(ray_run):
+    def strip(results):
+        return {k: v for k, v in json.loads(json.dumps(results, sort_keys=True).replace('"pid"', '"_p"').replace('"node"', '"_n"')).items() if k != "driver_pid"}
+
+    def values(results):
+        out = strip(results)
+        for key, value in out.items():
+            if isinstance(value, dict):
+                value.pop("_p", None), value.pop("_n", None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, dict):
+                        item.pop("_p", None), item.pop("_n", None)
+        return out
+
+    assert values(ray_run["dead_results"]) == values(ray_run["results"])
+
+
+# --- Gym's real code_gen verifier, joined to the two-node cluster ---------------------
+
+
+@pytest.fixture(scope="module")
+def code_gen_run(venv, module_collector, cluster, tmp_path_factory):
+    started = time.monotonic()
+    workdir = tmp_path_factory.mktemp("code_gen")
+    with PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
+        trio = GymTrio(venv, "0.4.0", workdir, policy.url, env=otel_env(module_collector, "http/protobuf"),
+                       instrument=True, resources="code_gen",
+                       extra_config={"ray_head_node_address": cluster.address})
+        with trio:
+            results = trio.rollouts(4, concurrency=2)
+            module_collector.sink.wait_for(
+                lambda spans: len([s for s in spans if s["name"] == "ray.execute check_correctness_remote"]) >= 4,
+                timeout=120)
+            time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
+    return {"results": results, "spans": module_collector.sink.spans(), "seconds": time.monotonic() - started}
+
+
+def _assert_rollouts_continue_into_the_ray_worker(run: dict, run_service: str) -> set:
+    assert [r["reward"] for r in run["results"]] == [1.0] * 4
+    traces = rollout_traces(run["spans"], run_service)
+    assert len(traces) == 4
+    nodes = set()
+    for spans in traces.values():
+        by_id = {s["span_id"]: s for s in spans}
+        (verify,) = [s for s in spans if s["name"] == "POST /verify" and s["kind"] == "SERVER"]
+        assert service_of(verify) == CODE_GEN
+        (submit,) = [s for s in spans if s["name"] == "ray.submit check_correctness_remote"]
+        (execute,) = [s for s in spans if s["name"] == "ray.execute check_correctness_remote"]
+        assert service_of(submit) == CODE_GEN and submit["kind"] == "PRODUCER"
+        assert service_of(execute) == CODE_GEN_WORKER and execute["kind"] == "CONSUMER"
+        assert execute["parent_span_id"] == submit["span_id"]
+        # the submit span sits inside /verify's handling
+        ancestor = by_id[submit["parent_span_id"]]
+        while ancestor["span_id"] != verify["span_id"]:
+            ancestor = by_id[ancestor["parent_span_id"]]
+        assert execute["attributes"]["ray.task.wait.duration"] >= 0
+        assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
+        assert execute["resource"]["nemo.gym.server.name"] == "code_gen"
+        assert execute["resource"]["nemo.gym.process.role"] == "ray_worker"
+        nodes.add(execute["attributes"]["ray.node.id"])
+    return nodes
+
+
+def test_code_gen_rollouts_continue_below_verify_into_the_ray_worker_on_both_nodes(code_gen_run):
+    nodes = _assert_rollouts_continue_into_the_ray_worker(code_gen_run, f"nemo-gym/{AGENT}")
+    # Gym joined the cluster through ray_head_node_address; SPREAD used both nodes
+    assert len(nodes) == 2
+
+
+@pytest.fixture(scope="module")
+def code_gen_07_run(tmp_path_factory):
+    """Gym 0.7.0's code_gen (ray_enabled), with the Ray cluster Gym starts itself."""
+    venv = gym_venv("0.7.0")
+    started = time.monotonic()
+    workdir = tmp_path_factory.mktemp("code_gen_07")
+    with Collector(log_dir=workdir / "collector") as collector, PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
+        trio = GymTrio(venv, "0.7.0", workdir, policy.url, env=otel_env(collector, "http/protobuf"),
+                       instrument=True, resources="code_gen")
+        with trio:
+            results = trio.rollouts(4, concurrency=2)
+            collector.sink.wait_for(
+                lambda spans: len([s for s in spans if s["name"] == "ray.execute check_correctness_remote"]) >= 4,
+                timeout=120)
+            time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
+            processes = {p.pid: " ".join(p.cmdline()[:3]) for p in trio.processes() if _alive_cmdline(p)}
+        return {"results": results, "spans": collector.sink.spans(), "processes": processes,
+                "seconds": time.monotonic() - started}
+
+
+def _alive_cmdline(process: psutil.Process) -> bool:
+    try:
+        return bool(process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def test_code_gen_07_rollouts_continue_into_the_ray_worker_gym_started(code_gen_07_run):
+    _assert_rollouts_continue_into_the_ray_worker(code_gen_07_run, f"nemo-gym/{ENVIRONMENT}")
+    # Ray's daemons (started by Gym, under opentelemetry-instrument) export nothing
+    daemons = {pid for pid, cmdline in code_gen_07_run["processes"].items()
+               if "/ray/" in cmdline and "default_worker.py" not in cmdline}
+    assert daemons
+    spans = code_gen_07_run["spans"]
+    assert not {s["resource"].get("process.pid") for s in spans} & daemons
+    assert {service_of(s) for s in spans} <= {CODE_GEN, CODE_GEN_WORKER, *GYM_SERVICES}

@@ -1,0 +1,159 @@
+"""A real Ray cluster of one or more nodes on this machine, stopped by the test alone.
+
+Every node is a ``ray start ... --block`` process of its own session, started under
+``opentelemetry-instrument`` (as Gym's ``initialize_ray()`` would be, so Ray's daemons
+inherit the sitecustomize and must stay silent), on loopback, with its own temp dir and
+ports outside Ray's default worker range, and ``RAY_AUTH_MODE=disabled``.  ``stop()``
+ends the ``ray start`` processes it started and every process of their sessions;
+never ``ray stop`` (that would stop other people's Ray on this machine).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import time
+from typing import Mapping
+
+import psutil
+
+from tests.harness.trio import free_ports
+
+
+class RayCluster:
+    def __init__(self, venv: pathlib.Path, workdir: pathlib.Path, env: Mapping[str, str], *,
+                 raylet_env: Mapping[str, str] = (), num_cpus: int = 2) -> None:
+        self.venv = pathlib.Path(venv)
+        self.workdir = pathlib.Path(workdir)
+        self.env = dict(env)
+        self.raylet_env = dict(raylet_env)
+        self.num_cpus = num_cpus
+        self.nodes: list[subprocess.Popen] = []
+        self.gcs_port = 0
+        # A short temp dir: Ray's socket paths must fit in 107 bytes.
+        self.temp_root = pathlib.Path("/tmp") / f"gar-ray-{os.getpid()}-{id(self) & 0xffff:x}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    def _environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_"))}
+        env.update(self.env)
+        env.update(self.raylet_env)
+        env["RAY_AUTH_MODE"] = "disabled"
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def _start_node(self, head: bool, resources: str) -> None:
+        index = len(self.nodes)
+        ports = [p for p in free_ports(12) if p < 10002 or p > 19999]
+        while len(ports) < 8:
+            ports += [p for p in free_ports(12) if (p < 10002 or p > 19999) and p not in ports]
+        temp = self.temp_root / f"n{index}"
+        temp.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(self.venv / "bin" / "opentelemetry-instrument"), str(self.venv / "bin" / "ray"), "start", "--block",
+            "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}", f"--resources={resources}",
+            f"--node-manager-port={ports[1]}", f"--object-manager-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}", f"--dashboard-agent-grpc-port={ports[4]}",
+            f"--dashboard-agent-listen-port={ports[5]}", f"--metrics-export-port={ports[6]}",
+            "--min-worker-port=20000", "--max-worker-port=29999",
+            "--disable-usage-stats",
+        ]
+        if head:
+            self.gcs_port = ports[0]
+            command += ["--head", f"--port={ports[0]}", "--include-dashboard=false", f"--temp-dir={temp}"]
+        else:
+            command += [f"--address={self.address}"]
+        log = open(self.workdir / f"ray-node-{index}.log", "wb")
+        process = subprocess.Popen(command, env=self._environment(), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=self.workdir)
+        self.nodes.append(process)
+
+    def start(self, nodes: int = 1, timeout: float = 180) -> "RayCluster":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_node(True, '{"node0": 1}')
+            self.wait_for_nodes(1, timeout)
+            for index in range(1, nodes):
+                self._start_node(False, f'{{"node{index}": 1}}')
+            self.wait_for_nodes(nodes, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_for_nodes(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        script = (
+            "import ray,sys;ray.init(address=sys.argv[1],log_to_driver=False);"
+            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        )
+        last = ""
+        while time.monotonic() < deadline:
+            for process in self.nodes:
+                if process.poll() is not None:
+                    raise RuntimeError(f"ray node exited ({process.returncode}):\n{self.log_tail()}")
+            env = {k: v for k, v in self._environment().items() if k != "PYTHONPATH"}
+            try:
+                result = subprocess.run([str(self.venv / "bin" / "python"), "-c", script, self.address], env=env,
+                                        capture_output=True, text=True, timeout=60)
+                last = result.stdout.strip() + result.stderr[-500:]
+                if result.returncode == 0 and int(result.stdout.strip().splitlines()[-1]) >= count:
+                    return
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"ray cluster not up with {count} nodes: {last}\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        out = []
+        for path in sorted(self.workdir.glob("ray-node-*.log")):
+            out.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(out)
+
+    def processes(self) -> list[psutil.Process]:
+        found: list[psutil.Process] = []
+        sessions = {p.pid for p in self.nodes}
+        for process in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(process.pid) in sessions:
+                    found.append(process)
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        return found
+
+    def stop(self) -> None:
+        members = self.processes()
+        for process in reversed(self.nodes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in reversed(self.nodes):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        for member in members + self.processes():
+            try:
+                member.kill()
+            except psutil.Error:
+                pass
+        import shutil
+
+        shutil.rmtree(self.temp_root, ignore_errors=True)
+
+    def __enter__(self) -> "RayCluster":
+        if not self.nodes:
+            try:
+                self.start()
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
