@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gym_autoinstr.commands.doctor.pipeline import pipeline, resolve
+from gym_autoinstr.commands.doctor.pipeline import EMPTY_EXPORT, pipeline, resolve
 from tests.harness.collector import Collector, free_port
 from tests.harness.gym_targets import clean_environment
 
@@ -212,7 +212,7 @@ def test_a_refused_credential_names_the_header_variable_never_its_value(answerin
     assert "canary-secret-42" not in json.dumps(section) + repr(problems)
     # what was sent: the decoded header, and an empty export, to the traces path
     (request,) = server.requests
-    assert request["path"] == "/v1/traces" and request["body"] == b""
+    assert request["path"] == "/v1/traces" and request["body"] == EMPTY_EXPORT
     assert request["headers"]["authorization"] == "Bearer canary-secret-42"
     assert request["headers"]["content-type"] == "application/x-protobuf"
 

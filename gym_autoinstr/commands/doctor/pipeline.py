@@ -8,8 +8,9 @@ them (OpenTelemetry's exporter spec): over http/protobuf the signal-specific
 count, and TLS is off only for ``http://`` (or ``OTEL_EXPORTER_OTLP[_TRACES]_INSECURE``).
 
 Then, in at most ``BUDGET_SECONDS``: the host name resolves, a TCP connection opens, and
-one *empty* OTLP export (an ``ExportTraceServiceRequest`` with no spans: nothing of Gym,
-no content) is accepted.  Each failure is named with its fix: DNS, refused, timeout, TLS
+one *empty* OTLP export (an ``ExportTraceServiceRequest`` holding one empty
+``ResourceSpans``: no span, nothing of Gym; MLflow rejects a request with no
+``ResourceSpans`` at all) is accepted.  Each failure is named with its fix: DNS, refused, timeout, TLS
 mismatch, the wrong protocol for the port (an HTTP/1.1 request to a gRPC port and the
 reverse are told apart by what the port answers), 401/403 (the header variable to check),
 404 (the path).  ``--offline`` skips the probe.  Header values are never printed.
@@ -18,6 +19,7 @@ reverse are told apart by what the port answers), 401/403 (the header variable t
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
 import ssl
@@ -32,10 +34,12 @@ STEP_SECONDS = 3.0
 GRPC_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 DEFAULT_ENDPOINTS = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 USUAL_PORTS = {"http/protobuf": 4318, "grpc": 4317}
+EXPERIMENT_HEADER = "x-mlflow-experiment-id"
 KNOWN_PROTOCOLS = {"grpc": "grpc", "http/protobuf": "http/protobuf", "http": "http/protobuf"}
 _HEADER_NAME = re.compile(r"[!#-'*+\-.0-9A-Z^-z|~]+")
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
 SUBJECT = "pipeline"
+EMPTY_EXPORT = b"\x0a\x00"  # ExportTraceServiceRequest{resource_spans: [ResourceSpans{}]}
 
 
 def _variable(environ: Mapping[str, str], specific: str, generic: str) -> "tuple[str | None, str | None]":
@@ -316,11 +320,11 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
     else:
         connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        connection.request("POST", path, body=b"", headers=headers)  # an empty ExportTraceServiceRequest
+        connection.request("POST", path, body=EMPTY_EXPORT, headers=headers)
         response = connection.getresponse()
         status = response.status
         location = response.getheader("location") or ""
-        response.read(65536)
+        answer = response.read(65536)
     except ssl.SSLError as error:
         target["steps"].append("export: tls failed")
         return [_tls_problem(target, error)]
@@ -361,11 +365,34 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
         shown = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}{moved.path}" if moved.netloc else moved.path
         return [Problem(ERROR, SUBJECT, f"{where}{parts.path} redirects ({status}) to {shown}; exporters do not follow it",
                         "set the endpoint to where it redirects")]
+    missing = _missing_headers(answer) if status in (400, 422) else []
+    if missing:
+        hint = " (MLflow: the id of the experiment that receives the traces; 0 is its Default experiment)" if EXPERIMENT_HEADER in missing else ""
+        return [Problem(ERROR, SUBJECT, f"{where}{parts.path} requires the header(s) {', '.join(missing)} ({status})",
+                        f"add {', '.join(m + '=<value>' for m in missing)} to {target['headers_variable']}{hint}")]
+    if status == 400 and EXPERIMENT_HEADER in target["headers"]:
+        return [Problem(ERROR, SUBJECT, f"{where}{parts.path} rejected the export (400)",
+                        f"check that the MLflow experiment named by {EXPERIMENT_HEADER} in {target['headers_variable']} exists")]
     if status == 415:
         return [Problem(ERROR, SUBJECT, f"{where}{parts.path} does not take OTLP protobuf ({status})",
                         "point the endpoint at an OTLP/HTTP receiver (a collector's port 4318)")]
     return [Problem(ERROR, SUBJECT, f"{where}{parts.path} answered the export with {status}",
                     "check the receiver's log; 5xx may be an overloaded or misconfigured collector")]
+
+
+def _missing_headers(answer: bytes) -> list[str]:
+    """Header names a FastAPI receiver (MLflow's) says are missing: ``{"detail": [{"loc": ["header", name]}]}``."""
+    try:
+        detail = json.loads(answer.decode("utf-8", "replace")).get("detail")
+    except (ValueError, AttributeError):
+        return []
+    names = []
+    for item in detail if isinstance(detail, list) else []:
+        location = item.get("loc") if isinstance(item, dict) else None
+        if isinstance(location, list) and len(location) == 2 and location[0] == "header" and isinstance(location[1], str):
+            if _HEADER_NAME.fullmatch(location[1]):
+                names.append(location[1].lower())
+    return names
 
 
 def _wrong_protocol_http_to_grpc(target: dict[str, Any]) -> Problem:
@@ -400,7 +427,7 @@ def _grpc_export(target: dict[str, Any], deadline: float) -> list[Problem]:
         channel = grpc.insecure_channel(address)
     try:
         export = channel.unary_unary(GRPC_EXPORT_METHOD)  # raw bytes in and out: b"" is an empty request
-        export(b"", timeout=_remaining(deadline), metadata=list(target["headers"].items()))
+        export(EMPTY_EXPORT, timeout=_remaining(deadline), metadata=list(target["headers"].items()))
     except grpc.RpcError as error:
         code = error.code() if hasattr(error, "code") else None
         details = (error.details() if hasattr(error, "details") else "") or ""
