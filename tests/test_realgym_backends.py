@@ -40,7 +40,6 @@ pytestmark = pytest.mark.realgym
 
 REPO = Path(__file__).resolve().parents[1]
 ROLLOUTS = 2
-SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, RESOURCES)}
 
 
 def _read_until(process: subprocess.Popen, pattern: str, lines: list[str], timeout: float) -> "re.Match[str]":

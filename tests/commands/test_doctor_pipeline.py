@@ -344,3 +344,12 @@ def test_the_command_passes_against_a_real_collector(tmp_path, rotel):
     report = json.loads(result.stdout)
     (target,) = report["pipeline"]["targets"]
     assert target["accepted"] and target["protocol"] == "grpc" and target["url"] == rotel.grpc_endpoint
+
+
+def test_a_proxy_the_exporter_would_use_is_named_without_its_url(rotel):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint, "HTTP_PROXY": "http://user:proxy-canary@127.0.0.1:9"}
+    section, problems = check(env)
+    (info,) = [p for p in problems if p.severity == "info"]
+    assert info.problem.startswith("HTTP_PROXY is set: the exporter (requests) sends through that proxy")
+    assert section["targets"][0]["proxies"] == ["HTTP_PROXY"] and section["targets"][0]["accepted"]
+    assert "proxy-canary" not in json.dumps(section) + repr(problems)

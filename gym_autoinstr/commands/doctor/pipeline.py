@@ -111,6 +111,7 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
     target["headers"], target["bad_headers"] = _parse_headers(headers_raw or "")
     ca_file, _ = _variable(environ, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
     target["ca_file"] = ca_file
+    target["proxies"] = {k: v for k, v in environ.items() if k.lower() in ("http_proxy", "https_proxy") and v}
     return target
 
 
@@ -162,7 +163,8 @@ def pipeline(environ: Mapping[str, str], exporter_rows: list[dict[str, Any]], *,
 
 def _public(target: dict[str, Any]) -> dict[str, Any]:
     """The target as reported: header names only, never their values."""
-    shown = {k: v for k, v in target.items() if k not in ("headers", "configured")}
+    shown = {k: v for k, v in target.items() if k not in ("headers", "configured", "proxies")}
+    shown["proxies"] = sorted(target["proxies"])  # names only: a proxy URL may hold credentials
     shown["headers"] = sorted(target["headers"])
     parts = urlsplit(target["url"])
     shown["url"] = parts._replace(query="", fragment="", netloc=parts.netloc.rpartition("@")[2]).geturl()
@@ -214,6 +216,12 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
                                     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is and has no path, so spans are POSTed to /",
                                     "end it in /v1/traces (e.g. http://<host>:4318/v1/traces), or set the base URL in "
                                     "OTEL_EXPORTER_OTLP_ENDPOINT instead"))
+        proxy = next((name for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY") if environ_get(target, name)), None)
+        if proxy:
+            problems.append(Problem(INFO, SUBJECT,
+                                    f"{proxy} is set: the exporter (requests) sends through that proxy unless NO_PROXY covers "
+                                    f"{target['host']}, while the doctor connects directly",
+                                    f"if spans do not arrive but the doctor passes, check the proxy or add {target['host']} to NO_PROXY"))
     else:
         if scheme not in ("http", "https") and target["tls"]:
             problems.append(Problem(INFO, SUBJECT,
@@ -225,6 +233,10 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
                                     f"{_where(target)} has a path ({target['path']}), which the gRPC exporter ignores: only host and port count",
                                     "drop the path"))
     return problems
+
+
+def environ_get(target: dict[str, Any], name: str) -> "str | None":
+    return target["proxies"].get(name)
 
 
 def _host_for_url(target: dict[str, Any]) -> str:
@@ -404,15 +416,13 @@ def _wrong_protocol_http_to_grpc(target: dict[str, Any]) -> Problem:
 
 
 def _grpc_export(target: dict[str, Any], deadline: float) -> list[Problem]:
-    host, port = target["host"], target["port"]
-    where = f"{_host_for_url(target)}:{port}"
     try:
         import grpc
     except Exception as error:  # the exporters question already names the package
         target["steps"].append("export: grpc not importable")
         return [Problem(WARNING, SUBJECT, f"grpc cannot be imported here ({type(error).__name__}); the export was not tried",
                         "pip install opentelemetry-exporter-otlp-proto-grpc")]
-    address = f"{_host_for_url(target)}:{port}"
+    address = f"{_host_for_url(target)}:{target['port']}"
     if target["tls"]:
         root = None
         if target["ca_file"]:
