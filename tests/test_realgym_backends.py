@@ -169,27 +169,28 @@ def test_traces_in_mlflow_span_three_gym_services(demo, mlflow):
 
 
 def test_the_doctor_passes_against_mlflow_and_names_its_missing_header(demo, tmp_path):
-    def doctor(env):
-        code = "import sys\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main(['doctor', '--json']))\n"
-        (tmp_path / "cwd").mkdir(exist_ok=True)
-        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "cwd", env=clean_environment(**env),
-                                capture_output=True, text=True, timeout=180)
-        return result.returncode, json.loads(result.stdout)
+    from gym_autoinstr.commands.doctor.pipeline import pipeline
 
-    code, report = doctor({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": demo["url"] + "/v1/traces",
-                           "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"x-mlflow-experiment-id={demo['experiment']}"})
-    assert code == 0, report["problems"]
+    code = "import sys\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main(['doctor', '--json']))\n"
+    (tmp_path / "cwd").mkdir()
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": demo["url"] + "/v1/traces",
+           "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"x-mlflow-experiment-id={demo['experiment']}"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "cwd", env=clean_environment(**env),
+                            capture_output=True, text=True, timeout=180)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, report["problems"]
     (target,) = report["pipeline"]["targets"]
     assert target["accepted"] and target["status"] == 200
-    code, report = doctor({"OTEL_EXPORTER_OTLP_ENDPOINT": demo["url"]})
-    assert code == 1
-    (error,) = [p for p in report["problems"] if p["severity"] == "error"]
-    assert "requires the header(s) x-mlflow-experiment-id (422)" in error["problem"]
-    assert error["fix"].startswith("add x-mlflow-experiment-id=<value> to OTEL_EXPORTER_OTLP_HEADERS")
-    code, report = doctor({"OTEL_EXPORTER_OTLP_ENDPOINT": demo["url"], "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
-    assert code == 1  # MLflow has no gRPC receiver: the port answers HTTP/1.1
-    (error,) = [p for p in report["problems"] if p["severity"] == "error"]
-    assert "answers HTTP/1.1" in error["problem"] and "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in error["fix"]
+    # the same question in-process: without the experiment header, and over gRPC
+    http = {"name": "otlp", "protocol": "http/protobuf", "used": "http/protobuf"}
+    _, problems = pipeline({"OTEL_EXPORTER_OTLP_ENDPOINT": demo["url"]}, [http])
+    (error,) = [p for p in problems if p.severity == "error"]
+    assert "requires the header(s) x-mlflow-experiment-id (422)" in error.problem
+    assert error.fix.startswith("add x-mlflow-experiment-id=<value> to OTEL_EXPORTER_OTLP_HEADERS")
+    grpc = {"name": "otlp", "protocol": "grpc", "used": "grpc"}
+    _, problems = pipeline({"OTEL_EXPORTER_OTLP_ENDPOINT": demo["url"], "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [grpc])
+    (error,) = [p for p in problems if p.severity == "error"]  # MLflow has no gRPC receiver
+    assert "answers HTTP/1.1" in error.problem and "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in error.fix
 
 
 def _chromium() -> str:
