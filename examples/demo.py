@@ -9,6 +9,11 @@ Gym the way a user does (SIGINT), then shows one rollout's trace with
 ``gym-autoinstr view`` and writes the same waterfall as an HTML page.
 
     ./run-demo [--rollouts N] [--gym-version 0.4.0] [--workdir DIR]
+
+With ``--backend mlflow`` the rollouts go to a trace UI instead: an MLflow tracking
+server (its own venv, SQLite store under the work directory) is started, Gym exports to
+it over OTLP/HTTP (all span groups, so model calls show token usage), and the demo prints
+the URL to open and keeps MLflow running until Enter or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=5)
     parser.add_argument("--gym-version", default="0.4.0")
     parser.add_argument("--workdir", help="where Gym runs and the traces are written (default: a new temp dir)")
+    parser.add_argument("--backend", choices=["mlflow"], help="send the traces to this UI, started locally, and print its URL")
     args = parser.parse_args()
+    if args.backend == "mlflow":
+        return with_mlflow(args)
 
     print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr (the first run installs; later runs reuse it)...")
     venv = gym_venv(args.gym_version)
@@ -82,6 +90,48 @@ def main() -> int:
     subprocess.run([gym_autoinstr, "view", str(run_dir), "--html", str(page)], check=True, stdout=subprocess.DEVNULL)
     print(f"\nall {len(traces)} traces as one HTML page: {page}")
     return 0
+
+
+def with_mlflow(args: argparse.Namespace) -> int:
+    from tests.harness.mlflow_backend import MlflowServer
+
+    print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and MLflow (the first run installs; later runs reuse them)...")
+    venv = gym_venv(args.gym_version)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gym-autoinstr-demo-")).resolve()
+    with PolicyModel() as model, MlflowServer(workdir / "mlflow") as mlflow:
+        experiment = mlflow.create_experiment("gym-autoinstr-demo")
+        env = {**mlflow.otlp_env(experiment), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
+        print(f"MLflow tracking server at {mlflow.url} (store: {mlflow.workdir / 'mlflow.db'})")
+        for name, value in env.items():
+            print(f"  {name}={value}")
+        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True)
+        print("starting Gym: opentelemetry-instrument gym env start ...")
+        trio.start()
+        started = time.monotonic()
+        results = []
+        try:
+            for i in range(args.rollouts):
+                results.append(trio.rollout())
+                progress(i + 1, args.rollouts, started)
+            # Spans leave every second; wait for them in MLflow rather than rely on the
+            # time-boxed flush at Gym's shutdown.
+            traces = mlflow.wait_for_rollouts(experiment, len(results))
+        finally:
+            print("stopping Gym (SIGINT, as a user would)...")
+            trio.stop()
+        print(f"  rewards: {[r.get('reward') for r in results]}")
+        print(f"\n{len(traces)} traces in MLflow experiment {experiment}:")
+        for trace in traces:
+            print(f"  {trace['trace_id']}  {len(trace['spans'])} spans  {trace['state'].rsplit('.', 1)[-1]}")
+        print(f"\nopen {mlflow.traces_url(experiment)}")
+        if traces:
+            print(f"one rollout: {mlflow.trace_url(experiment, traces[0]['trace_id'])}")
+        print("MLflow keeps running; press Enter (or Ctrl-C) to stop it.", flush=True)
+        try:
+            sys.stdin.readline()
+        except KeyboardInterrupt:
+            pass
+    return 0 if sum(t["state"].endswith("OK") for t in traces) >= args.rollouts else 1
 
 
 if __name__ == "__main__":

@@ -24,9 +24,11 @@ def main(argv: "list[str] | None" = None) -> int:
         "doctor",
         help="check that this environment would trace Gym, and say how to fix what would not",
         description="Check the installed Gym, every pointcut, the OpenTelemetry start-up (distro, configurator, "
-        "instrumentors, exporters), span groups and Gym's own telemetry. Exits 1 when tracing would not work.",
+        "instrumentors, exporters), that the configured OTLP endpoint accepts an empty export (a few seconds at most), "
+        "span groups and Gym's own telemetry. Exits 1 when tracing would not work.",
     )
     doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    doctor.add_argument("--offline", action="store_true", help="do not contact the OTLP endpoint (air-gapped checks)")
     view = commands.add_parser(
         "view",
         help="show traces as waterfalls in the terminal, or as one HTML page",
@@ -49,7 +51,7 @@ def main(argv: "list[str] | None" = None) -> int:
     if args.command == "doctor":
         from .doctor import main as doctor_main
 
-        return doctor_main(as_json=args.json)
+        return doctor_main(as_json=args.json, offline=args.offline)
     from ..version import __version__
 
     print(__version__)

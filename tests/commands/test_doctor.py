@@ -38,8 +38,10 @@ sys.meta_path.insert(0, _Blocked())
 
 
 def doctor(tmp_path, *, prelude: str = "", env: "dict[str, str] | None" = None, pythonpath: str = "", as_json: bool = True):
-    """Run ``gym-autoinstr doctor`` after ``prelude``; return (exit code, JSON or text, stderr)."""
-    arguments = ["doctor", "--json"] if as_json else ["doctor"]
+    """Run ``gym-autoinstr doctor --offline`` after ``prelude``; return (exit code, JSON or text, stderr).
+    Offline: these cases are about the install; the live endpoint check has its own tests
+    (test_doctor_pipeline.py)."""
+    arguments = ["doctor", "--offline", "--json"] if as_json else ["doctor", "--offline"]
     code = f"import sys\n{textwrap.dedent(prelude)}\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main({arguments!r}))\n"
     environ = clean_environment(**(env or {}))
     if pythonpath:

@@ -371,6 +371,8 @@ class Collector:
         retry_max_elapsed: str = "30s",
         extra_args: Sequence[str] = (),
         start_timeout: float = 20.0,
+        forward_to: Optional[str] = None,
+        forward_headers: Optional[str] = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -386,6 +388,10 @@ class Collector:
         self.retry_max_backoff = retry_max_backoff
         self.retry_max_elapsed = retry_max_elapsed
         self.extra_args = list(extra_args)
+        # A real backend instead of the sink (base URL; rotel appends /v1/traces), with
+        # "name=value,..." headers on every export (e.g. MLflow's experiment header).
+        self.forward_to = forward_to
+        self.forward_headers = forward_headers
         self.start_timeout = start_timeout
         self.log_path = self.log_dir / "rotel-agent.log"
         self._proc: Optional[subprocess.Popen] = None
@@ -422,8 +428,9 @@ class Collector:
             # one OTLP exporter, over HTTP/protobuf, to the sink (base URL; rotel
             # appends /v1/traces, /v1/metrics, /v1/logs)
             "--exporter", "otlp",
-            "--otlp-exporter-endpoint", self.sink.url,
+            "--otlp-exporter-endpoint", self.forward_to or self.sink.url,
             "--otlp-exporter-protocol", "http",
+            *(["--otlp-exporter-custom-headers", self.forward_headers] if self.forward_headers else []),
             # flush quickly so tests see spans within ~1 s
             "--batch-timeout", self.batch_timeout,
             # short retries so fault tests recover quickly

@@ -285,6 +285,44 @@ def gym_venv(version: str, *, with_project: bool = True, extra: Sequence[str] = 
     return venv
 
 
+def tool_venv(name: str, requirements: Sequence[str], *, python_minor: str = "3.12",
+              check: str = "") -> pathlib.Path:
+    """A cached venv holding ``requirements`` alone (no Gym, no project): a backend such
+    as MLflow runs from one, as its own process, as a user would install it.  Same cache,
+    stamp and lock as ``gym_venv``; rebuilt when the requirements change.  ``check`` is
+    Python run in the venv after the install (fail early on a broken build)."""
+    python = find_python(python_minor)
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / f"tool-{name}"
+    stamp_path = venv / "gym-autoinstr-stamp.json"
+    want = {"recipe": RECIPE_VERSION, "tool": name, "requirements": list(requirements), "python": python}
+
+    def current() -> bool:
+        try:
+            return json.loads(stamp_path.read_text()) == want
+        except (OSError, ValueError):
+            return False
+
+    if current():
+        return venv
+    with _file_lock(root / (venv.name + ".lock")):
+        if current():
+            return venv
+        t0 = time.monotonic()
+        if venv.exists():
+            shutil.rmtree(venv)
+        _run([python, "-m", "venv", str(venv)])
+        vpy = str(venv / "bin" / "python")
+        _run([vpy, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements])
+        if check:
+            with tempfile.TemporaryDirectory() as scratch:
+                _run([vpy, "-c", check], cwd=scratch)
+        _log(f"built {venv.name} in {time.monotonic() - t0:.0f}s")
+        stamp_path.write_text(json.dumps(want, indent=1) + "\n")
+    return venv
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 

@@ -5,12 +5,13 @@ error.  The doctor asks the questions a user would ask then, in the order a Gym 
 meets them under ``opentelemetry-instrument``: which Gym is installed (a release we
 know?); does every pointcut resolve on it (found by running the real ``GymInstrumentor``
 and importing Gym's modules, the path a Gym server takes); which distro, configurator and
-instrumentors the start-up would pick; can the exporter's package be imported; which span
-groups are on; is Gym's own telemetry live (then we stand down).  Every problem comes
+instrumentors the start-up would pick; can the exporter's package be imported; does the
+configured OTLP endpoint accept an (empty) export, live, in a few seconds (skipped with
+``--offline``); which span groups are on; is Gym's own telemetry live (then we stand down).  Every problem comes
 with its fix, and the exit status is non-zero when tracing would not work.
 
-One module per question (``installation``, ``startup``, ``exporters``, ``span_groups``,
-``native``, ``venvs``, ``ray``), each returning its section and its problems; ``report`` renders
+One module per question (``installation``, ``startup``, ``exporters``, ``pipeline``,
+``span_groups``, ``native``, ``venvs``, ``ray``), each returning its section and its problems; ``report`` renders
 them and sets the exit status.
 """
 
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 from .exporters import exporters
 from .installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
 from .native import native_telemetry
+from .pipeline import pipeline
 from .ray import ray_propagation
 from .report import ERROR, exit_status, render
 from .span_groups import job_trace, span_groups
@@ -34,7 +36,7 @@ from .venvs import server_venvs
 __all__ = ["diagnose", "is_gym_module", "main", "render"]
 
 
-def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
+def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = False) -> dict[str, Any]:
     """Everything the doctor knows, as one JSON-ready dict; ``ok`` is False when tracing
     would not work."""
     environ = dict(os.environ if environ is None else environ)
@@ -48,6 +50,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
     start, effective, found = startup(environ)
     problems += found
     exporter_rows, found = exporters(effective, start["configurator"]["selected"])
+    problems += found
+    pipeline_section, found = pipeline(effective, exporter_rows, offline=offline)
     problems += found
     group_section, found = span_groups(effective)
     problems += found
@@ -68,6 +72,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
         "pointcuts": report,
         "startup": start,
         "exporters": exporter_rows,
+        "pipeline": pipeline_section,
         "span_groups": group_section,
         "job_trace": job_section,
         "native_telemetry": native,
@@ -78,8 +83,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None) -> dict[str, Any]:
     }
 
 
-def main(*, as_json: bool = False) -> int:
-    diagnosis = diagnose()
+def main(*, as_json: bool = False, offline: bool = False) -> int:
+    diagnosis = diagnose(offline=offline)
     if as_json:
         print(json.dumps(diagnosis, indent=1, default=str))
     else:

@@ -46,6 +46,15 @@ def render(diagnosis: dict[str, Any]) -> str:
         lines.append(f"exporter      {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
     if not diagnosis["exporters"]:
         lines.append("exporter      none")
+    section = diagnosis.get("pipeline") or {}
+    if section.get("skipped"):
+        if section["skipped"] == "--offline":
+            lines.append("pipeline      not checked (--offline)")
+    for target in section.get("targets", []):
+        how = f"{target['protocol']}{' (TLS)' if target['tls'] else ''} to {target['url']}"
+        source = f" from {target['variable']}" if target["variable"] else " (default endpoint)"
+        verdict = f"accepted an empty export ({target.get('status')})" if target["accepted"] else "spans could NOT arrive"
+        lines.append(f"pipeline      {how}{source}: {verdict}")
     groups_section = diagnosis["span_groups"]
     source = groups_section["variable"] or "default"
     lines.append(f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})")

@@ -1,0 +1,193 @@
+"""A real MLflow tracking server as a trace backend: its own venv, its own process.
+
+    with MlflowServer(workdir) as mlflow:
+        experiment = mlflow.create_experiment("gym")
+        env = mlflow.otlp_env(experiment)            # OTEL_EXPORTER_OTLP_TRACES_* for Gym
+        ...
+        traces = mlflow.search_traces(experiment)    # through MLflow's own Python client
+
+MLflow >= 3.6 ingests OTLP/HTTP (protobuf) at ``/v1/traces`` when its backend store is
+SQL (SQLite here); the experiment is chosen by the ``x-mlflow-experiment-id`` header.
+There is no gRPC receiver.  ``mlflow_venv()`` builds the venv once (cached, locked and
+stamped like the Gym venvs); ``./run-demo --backend mlflow`` uses the same class.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from .collector import free_port
+from .gym_install import tool_venv
+
+MLFLOW_REQUIREMENT = "mlflow==3.17.2"  # >= 3.6 for OTLP ingest; the newest with a matching mlflow-skinny here
+EXPERIMENT_HEADER = "x-mlflow-experiment-id"
+
+
+def mlflow_venv() -> pathlib.Path:
+    return tool_venv("mlflow", [MLFLOW_REQUIREMENT], check="import mlflow.server, mlflow.tracing")
+
+
+_SEARCH = """
+import json, sys, mlflow
+from mlflow import MlflowClient
+mlflow.set_tracking_uri(sys.argv[1])
+traces = MlflowClient().search_traces(locations=[sys.argv[2]], max_results=int(sys.argv[3]))
+out = []
+for trace in traces:
+    info = trace.info
+    out.append({
+        "trace_id": info.trace_id,
+        "state": str(info.state),
+        "token_usage": info.token_usage,
+        "metadata": dict(info.trace_metadata or {}),
+        "spans": [
+            {
+                "name": s.name, "span_id": s.span_id, "parent_id": s.parent_id, "trace_id": s.trace_id,
+                "span_type": s.span_type, "attributes": s.attributes,
+            }
+            for s in trace.data.spans
+        ],
+    })
+print(json.dumps(out, default=str))
+"""
+
+
+class MlflowServer:
+    """``mlflow server`` with a SQLite store on a free loopback port, started and stopped
+    by pid (only the process group it started)."""
+
+    def __init__(self, workdir: "os.PathLike[str] | str", port: "int | None" = None, start_timeout: float = 240.0) -> None:
+        self.workdir = pathlib.Path(workdir).absolute()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.venv = mlflow_venv()
+        self.port = port or free_port()
+        self.start_timeout = start_timeout
+        self.log_path = self.workdir / "mlflow-server.log"
+        self.proc: "subprocess.Popen | None" = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.venv / "bin" / "mlflow"), "server",
+            "--backend-store-uri", f"sqlite:///{self.workdir / 'mlflow.db'}",
+            "--default-artifact-root", str(self.workdir / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]
+
+    def start(self) -> "MlflowServer":
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_"))}
+        env.pop("PYTHONPATH", None)  # no sitecustomize of ours: MLflow is not traced
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return self
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"mlflow server not ready within {self.start_timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "MlflowServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "<no mlflow log>"
+
+    # ---- the REST API -----------------------------------------------------------------
+
+    def _post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+
+    def create_experiment(self, name: str) -> str:
+        return self._post("/api/2.0/mlflow/experiments/create", {"name": name})["experiment_id"]
+
+    def otlp_env(self, experiment_id: str) -> dict[str, str]:
+        """The recipe: Gym's processes export straight to MLflow over OTLP/HTTP."""
+        return {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.url + "/v1/traces",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"{EXPERIMENT_HEADER}={experiment_id}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_METRICS_EXPORTER": "none",  # MLflow takes traces only
+        }
+
+    def traces_url(self, experiment_id: str) -> str:
+        return f"{self.url}/#/experiments/{experiment_id}/traces"
+
+    def trace_url(self, experiment_id: str, trace_id: str) -> str:
+        return f"{self.traces_url(experiment_id)}?selectedEvaluationId={trace_id}"
+
+    def search_traces(self, experiment_id: str, max_results: int = 100) -> list[dict[str, Any]]:
+        """Every trace of the experiment with its spans, through MLflow's own client."""
+        with tempfile.TemporaryDirectory() as scratch:
+            result = subprocess.run(
+                [str(self.venv / "bin" / "python"), "-c", _SEARCH, self.url, experiment_id, str(max_results)],
+                capture_output=True, text=True, timeout=120, cwd=scratch,
+                env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_")) and k != "PYTHONPATH"},
+            )
+        if result.returncode != 0:
+            raise RuntimeError(f"search_traces failed:\n{result.stderr[-3000:]}")
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def wait_for_traces(self, experiment_id: str, predicate, timeout: float = 90.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            traces = self.search_traces(experiment_id)
+            if predicate(traces) or time.monotonic() > deadline:
+                return traces
+            time.sleep(2)
+
+    def wait_for_rollouts(self, experiment_id: str, count: int, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """The experiment's traces once ``count`` of them are complete in MLflow (root span
+        in: state OK) and no span arrived between two looks; whatever is there at timeout."""
+        previous = None
+        deadline = time.monotonic() + timeout
+        while True:
+            traces = self.search_traces(experiment_id)
+            shape = sorted((t["trace_id"], len(t["spans"])) for t in traces)
+            done = sum(1 for t in traces if t["state"].endswith("OK")) >= count
+            if (done and shape == previous) or time.monotonic() > deadline:
+                return traces
+            previous = shape
+            time.sleep(2)

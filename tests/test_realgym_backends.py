@@ -1,0 +1,225 @@
+"""The README's "Backends" recipes, run: real Gym rollouts land whole in a real trace UI.
+
+One MLflow tracking server (its own venv, SQLite store, its own process) serves the
+whole module, started by ``./run-demo --backend mlflow`` exactly as a user runs it (the
+demo keeps MLflow up until Enter).  Two recipes feed it, each a real Gym 0.4.0 trio
+under ``opentelemetry-instrument`` with all span groups on:
+
+* direct: the demo's Gym exports to MLflow's ``/v1/traces`` (``OTEL_EXPORTER_OTLP_TRACES_*``);
+* through a collector: a second trio exports OTLP/gRPC to rotel, which forwards over
+  OTLP/HTTP to MLflow with the experiment header.
+
+Checked through MLflow's own client: every rollout is one trace with all its spans
+(ids and parents intact, three services), model calls are typed and carry the token
+usage MLflow derives from ``gen_ai.usage.*``; the doctor's live check passes against
+MLflow and names the missing experiment header; headless Chromium renders the trace
+page with the rollout's spans (a PNG is kept under the test's tmp_path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.harness.collector import Collector
+from tests.harness.gym_install import gym_venv
+from tests.harness.gym_targets import clean_environment
+from tests.harness.traces import otel_env
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
+
+pytestmark = pytest.mark.realgym
+
+REPO = Path(__file__).resolve().parents[1]
+ROLLOUTS = 2
+
+
+def _read_until(process: subprocess.Popen, pattern: str, lines: list[str], timeout: float) -> "re.Match[str]":
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    pytest.fail(f"the demo never printed {pattern!r}:\n" + "".join(lines[-60:]))
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """``./run-demo --backend mlflow`` as a user runs it, kept running for the module."""
+    workdir = tmp_path_factory.mktemp("demo")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "demo.py"), "--backend", "mlflow", "--rollouts", str(ROLLOUTS), "--workdir", str(workdir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+    )
+    lines: list[str] = []
+    try:
+        traces_url = _read_until(process, r"^open (http://127\.0\.0\.1:\d+/#/experiments/(\d+)/traces)$", lines, timeout=900)
+        _read_until(process, r"press Enter", lines, timeout=60)
+        server = re.search(r"http://127\.0\.0\.1:\d+", traces_url.group(1)).group(0)
+        yield {"url": server, "experiment": traces_url.group(2), "output": "".join(lines), "workdir": workdir}
+    finally:
+        if process.poll() is None:
+            process.stdin.close()  # Enter: the demo stops MLflow and exits
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def mlflow(demo):
+    from tests.harness.mlflow_backend import MlflowServer
+
+    client = MlflowServer(demo["workdir"] / "client")  # the API side only: not started
+    client.port = int(demo["url"].rsplit(":", 1)[1])
+    return client
+
+
+@pytest.fixture(scope="module")
+def through_rotel(demo, mlflow, policy_model, tmp_path_factory):
+    """The collector recipe: Gym -> rotel (OTLP/gRPC) -> MLflow (OTLP/HTTP + experiment header)."""
+    experiment = mlflow.create_experiment("through-rotel")
+    workdir = tmp_path_factory.mktemp("rotel")
+    with Collector(log_dir=workdir / "collector", forward_to=mlflow.url,
+                   forward_headers=f"x-mlflow-experiment-id={experiment}") as collector:
+        env = otel_env(collector, "grpc", GYM_AUTOINSTR_SPAN_GROUPS="all", OTEL_METRICS_EXPORTER="none")
+        with GymTrio(gym_venv("0.4.0"), "0.4.0", workdir, policy_model.url, env=env, instrument=True) as trio:
+            results = trio.rollouts(ROLLOUTS)
+            traces = mlflow.wait_for_rollouts(experiment, ROLLOUTS)
+    return {"experiment": experiment, "traces": traces, "results": results}
+
+
+def _rollout_root(trace):
+    roots = [s for s in trace["spans"] if s["parent_id"] is None]
+    return roots[0] if len(roots) == 1 else None
+
+
+def _check_whole_rollouts(traces, expected: int) -> None:
+    assert len(traces) == expected, [t["trace_id"] for t in traces]
+    for trace in traces:
+        assert trace["state"].endswith("OK"), trace["state"]
+        spans = trace["spans"]
+        ids = {s["span_id"] for s in spans}
+        assert len(ids) == len(spans)
+        root = _rollout_root(trace)
+        assert root is not None and root["name"] == "POST /run", [(s["name"], s["parent_id"]) for s in spans]
+        assert all(s["parent_id"] in ids for s in spans if s is not root), "a parent is missing: the trace is not whole"
+        assert {s["trace_id"] for s in spans} == {trace["trace_id"]}
+        names = [s["name"] for s in spans]
+        for name in ("gym.rollout", "gym.model.responses", "gym.verify", "POST /v1/responses", "POST /verify", "POST /seed_session", "HTTP POST"):
+            assert name in names, (name, names)
+        # all span groups, example trio: the default preset's 16 plus the agent, model and verify seams
+        assert len(spans) >= 16 + 3, names
+
+
+def _check_model_calls(traces) -> None:
+    for trace in traces:
+        model_calls = [s for s in trace["spans"] if s["name"] == "gym.model.responses"]
+        assert model_calls
+        for span in model_calls:
+            attributes = span["attributes"]
+            assert span["span_type"] == "CHAT_MODEL"  # from gen_ai.operation.name=chat
+            usage = attributes["mlflow.chat.tokenUsage"]  # MLflow's own key, derived from gen_ai.usage.*
+            assert usage["input_tokens"] == attributes["gen_ai.usage.input_tokens"] > 0
+            assert usage["output_tokens"] == attributes["gen_ai.usage.output_tokens"] > 0
+            assert attributes["mlflow.llm.model"] == attributes["gen_ai.response.model"]
+        total = trace["token_usage"]
+        assert total["input_tokens"] == sum(s["attributes"]["gen_ai.usage.input_tokens"] for s in model_calls)
+
+
+def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo, mlflow):
+    out = demo["output"]
+    assert f"rewards: {[1.0] * ROLLOUTS}" in out
+    assert f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={demo['url']}/v1/traces" in out
+    assert f"OTEL_EXPORTER_OTLP_TRACES_HEADERS=x-mlflow-experiment-id={demo['experiment']}" in out
+    traces = mlflow.search_traces(demo["experiment"])
+    _check_whole_rollouts(traces, ROLLOUTS)
+    _check_model_calls(traces)
+    assert f"{ROLLOUTS} traces in MLflow experiment {demo['experiment']}" in out
+
+
+def test_the_collector_recipe_forwards_whole_rollouts_to_mlflow(through_rotel):
+    assert [r["reward"] for r in through_rotel["results"]] == [1.0] * ROLLOUTS
+    _check_whole_rollouts(through_rotel["traces"], ROLLOUTS)
+    _check_model_calls(through_rotel["traces"])
+
+
+def test_traces_in_mlflow_span_three_gym_services(demo, mlflow):
+    # MLflow keeps the OTLP resource per span only as the trace's metadata; the services
+    # show in the span attributes Gym's servers set, and in the server spans' ports.
+    traces = mlflow.search_traces(demo["experiment"])
+    for trace in traces:
+        servers = {s["attributes"].get("nemo.gym.server.name") for s in trace["spans"]} - {None}
+        assert servers >= {AGENT, MODEL, RESOURCES}, servers
+        ports = {s["attributes"].get("server.port") for s in trace["spans"] if s["name"].startswith("POST /")}
+        assert len(ports) >= 3, ports
+
+
+def test_the_doctor_passes_against_mlflow_and_names_its_missing_header(demo, tmp_path):
+    from gym_autoinstr.commands.doctor.pipeline import pipeline
+
+    code = "import sys\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main(['doctor', '--json']))\n"
+    (tmp_path / "cwd").mkdir()
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": demo["url"] + "/v1/traces",
+           "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"x-mlflow-experiment-id={demo['experiment']}"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "cwd", env=clean_environment(**env),
+                            capture_output=True, text=True, timeout=180)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, report["problems"]
+    (target,) = report["pipeline"]["targets"]
+    assert target["accepted"] and target["status"] == 200
+    # the same question in-process: without the experiment header, and over gRPC
+    http = {"name": "otlp", "protocol": "http/protobuf", "used": "http/protobuf"}
+    _, problems = pipeline({"OTEL_EXPORTER_OTLP_ENDPOINT": demo["url"]}, [http])
+    (error,) = [p for p in problems if p.severity == "error"]
+    assert "requires the header(s) x-mlflow-experiment-id (422)" in error.problem
+    assert error.fix.startswith("add x-mlflow-experiment-id=<value> to OTEL_EXPORTER_OTLP_HEADERS")
+    grpc = {"name": "otlp", "protocol": "grpc", "used": "grpc"}
+    _, problems = pipeline({"OTEL_EXPORTER_OTLP_ENDPOINT": demo["url"], "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [grpc])
+    (error,) = [p for p in problems if p.severity == "error"]  # MLflow has no gRPC receiver
+    assert "answers HTTP/1.1" in error.problem and "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in error.fix
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    message = "Chromium is not installed: the MLflow trace page is checked in headless Chromium (apt-get install -y chromium)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflow, tmp_path):
+    (trace, *_) = mlflow.search_traces(demo["experiment"])
+    url = mlflow.trace_url(demo["experiment"], trace["trace_id"])
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             "--window-size=2000,1100", "--virtual-time-budget=30000"]
+    profile = tmp_path / f"profile-{uuid.uuid4().hex[:8]}"
+    dom = subprocess.run([_chromium(), *flags, f"--user-data-dir={profile}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    text = re.sub(r"<[^>]+>", " ", dom.stdout)
+    for name in ("POST /run", "gym.rollout", "gym.model.responses", "gym.verify"):
+        assert name in text, (name, text[:3000])
+    assert trace["trace_id"].removeprefix("tr-") in dom.stdout
+    # the trace header shows the token total MLflow derived from the model calls' gen_ai.usage.*
+    assert re.search(rf"\b{trace['token_usage']['total_tokens']}\s*tokens", text), text[:3000]
+    png = tmp_path / "mlflow-trace.png"
+    shot = subprocess.run([_chromium(), *flags, f"--user-data-dir={profile}-shot", f"--screenshot={png}", url],
+                          capture_output=True, text=True, timeout=180)
+    assert shot.returncode == 0 and png.stat().st_size > 10_000, shot.stderr[-2000:]
