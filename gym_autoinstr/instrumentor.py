@@ -101,6 +101,9 @@ class GymInstrumentor(BaseInstrumentor):
                 for pointcut in RAY_WORKER_POINTCUTS:
                     if pointcut.module == module.__name__:
                         self.ray_worker_patches.apply(pointcut, module, late=late)
+                        applied = self.ray_worker_patches.applied.get(pointcut.name)
+                        if applied is not None:
+                            applied.wrapper._self_gym_autoinstr_stacks = True
             except Exception as error:  # never break Gym's import statement
                 warn_once(f"hook:ray:{getattr(module, '__name__', '?')}", "instrumenting %r failed: %r", module, error)
 
