@@ -138,17 +138,6 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="gym.job around a rollout collection run (ng_collect_rollouts, gym eval)",
     ),
     Pointcut(
-        name="job.examples",
-        module="nemo_gym.rollout_collection",
-        attribute="RolloutCollectionHelper.run_examples",
-        advice=job.run_examples_advice,
-        versions="0.4.0+",
-        group=groups.JOB,
-        purpose="gym.job around rollouts an embedder collects itself with run_examples (NeMo RL's NemoGym actor); "
-        "none inside run_from_config's",
-        optional=True,
-    ),
-    Pointcut(
         name="sandbox.start",
         module="nemo_gym.sandbox.api",
         attribute="AsyncSandbox.start",
@@ -300,6 +289,7 @@ RAY_WORKER_POINTCUTS: tuple[Pointcut, ...] = (
         purpose="a Ray worker that runs a rollout collection is Gym's orchestrator",
     ),
 )
+
 
 _RELEASE = re.compile(r"\d+(?:\.(?:\d+|x)){0,2}")
 

@@ -3,7 +3,7 @@
 Each case runs in a fresh interpreter whose script sits where Ray's own scripts do, so
 ``identity`` sees a Ray worker (``.../ray/_private/workers/default_worker.py``) or a Ray
 daemon (``.../ray/dashboard/dashboard.py``).  Start-up is what ``opentelemetry-instrument``
-does (our configurator, then our instrumentor); then the script uses Gym's real
+does (our configurator, then our instrumentor); then the script calls Gym's real
 ``RolloutCollectionHelper.run_examples`` (its head server unreachable, so it raises after
 the promotion) and Gym's real ``GlobalConfigDictParser.parse``.  The real actor, fleet
 and cluster are in ``test_realgym_ray_actor.py``.
@@ -77,30 +77,6 @@ SCRIPT = textwrap.dedent(
     deps = list(parsed.get("head_server_deps") or [])
     out["ours_in_deps"] = bool(server_requirements()) and all(r in deps for r in server_requirements())
 
-    # run_examples' job: current where the rollouts start (at the first next(), as Gym
-    # 0.4.0's as_completed does) and ended after the last awaitable finished.
-    if "job.examples" in out["applied"]:
-        from gym_autoinstr.advice.job import run_examples_advice
-
-        async def rollout(i):
-            await asyncio.sleep(0.01 * (3 - i))
-            with trace.get_tracer("case").start_as_current_span(f"rollout {i}"):
-                return i
-
-        def examples(n):
-            def lazily():
-                tasks = [asyncio.ensure_future(rollout(i)) for i in range(n)]
-                yield from asyncio.as_completed(tasks)
-            return lazily()
-
-        async def embedder_step():
-            with trace.get_tracer("case").start_as_current_span("trainer.step"):
-                done = []
-                for future in run_examples_advice(examples, None, (3,), {}):
-                    done.append(await future)
-                return sorted(done)
-
-        out["results"] = asyncio.run(embedder_step())
     out["spans"] = [{"name": s.name, "id": format(s.context.span_id, "016x"),
                      "parent": format(s.parent.span_id, "016x") if s.parent else None,
                      "end": s.end_time, "status": s.status.status_code.name,
@@ -133,7 +109,7 @@ def test_a_ray_worker_is_silent_until_it_runs_gyms_orchestration(worker):
     assert worker["before"] == "skipped"
     assert worker["configured_by"] == "gym_autoinstr:ray_orchestrator"
     assert worker["role"] == "orchestrator"
-    assert {"egress", "job", "job.examples", "venvs.requirements"} <= set(worker["applied"])
+    assert {"egress", "job", "venvs.requirements"} <= set(worker["applied"])
     resource = worker["resource"]
     assert resource["service.name"] == "nemo-gym/orchestrator"
     assert resource["nemo.gym.process.role"] == "orchestrator"
@@ -142,26 +118,14 @@ def test_a_ray_worker_is_silent_until_it_runs_gyms_orchestration(worker):
     assert resource["nemo.gym.run.id"]
 
 
-def test_the_call_that_promotes_is_gyms_own_call_and_raises_as_before(worker):
-    # Gym's error (head server unreachable) reaches the caller unchanged, both times
-    assert worker["first_error"] == worker["second_error"] and worker["first_error"] is not None
-    (job,) = [s for s in worker["spans"] if s["name"] == "gym.job" and s["status"] == "ERROR"]
-    assert job["attributes"]["error.type"].endswith(worker["second_error"])
+def test_the_call_that_promotes_raises_as_before(worker):
+    # Gym's own error (its head server unreachable) reaches the caller unchanged, both times
+    assert worker["first_error"] is not None
+    assert worker["first_error"] == worker["second_error"]
 
 
 def test_server_venvs_a_promoted_worker_builds_get_our_packages(worker):
     assert worker["ours_in_deps"]
-
-
-def test_run_examples_job_is_current_where_rollouts_start_and_ends_after_the_last(worker):
-    spans = worker["spans"]
-    assert worker["results"] == [0, 1, 2]
-    (step,) = [s for s in spans if s["name"] == "trainer.step"]
-    (job,) = [s for s in spans if s["name"] == "gym.job" and s["status"] != "ERROR"]
-    rollouts = [s for s in spans if s["name"].startswith("rollout ")]
-    assert job["parent"] == step["id"]  # the embedder's open span parents the job
-    assert len(rollouts) == 3 and all(s["parent"] == job["id"] for s in rollouts)
-    assert job["end"] >= max(s["end"] for s in rollouts)
 
 
 def test_an_embedders_provider_in_the_worker_is_adopted(tmp_path):
@@ -170,7 +134,6 @@ def test_an_embedders_provider_in_the_worker_is_adopted(tmp_path):
     assert out["same_provider"]
     assert out["resource"]["service.name"] == "embedder"  # its name stays
     assert out["resource"]["nemo.gym.process.role"] == "orchestrator"  # our identity joins
-    assert [s["name"] for s in out["spans"] if s["name"] == "gym.job"]  # on its provider
 
 
 def test_a_ray_daemon_never_becomes_gym(tmp_path):

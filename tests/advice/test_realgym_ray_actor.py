@@ -14,9 +14,11 @@ limits raised) and collect rollouts with ``run_examples``:
   contrib aiohttp-client instrumentor in the actor first, and opens its own span around
   the batch, under the driver's span.
 
-The venv is the generic-stack one ``test_realgym_coexistence`` builds anyway (for the
-aiohttp-client instrumentor); contrib's automatic instrumentation is switched off, so the
-instrumentor runs only where the embedder installs it.  Server venvs are reused
+Gym 0.4.0 and 0.7.0.  On 0.4.0 the venv is the generic-stack one
+``test_realgym_coexistence`` builds anyway (for the aiohttp-client instrumentor);
+contrib's automatic instrumentation is switched off, so the instrumentor runs only where
+the embedder installs it.  On 0.7.0 the plain venv is used (no second venv build for CI):
+the embedder brings its own provider but no aiohttp-client instrumentor.  Server venvs are reused
 (``skip_venv_if_present``); that a promoted actor's ``GlobalConfigDictParser.parse`` adds
 our packages to the venvs Gym builds is checked in-process
 (``tests/advice/test_ray_actor.py``).
@@ -37,12 +39,11 @@ from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.ray_cluster import RayCluster
 from tests.harness.traces import otel_env, service_of
-from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, PolicyModel
 
 pytestmark = pytest.mark.realgym
 
 DRIVER = pathlib.Path(__file__).resolve().parent.parent / "ray_actor" / "driver.py"
-VERSION = "0.4.0"
 GENERIC_STACK = [
     "opentelemetry-distro",
     "opentelemetry-instrumentation-fastapi",
@@ -57,13 +58,19 @@ SELECTION = {
 }
 ORCHESTRATOR = "nemo-gym/orchestrator"
 EMBEDDER = "embedder-trainer"
-SERVERS = {f"nemo-gym/{name}" for name in (AGENT, MODEL, RESOURCES)}
 N = 3
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    venv = gym_venv(VERSION, extra=GENERIC_STACK)
+def gym_services(version: str) -> set:
+    names = (AGENT, MODEL, RESOURCES) + ((ENVIRONMENT,) if version >= "0.7" else ())
+    return {f"nemo-gym/{name}" for name in names}
+
+
+@pytest.fixture(scope="module", params=["0.4.0", "0.7.0"])
+def run(request, tmp_path_factory):
+    version = request.param
+    aiohttp = version == "0.4.0"  # the generic-stack venv is built for 0.4.0 only
+    venv = gym_venv(version, extra=GENERIC_STACK) if aiohttp else gym_venv(version)
     started = time.monotonic()
     root = tmp_path_factory.mktemp("rayactor")
     with Collector(log_dir=root / "collector") as collector, PolicyModel() as policy:
@@ -75,7 +82,7 @@ def run(tmp_path_factory):
                 ("shard-a", False, [{"n": N, "carrier": False}, {"n": N, "carrier": True}]),
                 ("shard-b", True, [{"n": N, "carrier": True}]),
             )):
-                trio = GymTrio(venv, VERSION, root / name, policy.url)
+                trio = GymTrio(venv, version, root / name, policy.url)
                 trio.prepare()
                 config = trio.build_config()
                 config.update({
@@ -86,7 +93,8 @@ def run(tmp_path_factory):
                 })
                 row = dict(trio.default_row(), agent_ref={"type": "responses_api_agents", "name": AGENT})
                 shards.append({"name": name, "node": f"node{index}", "workdir": str(trio.workdir),
-                               "config": config, "embedder": embedder, "runs": runs, "rows": [row] * N})
+                               "config": config, "embedder": embedder, "aiohttp": aiohttp, "runs": runs,
+                               "rows": [row] * N})
             spec = root / "spec.json"
             spec.write_text(json.dumps({"shards": shards}))
             denv = {k: v for k, v in os.environ.items()
@@ -99,23 +107,24 @@ def run(tmp_path_factory):
                 env=denv, capture_output=True, text=True, timeout=900, cwd=root,
             )
             lines = [line for line in result.stdout.splitlines() if line.startswith("DRIVER-RESULT ")]
-            servers = set()
+            spawned = set()
             if lines:
                 out = json.loads(lines[-1][len("DRIVER-RESULT "):])
-                servers = {pid for shard in out["shards"].values() for pid in shard["where"]["servers"]}
+                spawned = {pid for shard in out["shards"].values() for pid in shard["where"]["servers"]}
             try:
                 assert result.returncode == 0 and lines, (
                     f"driver failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}\n"
                     + cluster.log_tail())
-                expected = 2 * N + N  # gym.job's rollouts, both shards
+                expected = 2 * N + N  # every rollout, both shards
                 collector.sink.wait_for(
                     lambda spans: len([s for s in spans if s["name"] == "POST /run" and s["kind"] == "SERVER"]) >= expected,
                     timeout=120)
                 time.sleep(3)  # the servers' last batches (500 ms schedule)
                 daemons = {p.pid for p in cluster.processes() if not _is_worker(p)}
             finally:
-                _kill_tree(servers)
-    return {"out": out, "spans": collector.sink.spans(), "daemons": daemons, "bodies": collector.sink.raw_bodies(),
+                _kill_tree(spawned)
+    return {"out": out, "spans": collector.sink.spans(), "daemons": daemons, "version": version, "aiohttp": aiohttp,
+            "entry": f"nemo-gym/{ENVIRONMENT if version >= '0.7' else AGENT}", "servers": gym_services(version),
             "seconds": time.monotonic() - started}
 
 
@@ -137,103 +146,107 @@ def _kill_tree(pids: set) -> None:
             continue
 
 
-def _jobs(run: dict, shard: str) -> list[dict]:
-    return sorted((s for s in run["spans"] if s["name"] == "gym.job" and s["resource"].get("nemo.gym.shard") == shard),
-                  key=lambda s: s["start_ns"])
+def _runs(run: dict, shard: str) -> list[dict]:
+    """The actor's CLIENT spans for ``/run``: one per rollout it dispatched, in start order."""
+    pid = run["out"]["shards"][shard]["where"]["pid"]
+    return sorted((s for s in run["spans"] if s["kind"] == "CLIENT" and s["attributes"]["url.full"].endswith("/run")
+                   and s["resource"].get("process.pid") == pid), key=lambda s: s["start_ns"])
 
 
-def _rollouts_under(run: dict, job: dict) -> list[dict]:
-    """The CLIENT spans for /run that the job parents, each checked whole down to the servers."""
-    spans = [s for s in run["spans"] if s["trace_id"] == job["trace_id"]]
+def _assert_whole(run: dict, client: dict) -> None:
+    """Below the actor's CLIENT span: the whole rollout, over every server of its shard."""
+    spans = [s for s in run["spans"] if s["trace_id"] == client["trace_id"]]
     by_id = {s["span_id"]: s for s in spans}
-    clients = [s for s in spans if s["kind"] == "CLIENT" and s["parent_span_id"] == job["span_id"]
-               and s["attributes"]["url.full"].endswith("/run")]
-    for client in clients:
-        (server,) = [s for s in spans if s["parent_span_id"] == client["span_id"]]
-        assert server["kind"] == "SERVER" and server["name"] == "POST /run"
-        assert service_of(server) == f"nemo-gym/{AGENT}"
-        # the whole rollout below it: agent, model and resources servers all took part
-        below, frontier = set(), [server["span_id"]]
-        while frontier:
-            current = frontier.pop()
-            for span in spans:
-                if span["parent_span_id"] == current and span["span_id"] not in below:
-                    below.add(span["span_id"])
-                    frontier.append(span["span_id"])
-        assert {service_of(by_id[i]) for i in below} >= SERVERS
-        for i in below:
-            assert by_id[i]["resource"].get("nemo.gym.shard") == job["resource"]["nemo.gym.shard"]
-            assert by_id[i]["resource"]["nemo.gym.run.id"] == job["resource"]["nemo.gym.run.id"]
-    return clients
+    (server,) = [s for s in spans if s["parent_span_id"] == client["span_id"]]
+    assert server["kind"] == "SERVER" and server["name"] == "POST /run"
+    assert service_of(server) == run["entry"]
+    below, frontier = set(), [server["span_id"]]
+    while frontier:
+        current = frontier.pop()
+        for span in spans:
+            if span["parent_span_id"] == current and span["span_id"] not in below:
+                below.add(span["span_id"])
+                frontier.append(span["span_id"])
+    assert {service_of(by_id[i]) for i in below} >= run["servers"]
+    assert any(by_id[i]["name"] == "gym.rollout" for i in below)
+    for i in below:
+        assert by_id[i]["resource"].get("nemo.gym.shard") == client["resource"]["nemo.gym.shard"]
+        assert by_id[i]["resource"]["nemo.gym.run.id"] == client["resource"]["nemo.gym.run.id"]
 
 
 def test_the_actor_is_gym_orchestrator_with_actor_shard_and_node(run):
-    where = run["out"]["shards"]["shard-a"]["where"]
-    assert run["out"]["shards"]["shard-a"]["runs"][0]["rewards"] == [1.0] * N
-    first = _jobs(run, "shard-a")[0]
-    resource = first["resource"]
-    assert service_of(first) == ORCHESTRATOR
-    assert resource["nemo.gym.process.role"] == "orchestrator"
-    assert resource["process.pid"] == where["pid"] != run["out"]["driver_pid"]
-    assert resource["ray.actor.id"] == where["actor"]
-    assert resource["ray.actor.name"] == "shard-a"
-    assert resource["ray.node.id"] == where["node"]
-    assert resource["nemo.gym.version"] == VERSION
-    # nothing upstream: the job is the root of its trace, and parents every rollout
-    assert first["parent_span_id"] is None
-    assert len(_rollouts_under(run, first)) == N
+    shard = run["out"]["shards"]["shard-a"]
+    where = shard["where"]
+    assert shard["runs"][0]["rewards"] == [1.0] * N
+    clients = _runs(run, "shard-a")
+    assert len(clients) == 2 * N  # both batches, one CLIENT span per rollout
+    first = clients[:N]
+    for client in first:
+        resource = client["resource"]
+        assert service_of(client) == ORCHESTRATOR
+        assert resource["nemo.gym.process.role"] == "orchestrator"
+        assert resource["process.pid"] == where["pid"] != run["out"]["driver_pid"]
+        assert resource["ray.actor.id"] == where["actor"]
+        assert resource["ray.actor.name"] == resource["nemo.gym.shard"] == "shard-a"
+        assert resource["ray.node.id"] == where["node"]
+        assert resource["nemo.gym.version"] == run["version"]
+        # nothing upstream (the job-traces rule for run_examples): each rollout is a root
+        assert client["parent_span_id"] is None
+        _assert_whole(run, client)
+    assert len({c["trace_id"] for c in first}) == N
 
 
-def test_a_span_the_driver_hands_to_the_actor_parents_the_job(run):
+def test_a_span_the_driver_hands_to_the_actor_parents_the_rollouts(run):
     shard = run["out"]["shards"]["shard-a"]
     assert shard["runs"][1]["rewards"] == [1.0] * N
     trace_id, span_id = shard["runs"][1]["driver_span"]
     (driver_span,) = [s for s in run["spans"] if s["span_id"] == span_id]
     assert driver_span["name"] == "driver.step" and driver_span["trace_id"] == trace_id
-    jobs = [j for j in _jobs(run, "shard-a") if j["parent_span_id"] == span_id]
-    assert len(jobs) == 1 and jobs[0]["trace_id"] == trace_id
-    assert len(_rollouts_under(run, jobs[0])) == N
-    assert len(_jobs(run, "shard-a")) == 2  # one per batch, nothing doubled
+    under = [c for c in _runs(run, "shard-a") if c["parent_span_id"] == span_id]
+    assert len(under) == N and {c["trace_id"] for c in under} == {trace_id}
+    for client in under:
+        _assert_whole(run, client)
 
 
 def test_an_embedders_provider_and_aiohttp_instrumentor_in_the_actor_are_adopted_not_doubled(run):
     shard = run["out"]["shards"]["shard-b"]
     assert shard["runs"][0]["rewards"] == [1.0] * N
     assert shard["where"]["provider"] == "opentelemetry.sdk.trace"
+    assert shard["where"]["aiohttp_instrumented"] == run["aiohttp"]
     trace_id, span_id = shard["runs"][0]["driver_span"]
     (outer,) = [s for s in run["spans"] if s["name"] == "rl.gym.run_rollouts"]
     assert outer["parent_span_id"] == span_id and outer["trace_id"] == trace_id
-    (job,) = _jobs(run, "shard-b")
-    assert job["parent_span_id"] == outer["span_id"]
-    # one provider in the actor: the embedder's, carrying our identity beside its name
-    assert job["resource"] == outer["resource"]
-    assert service_of(job) == EMBEDDER
-    assert job["resource"]["nemo.gym.process.role"] == "orchestrator"
-    assert job["resource"]["process.pid"] == shard["where"]["pid"]
-    # one CLIENT span per request, and the server's parent is it (one traceparent)
-    assert len(_rollouts_under(run, job)) == N
-    actor_spans = [s for s in run["spans"] if s["resource"].get("process.pid") == shard["where"]["pid"]]
-    clients = [s for s in actor_spans if s["kind"] == "CLIENT"]
-    assert clients and all(s["scope"] == "gym_autoinstr" for s in clients)
-    assert len([s for s in clients if s["attributes"]["url.full"].endswith("/run")]) == N
+    clients = _runs(run, "shard-b")
+    # exactly one CLIENT span per rollout, ours, under the embedder's span, and the
+    # server's parent is it (one traceparent per request)
+    assert len(clients) == N
+    actor = [s for s in run["spans"] if s["resource"].get("process.pid") == shard["where"]["pid"]]
+    assert all(s["scope"] == "gym_autoinstr" for s in actor if s["kind"] == "CLIENT")
+    for client in clients:
+        assert client["parent_span_id"] == outer["span_id"]
+        # one provider in the actor: the embedder's, carrying our identity beside its name
+        assert client["resource"] == outer["resource"]
+        _assert_whole(run, client)
+    assert service_of(outer) == EMBEDDER
+    assert outer["resource"]["nemo.gym.process.role"] == "orchestrator"
+    assert outer["resource"]["nemo.gym.shard"] == "shard-b"
 
 
 def test_two_shards_on_two_nodes_are_two_fleets_told_apart(run):
     a, b = run["out"]["shards"]["shard-a"]["where"], run["out"]["shards"]["shard-b"]["where"]
     assert a["node"] != b["node"]
-    (job_b,) = _jobs(run, "shard-b")
-    job_a = _jobs(run, "shard-a")[0]
-    assert job_a["resource"]["ray.node.id"] == a["node"] and job_b["resource"]["ray.node.id"] == b["node"]
-    assert job_a["resource"]["nemo.gym.run.id"] != job_b["resource"]["nemo.gym.run.id"]
+    client_a, client_b = _runs(run, "shard-a")[0], _runs(run, "shard-b")[0]
+    assert client_a["resource"]["ray.node.id"] == a["node"] and client_b["resource"]["ray.node.id"] == b["node"]
+    assert client_a["resource"]["nemo.gym.run.id"] != client_b["resource"]["nemo.gym.run.id"]
     for shard in ("shard-a", "shard-b"):
         servers = {service_of(s) for s in run["spans"] if s["resource"].get("nemo.gym.shard") == shard
                    and s["resource"].get("nemo.gym.process.role") == "server"}
-        assert servers == SERVERS, shard
+        assert servers == run["servers"], shard
 
 
 def test_ray_daemons_and_idle_workers_export_nothing(run):
     spans = run["spans"]
-    assert {service_of(s) for s in spans} <= {ORCHESTRATOR, EMBEDDER, "nemo-gym/driver", *SERVERS}
+    assert {service_of(s) for s in spans} <= {ORCHESTRATOR, EMBEDDER, "nemo-gym/driver", *run["servers"]}
     assert run["daemons"]
     assert not {s["resource"].get("process.pid") for s in spans} & run["daemons"]
     actors = {shard["where"]["pid"] for shard in run["out"]["shards"].values()}

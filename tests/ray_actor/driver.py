@@ -27,13 +27,13 @@ from opentelemetry import propagate, trace
 
 @ray.remote(num_cpus=0)
 class GymActor:
-    def __init__(self, workdir: str, config: dict, embedder: bool) -> None:
+    def __init__(self, workdir: str, config: dict, embedder: bool, aiohttp: bool) -> None:
         os.chdir(workdir)
         self.embedder = embedder
+        self.aiohttp_instrumented = False
         if embedder:
             # The embedder's own OpenTelemetry set-up, made before Gym starts.
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -41,7 +41,11 @@ class GymActor:
             provider = TracerProvider(resource=Resource.create({"service.name": "embedder-trainer"}))
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=500))
             trace.set_tracer_provider(provider)
-            AioHttpClientInstrumentor().instrument()
+            if aiohttp:
+                from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
+
+                AioHttpClientInstrumentor().instrument()
+                self.aiohttp_instrumented = AioHttpClientInstrumentor().is_instrumented_by_opentelemetry
         from omegaconf import OmegaConf
 
         from nemo_gym.cli.env import RunHelper
@@ -57,7 +61,8 @@ class GymActor:
         context = ray.get_runtime_context()
         return {"pid": os.getpid(), "node": context.get_node_id(), "actor": context.get_actor_id(),
                 "servers": [p.pid for p in self.run_helper._processes.values()],
-                "provider": type(trace.get_tracer_provider()).__module__}
+                "provider": type(trace.get_tracer_provider()).__module__,
+                "aiohttp_instrumented": self.aiohttp_instrumented}
 
     async def run_rollouts(self, rows: list, carrier: "dict | None") -> list:
         from opentelemetry import context as otel_context
@@ -100,7 +105,7 @@ def main() -> None:
     actors = {}
     for shard in spec["shards"]:
         actors[shard["name"]] = GymActor.options(name=shard["name"], resources={shard["node"]: 0.01}).remote(
-            shard["workdir"], shard["config"], shard.get("embedder", False))
+            shard["workdir"], shard["config"], shard.get("embedder", False), shard.get("aiohttp", False))
     for shard in spec["shards"]:
         actor = actors[shard["name"]]
         result = {"where": ray.get(actor.where.remote(), timeout=600), "runs": []}
