@@ -49,6 +49,8 @@ class GymInstrumentor(BaseInstrumentor):
     def _instrument_guarded(self, **kwargs: Any) -> None:
         who = identity.detect()
         if who.role == "ray" and not kwargs.get("force"):
+            if identity.is_ray_worker():
+                self._watch_ray_worker()
             logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
             return
         try:
@@ -73,6 +75,43 @@ class GymInstrumentor(BaseInstrumentor):
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self.patches.remove_all()
+        if hasattr(self, "ray_worker_patches"):
+            self.ray_worker_patches.remove_all()
+
+    # -- a Ray worker that runs Gym's orchestration (issue 16) -------------------------
+    def _watch_ray_worker(self) -> None:
+        """In a Ray worker, apply only the promotion rows (``RAY_WORKER_POINTCUTS``); their
+        first call makes this worker Gym's orchestrator and applies every other row."""
+        from .advice import ray_actor
+        from .pointcuts import RAY_WORKER_POINTCUTS
+
+        if not hasattr(self, "ray_worker_patches"):
+            self.ray_worker_patches = PatchSet()
+            ray_actor.on_promotion(self._on_ray_worker_promoted)
+            for module_name in sorted({p.module for p in RAY_WORKER_POINTCUTS}):
+                late = module_name in sys.modules
+                wrapt.register_post_import_hook(self._ray_worker_hook(late), module_name)
+        self.ray_worker_patches.active = True
+
+    def _ray_worker_hook(self, late: bool) -> Any:
+        from .pointcuts import RAY_WORKER_POINTCUTS
+
+        def hook(module: Any) -> None:
+            try:
+                for pointcut in RAY_WORKER_POINTCUTS:
+                    if pointcut.module == module.__name__:
+                        self.ray_worker_patches.apply(pointcut, module, late=late)
+                        applied = self.ray_worker_patches.applied.get(pointcut.name)
+                        if applied is not None:
+                            applied.wrapper._self_gym_autoinstr_stacks = True
+            except Exception as error:  # never break Gym's import statement
+                warn_once(f"hook:ray:{getattr(module, '__name__', '?')}", "instrumenting %r failed: %r", module, error)
+
+        return hook
+
+    def _on_ray_worker_promoted(self) -> None:
+        self._instrument_guarded(force=True)
+        _announce()
 
     def _hook_for(self, late: bool) -> Any:
         def hook(module: Any) -> None:

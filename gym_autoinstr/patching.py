@@ -149,7 +149,8 @@ def _check_parameters(pointcut: Pointcut, original: Any) -> None:
 def _patch(pointcut: Pointcut, module: ModuleType) -> AppliedPatch:
     owner, name, original = _resolve(module, pointcut.attribute)
     _check_parameters(pointcut, original)
-    if getattr(original, "_self_gym_autoinstr", False):
+    # A Ray worker's promotion wrapper (RAY_WORKER_POINTCUTS) is meant to be wrapped again.
+    if getattr(original, "_self_gym_autoinstr", False) and not getattr(original, "_self_gym_autoinstr_stacks", False):
         raise RuntimeError("already wrapped by another gym-autoinstr instrumentor")
     wrapper = wrapt.FunctionWrapper(original, pointcut.advice)
     wrapper._self_gym_autoinstr = True

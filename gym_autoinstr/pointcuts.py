@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .advice import coexistence, egress, fleet, ingress, job, ray_tasks, routes, sandbox, venvs
+from .advice import coexistence, egress, fleet, ingress, job, ray_actor, ray_tasks, routes, sandbox, venvs
 from .pipeline import groups
 
 
@@ -273,6 +273,43 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="as venvs.reused, where setup_command was a top-level module",
         rebind_copies=True,
         optional=True,
+    ),
+)
+
+
+# Where a Ray worker becomes a Gym orchestrator (issue 16).  Applied only in Ray workers,
+# which get none of the rows above until one of these runs: the first call promotes the
+# process (identity, provider: ``advice/ray_actor.py``), applies every row above, and
+# re-enters the call through them.  Ray's daemons get neither table.
+RAY_WORKER_POINTCUTS: tuple[Pointcut, ...] = (
+    Pointcut(
+        name="ray_actor.start",
+        module="nemo_gym.cli.env",
+        attribute="RunHelper.start",
+        advice=ray_actor.promote_advice,
+        versions="0.4.0+",
+        group=None,
+        purpose="a Ray worker that starts a Gym fleet is Gym's orchestrator (NeMo RL's NemoGym actor)",
+        optional=True,
+    ),
+    Pointcut(
+        name="ray_actor.examples",
+        module="nemo_gym.rollout_collection",
+        attribute="RolloutCollectionHelper.run_examples",
+        advice=ray_actor.promote_advice,
+        versions="0.4.0+",
+        group=None,
+        purpose="a Ray worker that collects rollouts with run_examples is Gym's orchestrator",
+        optional=True,
+    ),
+    Pointcut(
+        name="ray_actor.collect",
+        module="nemo_gym.rollout_collection",
+        attribute="RolloutCollectionHelper.run_from_config",
+        advice=ray_actor.promote_advice,
+        versions="0.2.0+",
+        group=None,
+        purpose="a Ray worker that runs a rollout collection is Gym's orchestrator",
     ),
 )
 

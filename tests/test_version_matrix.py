@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gym_autoinstr.commands.doctor import is_gym_module
-from gym_autoinstr.pointcuts import POINTCUTS, version_applies
+from gym_autoinstr.pointcuts import POINTCUTS, RAY_WORKER_POINTCUTS, version_applies
 
 RELEASES = ("0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0")
 GYM_POINTCUTS = [p for p in POINTCUTS if is_gym_module(p.module)]
@@ -63,7 +63,7 @@ def test_a_malformed_versions_string_is_an_error(malformed):
         version_applies(malformed, "0.4.0")
 
 
-@pytest.mark.parametrize("pointcut", POINTCUTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("pointcut", POINTCUTS + RAY_WORKER_POINTCUTS, ids=lambda p: p.name)
 def test_every_pointcut_declares_readable_versions(pointcut):
     covered = [version_applies(pointcut.versions, release) for release in RELEASES]
     if is_gym_module(pointcut.module):

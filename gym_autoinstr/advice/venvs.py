@@ -251,8 +251,13 @@ def with_server_requirements(deps: Iterable[str], ours: Iterable[str]) -> list[s
 
 
 def _is_orchestrator() -> bool:
+    from ..pipeline.configurator import STATE
     from ..pipeline.identity import detect
 
+    # A Ray worker running Gym's orchestration (ray_actor) is the orchestrator by what it
+    # does, not by its command line.
+    if getattr(STATE.get("identity"), "role", None) == "orchestrator":
+        return True
     return detect().role == "orchestrator"
 
 

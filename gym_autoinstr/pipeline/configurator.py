@@ -330,6 +330,60 @@ def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: 
         return True
 
 
+def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
+    """Make this Ray worker a Gym orchestrator, the first time it runs Gym's orchestration
+    (starts a fleet or collects rollouts: NeMo RL's ``NemoGym`` actor); True when it is one
+    now.  Idempotent and thread-safe.
+
+    ``extra`` says which actor, shard and node (resource attributes).  An embedder's own
+    tracer provider, already live in the actor, is adopted (our identity merged into its
+    resource), never doubled.  The shard goes into the environment so that every server
+    the actor spawns carries it, and the orchestrator's run id is minted as under
+    ``gym env start``.
+    """
+    with _ray_worker_lock:
+        configured = STATE["configured_by"]
+        if configured not in (None, "skipped"):
+            who = STATE.get("identity")
+            return getattr(who, "role", None) == "orchestrator"
+        if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            STATE["configured_by"] = "disabled"
+            return False
+        shard = extra.get("nemo.gym.shard")
+        if shard and not os.environ.get(identity.SHARD_VARIABLE):
+            os.environ[identity.SHARD_VARIABLE] = str(shard)
+        who = identity.ray_orchestrator()
+        STATE["identity"] = who
+        current = trace.get_tracer_provider()
+        resource = getattr(current, "_resource", None)
+        if isinstance(current, trace.ProxyTracerProvider) or not isinstance(resource, Resource):
+            provider = build_tracer_provider(who, extra={k: v for k, v in extra.items() if v is not None})
+            if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+                trace.set_tracer_provider(provider)
+                STATE["configured_by"] = "gym_autoinstr:ray_orchestrator"
+            else:  # not an SDK provider we can add our identity to: use it as it is
+                STATE["configured_by"] = f"foreign:{type(current).__module__}"
+        else:
+            # The embedder's provider: our identity joins its resource; its service.name
+            # stays unless OTEL_SERVICE_NAME says otherwise (as adopt_foreign_provider).
+            attributes = {**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}}
+            name = resource.attributes.get("service.name")
+            if name and not str(name).startswith("unknown_service") and not os.environ.get("OTEL_SERVICE_NAME"):
+                attributes.pop("service.name")
+            try:
+                current._resource = resource.merge(Resource(attributes))  # type: ignore[attr-defined]
+            except Exception as error:
+                warn_once("adopt-provider", "could not add Gym identity to the active tracer provider: %r", error)
+            STATE["configured_by"] = f"foreign:{type(current).__module__}"
+        start_flusher()
+        from . import quiet
+
+        quiet.install()
+        atexit.register(_flush_at_exit)
+        logger.debug("Ray worker runs Gym's orchestration: configured as %s (%s)", who.name, STATE["configured_by"])
+        return True
+
+
 class GymConfigurator(_BaseConfigurator):
     def _configure(self, **kwargs: Any) -> None:
         try:

@@ -155,6 +155,9 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
         attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
         attributes["host.name"] = _host_name()
         attributes["process.pid"] = os.getpid()  # type: ignore[assignment]
+    shard = environ.get(SHARD_VARIABLE)
+    if shard:
+        attributes["nemo.gym.shard"] = shard
     rid = run_id(environ, mint=identity.role == "orchestrator")
     if rid:
         attributes["nemo.gym.run.id"] = rid
@@ -192,3 +195,16 @@ def _unsuffixed(name: str) -> str:
     if not sep:
         stem, sep, tail = name.rpartition("-")
     return stem if sep and tail.isdigit() and stem else name
+
+
+# --- Gym's orchestration inside a Ray actor (issue 16) ----------------------------------
+#
+# A Ray worker that starts a Gym fleet or collects rollouts (NeMo RL's ``NemoGym`` actor)
+# is Gym's orchestrator.  Its shard (the actor's name, else its id) is exported in the
+# environment, so every server the actor spawns says which shard it belongs to.
+SHARD_VARIABLE = "GYM_AUTOINSTR_SHARD"
+
+
+def ray_orchestrator() -> ProcessIdentity:
+    """The identity a Ray worker takes on when it runs Gym's orchestration."""
+    return ProcessIdentity("orchestrator", "orchestrator")
