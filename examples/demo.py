@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from gym_autoinstr.pipeline.files import read_path  # noqa: E402
 from gym_autoinstr.commands.view import build_traces  # noqa: E402
+from gym_autoinstr.pipeline.files import LOGS_SUFFIX, METRICS_SUFFIX  # noqa: E402
 from tests.harness.gym_install import gym_venv  # noqa: E402
 from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
 
@@ -69,7 +70,8 @@ def main() -> int:
         return 1
     run_dir = run_dirs[-1]
     traces = [t for t in build_traces(read_path(run_dir)) if any(s["name"] == "POST /run" for s in t.spans)]
-    print(f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(list(run_dir.glob('*.jsonl')))} trace files "
+    span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
+    print(f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(span_files)} trace files "
           f"(one per process) in\n  {run_dir}\n")
     if not traces:
         return 1

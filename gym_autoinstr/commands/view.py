@@ -251,11 +251,20 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
 
 
 def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | None" = None,
-         errors: bool = False, html_file: "str | None" = None) -> int:
+         errors: bool = False, html_file: "str | None" = None, metrics: bool = False) -> int:
     import sys
     from pathlib import Path
 
     from ..pipeline.files import read_path
+    from . import slow
+
+    if metrics:
+        text = slow.render_text(slow.summary_for(paths or ["."]))
+        if not text:
+            print("no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr)
+            return 1
+        print(text)
+        return 0
 
     spans: list[dict] = []
     for path in paths or ["."]:
@@ -269,7 +278,11 @@ def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | 
         print("no traces found" + (" matching the filters" if (rollout or slowest or errors) else ""), file=sys.stderr)
         return 1
     if html_file:
-        Path(html_file).write_text(render_html(traces), encoding="utf-8")
+        page = render_html(traces)
+        why_slow = slow.render_html(slow.summary_for([p for p in (paths or ["."]) if p != "-"]))
+        if why_slow:
+            page = page.replace("</body>", why_slow + "</body>", 1)
+        Path(html_file).write_text(page, encoding="utf-8")
         print(f"wrote {len(traces)} traces to {html_file}")
         return 0
     print("\n\n".join(render_text(t) for t in traces))

@@ -24,11 +24,12 @@ VERIFY = "verify"
 AGENT = "agent"
 MODEL_CALL = "model_call"
 SANDBOX = "sandbox"
+STARTUP = "startup"
 
-ALL_GROUPS = frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, SANDBOX})
+ALL_GROUPS = frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, SANDBOX, STARTUP})
 
 PRESETS: dict[str, frozenset[str]] = {
-    "default": frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT}),
+    "default": frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, STARTUP}),  # startup: once per server, not per rollout
     "per_rollout": frozenset({SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL}),
     "all": ALL_GROUPS,
     "none": frozenset(),

@@ -83,7 +83,7 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     # No exporter configured: the embedded default writes files beside the orchestrator.
     assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
     assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
-    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server"], "unknown": []}
+    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "rollout", "server", "startup"], "unknown": []}
     assert report["native_telemetry"]["present"] is False
     # gym env start would pin our packages into every server venv it builds
     venvs = report["server_venvs"]

@@ -617,3 +617,37 @@ def test_html_page_marks_the_error_in_chromium(handbuilt_run, tmp_path):
     screenshot = tmp_path / "errors.png"
     _run_chromium(tmp_path, f"--screenshot={screenshot}", page.resolve().as_uri())
     assert _png_size(screenshot) == (1400, 1000)
+
+
+def test_why_is_it_slow_summary_of_the_real_run(real_run):
+    """``view --metrics`` on the real run's metrics files: one block per server, its routes
+    with counts and percentiles, rollouts, model calls, verify, event-loop lag, GC."""
+    from tests.harness.trio import AGENT, MODEL, RESOURCES
+
+    result = _cli("view", str(real_run), "--metrics")
+    assert result.returncode == 0, result.stderr
+    blocks = {block[0]: block[1:] for block in _text_blocks(result.stdout)}
+    assert {f"nemo-gym/{n}" for n in (AGENT, MODEL, RESOURCES)} <= set(blocks)
+
+    def row(service: str, section: str, label: str) -> list[str]:
+        found = [line.split() for line in blocks[f"nemo-gym/{service}"] if line.strip().startswith(section) and label in line]
+        assert len(found) == 1, (section, label, blocks[f"nemo-gym/{service}"])
+        return found[0]
+
+    # count, p50, p99, total are the last four columns
+    assert int(row(AGENT, "requests", "POST /run 200")[-4]) == N_ROLLOUTS
+    assert int(row(AGENT, "rollouts", "success")[-4]) == N_ROLLOUTS
+    assert int(row(RESOURCES, "verify", "success")[-4]) == N_ROLLOUTS
+    model = row(MODEL, "model calls", "responses")
+    assert int(model[-4]) == 2 * N_ROLLOUTS and 0 < float(model[-3]) <= float(model[-2])  # p50 <= p99
+    for service in (AGENT, MODEL, RESOURCES):
+        assert int(row(service, "event-loop lag", "")[-4]) > 0
+    assert any(line.strip().startswith("GC pauses") for line in blocks[f"nemo-gym/{AGENT}"])
+
+
+def test_html_page_of_the_real_run_has_the_summary(real_run, tmp_path):
+    page = tmp_path / "with-metrics.html"
+    assert _cli("view", str(real_run), "--html", str(page)).returncode == 0
+    text = page.read_text()
+    assert text.count('<section class="why-slow"') == 1
+    assert "Why is it slow" in text and "nemo-gym/" in text[text.index('<section class="why-slow"'):]
