@@ -5,8 +5,10 @@ Nothing here runs per request.  Started by the configurator once metrics are liv
 * ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
   wakes up on a Gym server's event loop; synchronous work in a handler shows here.  The
   probe is one task per loop, started at the app's ASGI lifespan start-up (``ingress.py``).
-* ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``, from
-  ``gc.callbacks``; ``gym.gc.collections_total``, ``gym.gc.collected_total``,
+* ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
+  only append to a bounded deque (a collection can start inside the SDK while it holds
+  an instrument's lock: recording from the callback would deadlock), and the loop-lag
+  probe records them, so servers report pauses; ``gym.gc.collections_total``, ``gym.gc.collected_total``,
   ``gym.gc.uncollectable_total`` (observable counters) from ``gc.get_stats()``.
 * ``process.cpu.time``, ``process.memory.usage``, ``process.memory.virtual``,
   ``process.thread.count``, ``process.open_file_descriptor.count``,
@@ -17,6 +19,7 @@ Nothing here runs per request.  Started by the configurator once metrics are liv
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import time
 import weakref
@@ -34,6 +37,8 @@ GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
 
 _state: dict[str, Any] = {"lag": None, "gc": None, "loops": weakref.WeakSet(), "started": False}
 _GENERATIONS = tuple({GENERATION: g} for g in range(3))
+# (pause ms, generation) appended by the GC callback, recorded by `drain_gc_pauses`.
+_pauses: "collections.deque[tuple[float, int]]" = collections.deque(maxlen=4096)
 
 
 def start(who: Any = None) -> None:
@@ -81,27 +86,28 @@ async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:
         await asyncio.sleep(interval)
         late = clock() - before - interval
         lag.record(late * 1000.0 if late > 0 else 0.0)
+        if _pauses:
+            drain_gc_pauses()
 
 
 # -- garbage collector -------------------------------------------------------------------
 
 
 def _start_gc(meter: Any) -> None:
-    pause = meter.create_histogram(
+    _state["pause"] = meter.create_histogram(
         "gym.gc.pause_duration_ms", unit="ms", description="Duration of one garbage collection (the process is paused).",
         explicit_bucket_boundaries_advisory=list(GC_BOUNDARIES_MS),
     )
     started = [0.0]
     clock = time.perf_counter
+    pauses = _pauses
 
     def on_gc(phase: str, info: dict) -> None:
+        # No SDK call here: only a float and an atomic deque append.
         if phase == "start":
             started[0] = clock()
         elif started[0]:
-            try:
-                pause.record((clock() - started[0]) * 1000.0, _GENERATIONS[info.get("generation", 0)])
-            except Exception:
-                pass
+            pauses.append(((clock() - started[0]) * 1000.0, info.get("generation", 0)))
             started[0] = 0.0
 
     gc.callbacks.append(on_gc)
@@ -112,6 +118,22 @@ def _start_gc(meter: Any) -> None:
         ("gym.gc.uncollectable_total", "uncollectable", "{object}", "Objects the garbage collector found uncollectable."),
     ):
         meter.create_observable_counter(name, callbacks=[_gc_stat(key)], unit=unit, description=description)
+
+
+def drain_gc_pauses() -> None:
+    """Record the pauses the GC callback queued (from the loop-lag probe, never from GC)."""
+    pause = _state.get("pause")
+    if pause is None:
+        return
+    while _pauses:
+        try:
+            ms, generation = _pauses.popleft()
+            pause.record(ms, _GENERATIONS[generation if 0 <= generation < 3 else 0])
+        except IndexError:
+            return
+        except Exception as error:
+            warn_once("gc-pauses", "GC pauses not recorded: %r", error)
+            return
 
 
 def _gc_stat(key: str) -> Any:

@@ -619,6 +619,7 @@ def test_html_page_marks_the_error_in_chromium(handbuilt_run, tmp_path):
     assert _png_size(screenshot) == (1400, 1000)
 
 
+@pytest.mark.realgym
 def test_why_is_it_slow_summary_of_the_real_run(real_run):
     """``view --metrics`` on the real run's metrics files: one block per server, its routes
     with counts and percentiles, rollouts, model calls, verify, event-loop lag, GC."""
@@ -645,6 +646,7 @@ def test_why_is_it_slow_summary_of_the_real_run(real_run):
     assert any(line.strip().startswith("GC pauses") for line in blocks[f"nemo-gym/{AGENT}"])
 
 
+@pytest.mark.realgym
 def test_html_page_of_the_real_run_has_the_summary(real_run, tmp_path):
     page = tmp_path / "with-metrics.html"
     assert _cli("view", str(real_run), "--html", str(page)).returncode == 0

@@ -113,7 +113,9 @@ def test_pool_waits_name_the_destination_server(fleet):
     destinations = {p["attributes"]["nemo.gym.http.destination.server.name"] for p in waits}
     upstream = trio.policy_url.split("//", 1)[1].split("/", 1)[0]  # the model endpoint is not a Gym server
     assert destinations <= set(trio.server_names) | {upstream}
-    assert destinations & {MODEL, RESOURCES}
+    # the first hop over one connection queues (on 0.7 the relay's calls to the agent;
+    # the agent, fed one rollout at a time, then has no second call to queue)
+    assert destinations & set(trio.server_names)
     # CLIENT spans name their callee the same way
     callees = {s["attributes"].get("nemo.gym.http.destination.server.name") for s in sink.spans() if s["kind"] == "CLIENT"
                and s["resource"]["service.name"] == f"nemo-gym/{AGENT}"}
