@@ -77,7 +77,7 @@ def main() -> int:
         return 1
     gym_autoinstr = str(venv / "bin" / "gym-autoinstr")
     rollout_ids = sorted(traces[-1].rollout_ids)
-    view = [gym_autoinstr, "view", str(run_dir)] + (["--rollout", rollout_ids[0]] if rollout_ids else ["--slowest", "1"])
+    view = [gym_autoinstr, "view", str(run_dir)] + (["--rollout", rollout_ids[0]] if rollout_ids else ["--trace", traces[-1].trace_id])
     print("$ gym-autoinstr view " + " ".join(view[2:]))
     subprocess.run(view, check=True)
     page = workdir / "traces.html"

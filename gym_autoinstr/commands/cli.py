@@ -35,6 +35,7 @@ def main(argv: "list[str] | None" = None) -> int:
     )
     view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
     view.add_argument("--rollout", metavar="ID", help="only the trace of this rollout id")
+    view.add_argument("--trace", metavar="TRACE_ID", help="only the trace with this trace id")
     view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces")
     view.add_argument("--errors", action="store_true", help="only traces with an error")
     view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
@@ -46,7 +47,7 @@ def main(argv: "list[str] | None" = None) -> int:
         from .view import main as view_main
 
         return view_main(args.paths, rollout=args.rollout, slowest=args.slowest, errors=args.errors,
-                         html_file=args.html, metrics=args.metrics)
+                         html_file=args.html, metrics=args.metrics, trace_id=args.trace)
 
     if args.command == "doctor":
         from .doctor import main as doctor_main

@@ -106,8 +106,10 @@ def build_traces(spans: Iterable[dict]) -> list[Trace]:
 
 
 def select(traces: Sequence[Trace], *, rollout: "str | None" = None, slowest: "int | None" = None,
-           errors: bool = False) -> list[Trace]:
+           errors: bool = False, trace_id: "str | None" = None) -> list[Trace]:
     chosen = list(traces)
+    if trace_id is not None:
+        chosen = [t for t in chosen if t.trace_id == trace_id.lower()]
     if rollout is not None:
         chosen = [t for t in chosen if rollout in t.rollout_ids]
     if errors:
@@ -251,7 +253,8 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
 
 
 def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | None" = None,
-         errors: bool = False, html_file: "str | None" = None, metrics: bool = False) -> int:
+         errors: bool = False, html_file: "str | None" = None, metrics: bool = False,
+         trace_id: "str | None" = None) -> int:
     import sys
     from pathlib import Path
 
@@ -273,9 +276,9 @@ def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | 
             print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
             return 2
         spans.extend(read_path(target))
-    traces = select(build_traces(spans), rollout=rollout, slowest=slowest, errors=errors)
+    traces = select(build_traces(spans), rollout=rollout, slowest=slowest, errors=errors, trace_id=trace_id)
     if not traces:
-        print("no traces found" + (" matching the filters" if (rollout or slowest or errors) else ""), file=sys.stderr)
+        print("no traces found" + (" matching the filters" if (rollout or slowest or errors or trace_id) else ""), file=sys.stderr)
         return 1
     if html_file:
         page = render_html(traces)

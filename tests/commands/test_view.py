@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.pipeline.files import OtlpJsonFileExporter, read_path
+from gym_autoinstr.pipeline.files import METRICS_SUFFIX, OtlpJsonFileExporter, read_path
 from gym_autoinstr.commands.view import build_traces, select, summary
 
 N_ROLLOUTS = 4
@@ -230,7 +230,9 @@ def test_real_run_is_one_trace_per_rollout_in_start_order(real_run, real_spans, 
     for earlier, later in zip(real_rollouts, real_rollouts[1:]):
         assert earlier.end_ns <= later.start_ns
     # one file per process, every process in every rollout
-    assert len(list(real_run.glob("*.jsonl"))) == 3
+    span_files = [p for p in real_run.glob("*.jsonl") if not p.name.endswith(METRICS_SUFFIX)]
+    assert len(span_files) == 4  # the three servers, and the orchestrator's start-up spans
+    assert len(list(real_run.glob(f"*{METRICS_SUFFIX}"))) == 4
     assert all(len(t.services) == 3 for t in real_rollouts)
 
 
@@ -337,6 +339,15 @@ def test_handbuilt_summary_numbers(handbuilt_run):
     traces = build_traces(read_path(handbuilt_run["dir"]))
     for trace, (total, model_ms, tool_ms, verify_ms, _fails) in zip(traces, HANDBUILT.values()):
         assert summary(trace) == pytest.approx({"total": total, "model": model_ms, "tools": tool_ms, "verify": verify_ms})
+
+
+def test_trace_filter_selects_exactly_that_trace(handbuilt_run):
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    wanted = traces[1].trace_id
+    result = _cli("view", str(handbuilt_run["dir"]), "--trace", wanted.upper())
+    assert result.returncode == 0, result.stderr
+    assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [wanted]
+    assert _cli("view", str(handbuilt_run["dir"]), "--trace", "0" * 32).returncode == 1
 
 
 def test_rollout_filter_selects_exactly_that_trace(handbuilt_run):
