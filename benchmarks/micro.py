@@ -71,7 +71,11 @@ def main() -> None:
         max_export_batch_size=BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"],
     ))
     trace.set_tracer_provider(provider)
-    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+    # as our configurator builds it (no exemplars unless OTEL_METRICS_EXEMPLAR_FILTER says so)
+    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()],
+                                                  exemplar_filter=AlwaysOffExemplarFilter()))
     metrics.activate()
 
     class Response:

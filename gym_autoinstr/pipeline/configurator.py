@@ -239,7 +239,19 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
 
     readers = metric_readers(who)
     if readers:
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False))
+        options: dict[str, Any] = {}
+        if not os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER"):
+            # The SDK's default samples an exemplar on every record made inside a sampled
+            # span: about as costly as the record itself, on every request.
+            try:
+                from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+                options["exemplar_filter"] = AlwaysOffExemplarFilter()
+            except ImportError:
+                pass
+        metrics.set_meter_provider(
+            MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
+        )
         STATE["metrics"] = gym_metrics.activate()
         if STATE["metrics"]:
             runtime.start(who)

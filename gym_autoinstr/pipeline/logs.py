@@ -94,7 +94,15 @@ def configure(resource: Any, who: Any = None) -> bool:
     if not exporters:
         return False
     set_logger_provider(provider)
-    handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
+
+    class GymLoggingHandler(LoggingHandler):
+        def flush(self) -> None:
+            # logging.shutdown() flushes every handler at exit, when the SDK's flush would
+            # start a thread (refused then) and could wait on a dead collector; the
+            # time-boxed flush at exit (flush.py) covers the logger provider instead.
+            pass
+
+    handler = GymLoggingHandler(level=logging.NOTSET, logger_provider=provider)
     handler.addFilter(_NotOurs())
     logging.getLogger().addHandler(handler)
     _state["handler"] = handler
@@ -115,10 +123,3 @@ def attach_to_uvicorn() -> None:
         warn_once("logs-uvicorn", "uvicorn's log lines are not exported: %r", error)
 
 
-def flush() -> None:
-    handler = _state["handler"]
-    if handler is not None:
-        try:
-            handler.flush()
-        except Exception:
-            pass
