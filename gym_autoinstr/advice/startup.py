@@ -10,9 +10,10 @@ the environment it copies for the child carries that server span's context
 Server: when its app's lifespan start-up completes, ``gym.server.startup`` (child of the
 orchestrator's span for that server) with the stages, timed after the fact:
 
-* ``gym.server.startup.venv_setup``: spawn to the Python process's creation (Gym's shell
-  command: ``uv venv`` and ``uv pip install`` when Gym builds the venv, else the shell);
-* ``gym.server.startup.interpreter_start``: process creation to OpenTelemetry's start-up;
+* ``gym.server.startup.venv_setup``: spawn to the first Python code of the server
+  (OpenTelemetry's sitecustomize): Gym's setup command (``uv venv`` and ``uv pip
+  install`` when Gym builds the venv) and the interpreter's own start;
+* ``gym.server.startup.interpreter_start``: OpenTelemetry's start-up (SDK and patches);
 * ``gym.server.startup.imports``: to ``run_webserver`` (the server module and Gym import);
 * ``gym.server.startup.uvicorn_startup``: ``run_webserver`` to the app's lifespan start-up.
 
@@ -147,15 +148,6 @@ def _end_all(error: "BaseException | None") -> None:
 # -- server ---------------------------------------------------------------------------
 
 
-def _process_start_ns() -> "int | None":
-    try:
-        import psutil
-
-        return int(psutil.Process().create_time() * 1e9)
-    except Exception:
-        return None
-
-
 def report_server_startup(server_name: str) -> None:
     """At the app's lifespan start-up: the span of this server's start, with its stages."""
     if not _enabled() or "reported" in MARKS:
@@ -166,17 +158,18 @@ def report_server_startup(server_name: str) -> None:
         carrier = {"traceparent": os.environ.get(TRACEPARENT_VARIABLE, "")}
         parent = propagate.extract(carrier) if carrier["traceparent"] else None
         spawn = _int(os.environ.get(SPAWN_VARIABLE))
-        created = _process_start_ns()
         configured = MARKS.get("configured")
+        instrumented = MARKS.get("instrumented")
         webserver = MARKS.get("run_webserver")
         worker = _is_worker()
         attributes: dict[str, Any] = {SERVER_NAME: server_name, "process.pid": os.getpid()}
         name = "gym.server.startup.worker" if worker else "gym.server.startup"
         if worker:
             attributes["nemo.gym.server.worker"] = os.getpid()
-        # Stage boundaries in order; clamped so that they never run backwards (the
-        # process creation time comes from the OS at 10 ms resolution).
-        marks = [("spawn", None if worker else spawn), ("created", created), ("configured", configured),
+        # Stage boundaries in order, clamped so that they never run backwards.  The OS's
+        # process creation time is no boundary: Gym's shell execs Python in the process it
+        # spawned, so that time is the shell's (before the venv is built).
+        marks = [("spawn", None if worker else spawn), ("configured", configured), ("instrumented", instrumented),
                  ("run_webserver", webserver), ("ready", ready)]
         known: list[tuple[str, int]] = []
         for label, value in marks:
@@ -194,9 +187,9 @@ def report_server_startup(server_name: str) -> None:
 
 
 _STAGES = {
-    ("spawn", "created"): "gym.server.startup.venv_setup",
-    ("created", "configured"): "gym.server.startup.interpreter_start",
-    ("configured", "run_webserver"): "gym.server.startup.imports",
+    ("spawn", "configured"): "gym.server.startup.venv_setup",
+    ("configured", "instrumented"): "gym.server.startup.interpreter_start",
+    ("instrumented", "run_webserver"): "gym.server.startup.imports",
     ("run_webserver", "ready"): "gym.server.startup.uvicorn_startup",
 }
 

@@ -30,7 +30,8 @@ def test_a_server_reports_its_startup_under_the_orchestrators_span(spans, fresh_
     monkeypatch.setenv(startup.TRACEPARENT_VARIABLE, f"00-{context.trace_id:032x}-{context.span_id:016x}-01")
     spawned = time.time_ns() - 5_000_000_000  # 5 s ago: before this process existed
     monkeypatch.setenv(startup.SPAWN_VARIABLE, str(spawned))
-    fresh_marks["configured"] = time.time_ns() - 2_000_000
+    fresh_marks["configured"] = time.time_ns() - 3_000_000
+    fresh_marks["instrumented"] = time.time_ns() - 2_000_000
     fresh_marks["run_webserver"] = time.time_ns() - 1_000_000
     startup.report_server_startup("my_server")
     startup.report_server_startup("my_server")  # once per process
