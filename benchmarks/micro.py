@@ -8,7 +8,9 @@ Per call, with ``timeit``, variants interleaved in every repetition:
 * route seam: an async handler unwrapped, and ``routes.wrap_handler`` around it (the
   ``gym.verify`` seam) with its group off and on;
 * ingress: a trivial ASGI app bare, and behind ``GymServerMiddleware`` with the
-  ``server`` group off and on;
+  ``server`` group off and on, each also with metrics live (``+metrics``: in-flight
+  count, ``http.server.request.duration`` and the seam's ``gym.verify.duration_ms``, on
+  the real SDK meter provider: two histogram records per request);
 * ray submit: a method of ``RemoteFunction._remote``'s shape, called as ``.remote()``
   calls it (``self._remote(args=..., kwargs=..., **options)``), unwrapped and wrapped as
   the ``ray.task`` pointcut wraps it with the ``ray`` group off (what a ``.remote()``
@@ -49,8 +51,12 @@ def main() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
     from gym_autoinstr.advice import egress, ray_tasks, routes
-    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.pipeline import groups, metrics
     from gym_autoinstr.pipeline.configurator import BATCH_DEFAULTS
     from gym_autoinstr.advice.ingress import GymServerMiddleware
 
@@ -69,6 +75,12 @@ def main() -> None:
         max_export_batch_size=BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"],
     ))
     trace.set_tracer_provider(provider)
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+    # as our configurator builds it (no exemplars unless OTEL_METRICS_EXEMPLAR_FILTER says so)
+    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()],
+                                                  exemplar_filter=AlwaysOffExemplarFilter()))
+    metrics.activate()
 
     class Response:
         status = 200
@@ -94,7 +106,13 @@ def main() -> None:
         await send({"type": "http.response.body", "body": b"{}"})
 
     middleware = GymServerMiddleware(app, server_name="example_single_tool_call")
-    scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
+
+    class Route:  # what Starlette leaves in the scope: the matched route, our marked endpoint
+        path = "/verify"
+        endpoint = wrapped_verify
+
+    setattr(wrapped_verify, metrics.SEAM_ATTRIBUTE, routes.seam_metric("gym.verify", "example_single_tool_call"))
+    scope = {"route": Route(), "type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
              "server": ("127.0.0.1", 8000), "headers": [(b"content-type", b"application/json"),
              (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]}
 
@@ -131,13 +149,16 @@ def main() -> None:
             "unwrapped": lambda: _drive(app(scope, receive, send)),
             "off": lambda: _drive(middleware(scope, receive, send)),
             "on": lambda: _drive(middleware(scope, receive, send)),
+            "off+metrics": lambda: _drive(middleware(scope, receive, send)),
+            "on+metrics": lambda: _drive(middleware(scope, receive, send)),
         },
         "ray_submit": {
             "unwrapped": lambda: plain_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),
             "off": lambda: traced_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),
         },
     }
-    enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS}
+    enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS,
+               "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS}
     samples: dict = {site: {v: [] for v in variants} for site, variants in cases.items()}
     for rep in range(reps):
         for site, variants in cases.items():
@@ -145,7 +166,8 @@ def main() -> None:
             order = order[rep % len(order):] + order[:rep % len(order)]
             for variant in order:
                 groups.ENABLED = enabled[variant]
-                n = number if variant != "on" else max(1000, number // 10)
+                metrics.LIVE = variant.endswith("+metrics")
+                n = number if not variant.startswith("on") else max(1000, number // 10)
                 fn = variants[variant]
                 fn()
                 seconds = timeit.timeit(fn, number=n, timer=time.thread_time)

@@ -291,14 +291,17 @@ def report(results: dict) -> str:
         lines.append(f"Micro-benchmarks (ns per call, CPU time, best of {micro['reps']}; in brackets the median "
                      "per-repetition difference to unwrapped):")
         lines.append("")
-        lines.append("| site | unwrapped | group off | group on |")
-        lines.append("|---|---|---|---|")
+        lines.append("| site | unwrapped | group off | group on | group off, metrics on | group on, metrics on |")
+        lines.append("|---|---|---|---|---|---|")
         names = {"request": "egress: wrapped `request`", "handler": "route seam: wrapped handler",
                  "ingress": "ingress: ASGI middleware"}
         for site, row in micro["sites"].items():
             cells = [f"{row['unwrapped']['ns_min']:.0f}"]
-            for variant in ("off", "on"):
-                r = row[variant]
+            for variant in ("off", "on", "off+metrics", "on+metrics"):
+                r = row.get(variant)
+                if r is None:
+                    cells.append("–")
+                    continue
                 cells.append(f"{r['ns_min']:.0f} (+{r['delta_ns_best']:.0f}) [+{r['delta_ns_median']:.0f}]")
             lines.append(f"| {names.get(site, site)} | " + " | ".join(cells) + " |")
         lines.append("")

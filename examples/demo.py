@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from gym_autoinstr.pipeline.files import read_path  # noqa: E402
 from gym_autoinstr.commands.view import build_traces  # noqa: E402
+from gym_autoinstr.pipeline.files import LOGS_SUFFIX, METRICS_SUFFIX  # noqa: E402
 from tests.harness.gym_install import gym_venv  # noqa: E402
 from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
 
@@ -77,13 +78,14 @@ def main() -> int:
         return 1
     run_dir = run_dirs[-1]
     traces = [t for t in build_traces(read_path(run_dir)) if any(s["name"] == "POST /run" for s in t.spans)]
-    print(f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(list(run_dir.glob('*.jsonl')))} trace files "
+    span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
+    print(f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(span_files)} trace files "
           f"(one per process) in\n  {run_dir}\n")
     if not traces:
         return 1
     gym_autoinstr = str(venv / "bin" / "gym-autoinstr")
     rollout_ids = sorted(traces[-1].rollout_ids)
-    view = [gym_autoinstr, "view", str(run_dir)] + (["--rollout", rollout_ids[0]] if rollout_ids else ["--slowest", "1"])
+    view = [gym_autoinstr, "view", str(run_dir)] + (["--rollout", rollout_ids[0]] if rollout_ids else ["--trace", traces[-1].trace_id])
     print("$ gym-autoinstr view " + " ".join(view[2:]))
     subprocess.run(view, check=True)
     page = workdir / "traces.html"

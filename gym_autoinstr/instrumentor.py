@@ -45,6 +45,9 @@ class GymInstrumentor(BaseInstrumentor):
             self._instrument_guarded(**kwargs)
         except Exception as error:
             warn_once("instrument", "gym-autoinstr could not instrument this process (%r); Gym runs untraced.", error)
+        from .pipeline.spans import mark_startup
+
+        mark_startup("instrumented")  # the end of OpenTelemetry's start-up (start-up spans)
 
     def _instrument_guarded(self, **kwargs: Any) -> None:
         who = identity.detect()

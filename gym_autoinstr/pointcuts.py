@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .advice import coexistence, egress, fleet, ingress, job, ray_actor, ray_tasks, routes, sandbox, venvs
+from .advice import coexistence, egress, fleet, ingress, job, ray_actor, ray_tasks, routes, sandbox, startup, venvs
 from .pipeline import groups
 
 
@@ -96,6 +96,16 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="any aiohttp",
         group=groups.HTTP_CLIENT,
         purpose="count the attempts inside one traced request (http.request.resend_count)",
+    ),
+    Pointcut(
+        name="egress.pool",
+        module="nemo_gym.server_utils",
+        attribute="set_global_aiohttp_client",
+        advice=egress.global_client_advice,
+        versions="0.2.0+",
+        group=None,
+        purpose="metrics: time waits for an aiohttp connection slot on Gym's client, by destination server",
+        rebind_copies=True,
     ),
     Pointcut(
         name="coexistence",
@@ -219,6 +229,37 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.4.0+",
         group=None,
         purpose="gym.servers.active = 0 after Gym's shutdown, then flush (orchestrator)",
+        optional=True,
+    ),
+    Pointcut(
+        name="startup.run",
+        module="nemo_gym.cli.env",
+        attribute="RunHelper.start",
+        advice=startup.run_start_advice,
+        versions="0.4.0+",
+        group=groups.STARTUP,
+        purpose="gym.startup from the start of `gym env start` until every server is ready (fleet.ready ends it)",
+        optional=True,
+    ),
+    Pointcut(
+        name="startup.spawn",
+        module="nemo_gym.cli.setup_command",
+        attribute="run_command",
+        advice=startup.run_command_advice,
+        versions="0.4.0+",
+        group=groups.STARTUP,
+        purpose="gym.startup.server per spawned server; its context and spawn time go to the child's environment",
+        rebind_copies=True,
+        optional=True,
+    ),
+    Pointcut(
+        name="startup.ready",
+        module="nemo_gym.cli.env",
+        attribute="RunHelper.check_http_server_statuses",
+        advice=startup.statuses_advice,
+        versions="0.4.0+",
+        group=groups.STARTUP,
+        purpose="a server's gym.startup.server ends at its first good health poll",
         optional=True,
     ),
     Pointcut(

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from gym_autoinstr.pipeline.files import LOGS_SUFFIX, METRICS_SUFFIX
 from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 from tests.harness.traces import assert_one_connected_trace, expected_services, otel_env, received_upstream, reset_upstream, rollout_traces, service_of, strip_ids
@@ -156,14 +157,33 @@ def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, poli
     assert len(runs) == 1  # one run directory for the whole fleet, keyed by the run id
     run_dir = runs[0]
     assert f"exporters=files:{run_dir}" in log  # the location is printed once at start
-    per_process = sorted(p.name.rsplit("-", 1)[0] for p in run_dir.glob("*.jsonl"))
-    assert per_process == sorted(f"nemo-gym_{name}" for name in trio.server_names)
+    processes = sorted([f"nemo-gym_{name}" for name in trio.server_names] + ["nemo-gym_orchestrator"])
+    span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
+    # one span file per process: the servers, and the orchestrator's start-up spans
+    assert sorted(p.name.rsplit("-", 1)[0] for p in span_files) == processes
+    # metrics land beside the spans, one file per process; the agent's counts every rollout
+    metric_files = list(run_dir.glob(f"*{METRICS_SUFFIX}"))
+    assert sorted(p.name.rsplit("-", 1)[0] for p in metric_files) == processes
+    assert _rollouts_in_metrics_file(next(p for p in metric_files if p.name.startswith(f"nemo-gym_{AGENT}-"))) == 3
     spans = read_path(run_dir)
     traces = rollout_traces(spans, f"nemo-gym/{AGENT}")
     assert len(traces) == 3
     for trace in traces.values():
         assert_one_connected_trace(trace, trio)
     assert {s["resource"]["nemo.gym.run.id"] for s in spans} == {run_dir.name}
+
+
+def _rollouts_in_metrics_file(path) -> int:
+    """``gym.rollout.duration_ms``'s count in the last (cumulative) line of a metrics file."""
+    import json
+
+    count = 0
+    for resource_metrics in json.loads(path.read_text().strip().splitlines()[-1])["resourceMetrics"]:
+        for scope_metrics in resource_metrics["scopeMetrics"]:
+            for metric in scope_metrics["metrics"]:
+                if metric["name"] == "gym.rollout.duration_ms":
+                    count += sum(int(p["count"]) for p in metric["histogram"]["dataPoints"])
+    return count
 
 
 def _metric_points(sink) -> list[dict]:

@@ -27,7 +27,7 @@ from opentelemetry.instrumentation.utils import suppress_http_instrumentation
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, job
-from ..pipeline import groups
+from ..pipeline import groups, metrics, pool
 from .._log import warn_once
 from ..pipeline.redaction import redact_url
 from ..pipeline.spans import mark_error, tracer
@@ -116,6 +116,9 @@ def _start_client_span(args: tuple, kwargs: dict) -> "tuple[Any, job.JobState | 
         attributes["server.address"] = host
     if port is not None:
         attributes["server.port"] = port
+    callee = pool.server_name_for(host, port)
+    if callee:
+        attributes[pool.DESTINATION] = callee
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id
@@ -188,3 +191,18 @@ def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     if attempts is not None:
         attempts[0] += 1
     return wrapped(*args, **kwargs)
+
+
+# -- connection pool -------------------------------------------------------------------
+
+
+def global_client_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``server_utils.set_global_aiohttp_client``: time waits for a pool slot on
+    Gym's one client session (``gym.http.connection_pool.queue_duration_ms``)."""
+    session = wrapped(*args, **kwargs)
+    if metrics.LIVE:
+        try:
+            pool.attach(session)
+        except Exception as error:
+            warn_once("egress:pool", "connection-pool metrics are off (%r); requests are unaffected.", error)
+    return session

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import startup
 from ..pipeline.metrics import set_servers_active
 
 
 def servers_ready_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """After ``RunHelper.wait_for_spinup`` returns: every configured server is up."""
-    result = wrapped(*args, **kwargs)
+    """After ``RunHelper.wait_for_spinup`` returns: every configured server is up (and
+    ``gym.startup`` ends)."""
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException as error:
+        startup.spinup_done(error)
+        raise
+    startup.spinup_done()
     configs = getattr(instance, "_server_instance_display_configs", None)
     if configs is not None:
         set_servers_active(len(configs))

@@ -27,10 +27,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ..pipeline import groups
+from . import startup
+from ..pipeline import groups, logs, metrics, runtime
+from ..pipeline.spans import mark_startup
 from .._log import logger, warn_once
 from ..pipeline.flush import flush, flush_async
-from ..pipeline.metrics import record_server_duration
 from ..pipeline.spans import mark_error, tracer
 
 DEFAULT_EXCLUDED_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico")
@@ -135,21 +136,51 @@ class GymServerMiddleware:
         self.server_name = server_name
         self.server_spans = server_spans
         self.excluded = excluded_paths()
+        self.in_flight = metrics.in_flight_cell(server_name or "")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope.get("type")
         if kind == "http":
-            if self.server_spans and groups.SERVER in groups.ENABLED and scope.get("path") not in self.excluded:
-                await self._traced(scope, receive, send)
-                return
+            if scope.get("path") not in self.excluded:
+                if self.server_spans and groups.SERVER in groups.ENABLED:
+                    await self._traced(scope, receive, send)
+                    return
+                if metrics.LIVE:
+                    await self._measured(scope, receive, send)
+                    return
         elif kind == "lifespan":
+            runtime.watch_running_loop()
+            logs.attach_to_uvicorn()
             await self.app(scope, receive, self._flushing_send(send))
             return
         await self.app(scope, receive, send)
 
-    @staticmethod
-    def _flushing_send(send: Any) -> Any:
+    async def _measured(self, scope: dict, receive: Any, send: Any) -> None:
+        """Metrics without a SERVER span (the ``server`` group off, metrics on)."""
+        in_flight = self.in_flight
+        in_flight[0] += 1
+        started = time.perf_counter()
+        first_byte: list[float] = []
+
+        async def measured_send(message: dict) -> None:
+            if message.get("type") == "http.response.start" and not first_byte:
+                first_byte.append(time.perf_counter())
+                first_byte.append(message.get("status", 0))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, measured_send)
+        finally:
+            in_flight[0] -= 1
+            try:
+                _record(scope, first_byte, started)
+            except Exception as error:
+                warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
+
+    def _flushing_send(self, send: Any) -> Any:
         async def lifespan_send(message: dict) -> None:
+            if message.get("type") == "lifespan.startup.complete":
+                startup.report_server_startup(self.server_name)
             if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
                 try:
                     await flush_async(reason="server shutdown")
@@ -168,10 +199,17 @@ class GymServerMiddleware:
             return
         started = time.perf_counter()
         status_code: list[int] = []
+        first_byte: list[float] = []
+        live = metrics.LIVE
+        if live:
+            self.in_flight[0] += 1
 
         async def traced_send(message: dict) -> None:
             if message.get("type") == "http.response.start" and not status_code:
                 status_code.append(message.get("status", 0))
+                if live:
+                    first_byte.append(time.perf_counter())
+                    first_byte.append(status_code[0])
             await send(message)
 
         try:
@@ -185,8 +223,12 @@ class GymServerMiddleware:
                 status_code.append(500)
             raise
         finally:
+            if live:
+                self.in_flight[0] -= 1
             try:
-                self._finish(scope, span, status_code[0] if status_code else None, time.perf_counter() - started)
+                self._finish(scope, span, status_code[0] if status_code else None)
+                if live:
+                    _record(scope, first_byte, started)
             except Exception as error:
                 warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
             finally:
@@ -214,7 +256,7 @@ class GymServerMiddleware:
         return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
     @staticmethod
-    def _finish(scope: dict, span: Any, status: "int | None", seconds: float) -> None:
+    def _finish(scope: dict, span: Any, status: "int | None") -> None:
         method = scope.get("method", "HTTP")
         route = _route_template(scope)
         if route:
@@ -225,7 +267,22 @@ class GymServerMiddleware:
             if status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
         span.end()
-        record_server_duration(seconds, method, route, status)
+
+
+def _record(scope: dict, first_byte: list, started: float) -> None:
+    """Request metrics: duration by route and status, and the seam's own metric when the
+    route is one ``routes.py`` marked (``/run``, ``/verify``, the model dialects).
+
+    ``first_byte`` is ``[time of http.response.start, status]`` or empty (no response:
+    an exception, counted as a failure)."""
+    ended = time.perf_counter()
+    route = scope.get("route")
+    seam = getattr(getattr(route, "endpoint", None), metrics.SEAM_ATTRIBUTE, None)
+    ttfb = first_byte[0] - started if first_byte else None
+    metrics.record_request(
+        scope.get("method", "HTTP"), _route_template(scope), first_byte[1] if first_byte else None,
+        ended - started, ttfb, seam,
+    )
 
 
 def _silence_fastapi_builtin_telemetry(app: Any) -> None:
@@ -286,6 +343,7 @@ def _server_name_of(cls: Any) -> str:
 def run_webserver_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Around ``SimpleServer.run_webserver``: scope our ``uvicorn.run`` advice to it, and
     instrument the app it returns unserved (multi-worker workers)."""
+    mark_startup("run_webserver")
     token = _in_run_webserver.set(True)
     try:
         app = wrapped(*args, **kwargs)

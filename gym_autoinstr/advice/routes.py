@@ -51,7 +51,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, genai
-from ..pipeline import groups
+from ..pipeline import groups, metrics
 from .._log import warn_once
 from .egress import current_rollout_id
 from ..pipeline.spans import mark_error, tracer
@@ -163,11 +163,23 @@ def _with_seam_endpoint(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     span_name, group = found
     seam = Seam(span_name, group, server, _server_name(server), model_call=span_name.startswith("gym.model."))
     traced = wrap_handler(endpoint, seam)
+    setattr(traced, metrics.SEAM_ATTRIBUTE, seam_metric(span_name, seam.server_name))
     if len(args) > 1:
         args = (args[0], traced, *args[2:])
     else:
         kwargs = {**kwargs, "endpoint": traced}
     return args, kwargs
+
+
+_SEAM_METRIC_KINDS = {"gym.rollout": "rollout", "gym.verify": "verify"}
+
+
+def seam_metric(span_name: str, server_name: str) -> "metrics.SeamMetric | None":
+    """What the ingress records for requests to this seam (``gym.rollout.duration_ms``, ...)."""
+    if span_name.startswith("gym.model."):
+        return metrics.SeamMetric("model", server_name, span_name[len("gym.model."):])
+    kind = _SEAM_METRIC_KINDS.get(span_name)
+    return metrics.SeamMetric(kind, server_name) if kind else None
 
 
 # -- the per-request wrappers ---------------------------------------------------------

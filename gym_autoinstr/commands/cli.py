@@ -37,16 +37,19 @@ def main(argv: "list[str] | None" = None) -> int:
     )
     view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
     view.add_argument("--rollout", metavar="ID", help="only the trace of this rollout id")
+    view.add_argument("--trace", metavar="TRACE_ID", help="only the trace with this trace id")
     view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces")
     view.add_argument("--errors", action="store_true", help="only traces with an error")
     view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
+    view.add_argument("--metrics", action="store_true",
+                      help="print a per-server 'why is it slow' summary from the run's metrics instead of traces")
     args = parser.parse_args(argv)
 
     if args.command == "view":
         from .view import main as view_main
 
         return view_main(args.paths, rollout=args.rollout, slowest=args.slowest, errors=args.errors,
-                         html_file=args.html)
+                         html_file=args.html, metrics=args.metrics, trace_id=args.trace)
 
     if args.command == "doctor":
         from .doctor import main as doctor_main

@@ -198,8 +198,10 @@ def job_line(job: Job) -> str:
 
 
 def select(traces: Sequence[Trace], *, rollout: "str | None" = None, slowest: "int | None" = None,
-           errors: bool = False) -> list[Trace]:
+           errors: bool = False, trace_id: "str | None" = None) -> list[Trace]:
     chosen = list(traces)
+    if trace_id is not None:
+        chosen = [t for t in chosen if t.trace_id == trace_id.lower()]
     if rollout is not None:
         chosen = [t for t in chosen if rollout in t.rollout_ids]
     if errors:
@@ -363,11 +365,21 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
 
 
 def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | None" = None,
-         errors: bool = False, html_file: "str | None" = None) -> int:
+         errors: bool = False, html_file: "str | None" = None, metrics: bool = False,
+         trace_id: "str | None" = None) -> int:
     import sys
     from pathlib import Path
 
     from ..pipeline.files import read_path
+    from . import slow
+
+    if metrics:
+        text = slow.render_text(slow.summary_for(paths or ["."]))
+        if not text:
+            print("no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr)
+            return 1
+        print(text)
+        return 0
 
     spans: list[dict] = []
     for path in paths or ["."]:
@@ -377,12 +389,15 @@ def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | 
             return 2
         spans.extend(read_path(target))
     everything = build_traces(spans)
-    traces = select(everything, rollout=rollout, slowest=slowest, errors=errors)
+    traces = select(everything, rollout=rollout, slowest=slowest, errors=errors, trace_id=trace_id)
     if not traces:
-        print("no traces found" + (" matching the filters" if (rollout or slowest or errors) else ""), file=sys.stderr)
+        print("no traces found" + (" matching the filters" if (rollout or slowest or errors or trace_id) else ""), file=sys.stderr)
         return 1
     if html_file:
         page = render_html(group_by_job(traces, everything))
+        why_slow = slow.render_html(slow.summary_for([p for p in (paths or ["."]) if p != "-"]))
+        if why_slow:
+            page = page.replace("</body>", why_slow + "</body>", 1)
         Path(html_file).write_text(page, encoding="utf-8")
         print(f"wrote {len(traces)} traces to {html_file}")
         return 0

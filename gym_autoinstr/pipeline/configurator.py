@@ -184,45 +184,86 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] 
     return provider
 
 
-def metric_readers() -> list[Any]:
-    """Metric readers from ``OTEL_METRICS_EXPORTER``: OTLP by default when an OTLP endpoint
-    is configured, none in the embedded file default."""
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+# Metrics are read every 10 s (the SDK's default is 60 s: a short run would show
+# nothing until its shutdown flush).
+METRIC_EXPORT_INTERVAL_MS = 10000
 
-    default = "none" if files.embedded_default_applies() else "otlp"
+
+def _metric_exporter(name: str, who: "identity.ProcessIdentity | None") -> Any:
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+    if name == "files":
+        who = who or identity.detect()
+        return files.metric_exporter(files.resolve_output_dir(identity.run_id()), identity.service_name(who))
+    if name == "console":
+        return ConsoleMetricExporter()
+    if name == "otlp":
+        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _otlp_protocol()).strip().lower()
+        if protocol == PROTOCOL_GRPC:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        return OTLPMetricExporter()
+    warn_once(
+        f"metrics-exporter:{name}",
+        "OTEL_METRICS_EXPORTER=%r is not supported here (otlp, console, none); no metrics from it.",
+        name,
+    )
+    return None
+
+
+def metric_readers(who: "identity.ProcessIdentity | None" = None) -> list[Any]:
+    """Metric readers from ``OTEL_METRICS_EXPORTER``, defaulting to where spans go: OTLP
+    when an OTLP endpoint is configured, the run directory in the embedded file default."""
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    default = "files" if files.embedded_default_applies() else "otlp"
+    interval = _int_env("OTEL_METRIC_EXPORT_INTERVAL", METRIC_EXPORT_INTERVAL_MS)
     readers = []
     for raw in os.environ.get("OTEL_METRICS_EXPORTER", default).split(","):
         name = raw.strip().lower()
         if not name or name == "none":
             continue
         try:
-            if name == "console":
-                exporter = ConsoleMetricExporter()
-            elif name == "otlp":
-                protocol = (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _otlp_protocol()).strip().lower()
-                if protocol == PROTOCOL_GRPC:
-                    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-                else:
-                    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-                exporter = OTLPMetricExporter()
-            else:
-                warn_once(f"metrics-exporter:{name}", "OTEL_METRICS_EXPORTER=%r is not supported here (otlp, console, none).", name)
-                continue
+            exporter = _metric_exporter(name, who)
         except Exception as error:
             warn_once(f"metrics-exporter-error:{name}", "metric exporter %r could not be created: %r", name, error)
             continue
-        readers.append(PeriodicExportingMetricReader(exporter))
+        if exporter is not None:
+            readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
     return readers
 
 
-def _configure_metrics(resource: Resource) -> None:
+def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
-    readers = metric_readers()
+    from . import metrics as gym_metrics, runtime
+
+    readers = metric_readers(who)
     if readers:
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False))
-        STATE["metrics"] = True
+        options: dict[str, Any] = {}
+        if not os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER"):
+            # The SDK's default samples an exemplar on every record made inside a sampled
+            # span: about as costly as the record itself, on every request.
+            try:
+                from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+                options["exemplar_filter"] = AlwaysOffExemplarFilter()
+            except ImportError:
+                pass
+        metrics.set_meter_provider(
+            MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
+        )
+        STATE["metrics"] = gym_metrics.activate()
+        if STATE["metrics"]:
+            runtime.start(who)
+
+
+def _configure_logs(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
+    from . import logs
+
+    STATE["logs"] = logs.configure(resource, who)
 
 
 def _flush_at_exit() -> None:
@@ -233,6 +274,9 @@ def configure_process() -> "TracerProvider | None":
     """Set up the SDK for this process if it is part of a Gym fleet; idempotent."""
     if STATE["configured_by"] is not None:
         return None
+    from .spans import mark_startup
+
+    mark_startup("configured")
     who = identity.detect()
     STATE["identity"] = who
     if who.role == "ray" or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -241,9 +285,13 @@ def configure_process() -> "TracerProvider | None":
     provider = build_tracer_provider(who)
     trace.set_tracer_provider(provider)
     try:
-        _configure_metrics(provider.resource)
+        _configure_metrics(provider.resource, who)
     except Exception as error:
         warn_once("metrics", "metrics are off: %r", error)
+    try:
+        _configure_logs(provider.resource, who)
+    except Exception as error:
+        warn_once("logs", "log export is off: %r", error)
     start_flusher()
     from . import quiet
 

@@ -1,7 +1,8 @@
 """The embedded default: spans to local files when no exporter is configured.
 
 A user who only wants to see where a rollout's time goes should not need a collector
-first.  With no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` and no ``OTEL_TRACES_EXPORTER`` set,
+first.  Metrics go the same way, into ``<process>-<pid>.metrics.jsonl`` beside the spans
+(one ``ExportMetricsServiceRequest`` per line).  With no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` and no ``OTEL_TRACES_EXPORTER`` set,
 every Gym process appends OTLP-JSON lines (the OpenTelemetry Collector file-exporter
 format: one ``ExportTraceServiceRequest`` per line, ids in hex, enums as integers) to
 its *own* file in one run directory, so concurrent processes never interleave.  The
@@ -107,10 +108,16 @@ class OtlpJsonFileExporter(SpanExporter):
         if self._broken or not spans:
             return SpanExportResult.FAILURE if self._broken else SpanExportResult.SUCCESS
         try:
-            line = (encode_otlp_json(spans) + "\n").encode("utf-8")
+            text = encode_otlp_json(spans)
         except Exception as error:
             warn_once(f"file-encode:{type(error).__name__}", "could not encode spans for %s: %r", self.path, error)
             return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS if self.write_line(text) else SpanExportResult.FAILURE
+
+    def write_line(self, text: str) -> bool:
+        if self._broken:
+            return False
+        line = (text + "\n").encode("utf-8")
         with self._lock:
             if self._written + len(line) > self.max_bytes:
                 warn_once(
@@ -121,7 +128,7 @@ class OtlpJsonFileExporter(SpanExporter):
                     self.max_bytes / 1024 / 1024,
                     MAX_MB_VARIABLE,
                 )
-                return SpanExportResult.FAILURE
+                return False
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 # One write of one whole line in append mode: a reader never sees half a batch.
@@ -137,15 +144,86 @@ class OtlpJsonFileExporter(SpanExporter):
                     error.strerror or error,
                     OUTPUT_DIR_VARIABLE,
                 )
-                return SpanExportResult.FAILURE
+                return False
             self._written += len(line)
-        return SpanExportResult.SUCCESS
+        return True
 
     def shutdown(self) -> None:
         pass
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+METRICS_SUFFIX = ".metrics.jsonl"
+
+
+def encode_metrics_json(metrics_data: Any) -> str:
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    return json.dumps(MessageToDict(encode_metrics(metrics_data), use_integers_for_enums=True), separators=(",", ":"))
+
+
+def metric_exporter(directory: Path, file_stem: str) -> Any:
+    """A ``MetricExporter`` appending OTLP-JSON lines to this process's own metrics file."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    class OtlpJsonMetricFileExporter(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines = OtlpJsonFileExporter(directory, file_stem)
+            self.lines.path = self.lines.path.with_suffix(METRICS_SUFFIX)
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            try:
+                line = encode_metrics_json(metrics_data)
+            except Exception as error:
+                warn_once(f"file-metrics-encode:{type(error).__name__}", "could not encode metrics for %s: %r", self.lines.path, error)
+                return MetricExportResult.FAILURE
+            ok = self.lines.write_line(line)
+            return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            pass
+
+    return OtlpJsonMetricFileExporter()
+
+
+LOGS_SUFFIX = ".logs.jsonl"
+
+
+def log_exporter(directory: Path, file_stem: str) -> Any:
+    """A ``LogExporter`` appending OTLP-JSON lines (trace and span ids in hex) to this
+    process's own logs file."""
+    from opentelemetry.sdk._logs.export import LogExporter, LogExportResult
+
+    class OtlpJsonLogFileExporter(LogExporter):
+        def __init__(self) -> None:
+            self.lines = OtlpJsonFileExporter(directory, file_stem)
+            self.lines.path = self.lines.path.with_suffix(LOGS_SUFFIX)
+
+        def export(self, batch: Any) -> Any:
+            from google.protobuf.json_format import MessageToDict
+            from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+
+            try:
+                line = json.dumps(_hex_ids(MessageToDict(encode_logs(batch), use_integers_for_enums=True)), separators=(",", ":"))
+            except Exception as error:
+                warn_once(f"file-logs-encode:{type(error).__name__}", "could not encode logs for %s: %r", self.lines.path, error)
+                return LogExportResult.FAILURE
+            return LogExportResult.SUCCESS if self.lines.write_line(line) else LogExportResult.FAILURE
+
+        def shutdown(self) -> None:
+            pass
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    return OtlpJsonLogFileExporter()
 
 
 # ---------------------------------------------------------------------------- reading
@@ -225,7 +303,7 @@ def read_path(path: Path) -> list[dict]:
 
     if str(path) == "-":
         return list(read_lines(iter(sys.stdin), "stdin"))
-    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    files = sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))) if path.is_dir() else [path]
     spans: list[dict] = []
     for file in files:
         with open(file, encoding="utf-8") as handle:

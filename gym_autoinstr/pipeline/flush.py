@@ -42,7 +42,14 @@ def flush_timeout_seconds() -> float:
 def _flush_providers() -> None:
     from opentelemetry import metrics, trace
 
-    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
+    providers = [trace.get_tracer_provider(), metrics.get_meter_provider()]
+    try:
+        from opentelemetry._logs import get_logger_provider
+
+        providers.append(get_logger_provider())
+    except ImportError:
+        pass
+    for provider in providers:
         force_flush = getattr(provider, "force_flush", None)
         if force_flush is None:
             continue

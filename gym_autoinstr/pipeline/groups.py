@@ -25,13 +25,15 @@ AGENT = "agent"
 MODEL_CALL = "model_call"
 SANDBOX = "sandbox"
 RAY = "ray"
+STARTUP = "startup"
 
-ALL_GROUPS = frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, SANDBOX, RAY})
+ALL_GROUPS = frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, SANDBOX, RAY, STARTUP})
 
 PRESETS: dict[str, frozenset[str]] = {
     # `ray` is in the default: its spans exist only where Gym hands work to Ray (a
     # verifier's tasks), and without them a rollout's trace stops at a black box.
-    "default": frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, RAY}),
+    # `startup`: once per server, not per rollout.
+    "default": frozenset({JOB, SERVER, HTTP_CLIENT, ROLLOUT, RAY, STARTUP}),
     "per_rollout": frozenset({SERVER, HTTP_CLIENT, ROLLOUT, VERIFY, AGENT, MODEL_CALL, RAY}),
     "all": ALL_GROUPS,
     "none": frozenset(),

@@ -1,62 +1,180 @@
-"""Metric instruments: HTTP server duration (ingress) and the fleet size (orchestrator).
+"""Metric instruments, with Gym's own names, units and attributes where Gym defines them.
 
-* ``http.server.request.duration`` (seconds, histogram) is recorded by the ingress
-  middleware for every traced request, dimensioned by ``http.request.method``,
-  ``http.route`` (the template, never the raw path) and ``http.response.status_code``;
-  the server is told apart by the resource (``service.name``).
-* ``gym.servers.active`` (gauge) is written by the orchestrator only: the number of
-  servers once ``RunHelper.wait_for_spinup`` reports them all ready, 0 after
-  ``RunHelper.shutdown``.
+Every recorder is gated by ``LIVE`` (a meter provider of ours is configured: an OTLP
+endpoint, or the embedded file default), checked before anything is built.  On the hot
+path a recorder is one histogram record with an attribute dict built once (per server,
+route or outcome), never per request.  Gauges are observed at collection time.
 
+Per request, from the ingress middleware (every Gym server):
+
+* ``http.server.request.duration`` (s) by ``http.request.method``, ``http.route``,
+  ``http.response.status_code``;
+* ``gym.server.requests.in_flight`` (observable gauge) by ``nemo.gym.server.name``;
+* on the seam routes ``routes.py`` marks at registration: ``gym.rollout.duration_ms``
+  (agent ``/run``, failures included, by ``nemo.gym.rollout.outcome``),
+  ``gym.verify.duration_ms`` (by ``nemo.gym.verify.outcome``: the verifier answered, not
+  the reward; its count per outcome is the completed/failed count, so no second
+  instrument is recorded per request),
+  ``gym.model.call_duration_ms`` and ``gym.model.time_to_first_byte_ms`` (by
+  ``nemo.gym.model.dialect`` and ``nemo.gym.server.name``).
+
+Runtime (``runtime.py``) and the orchestrator's ``gym.servers.active`` live beside.
 Reward and accuracy are never mirrored into telemetry.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from opentelemetry import metrics
 
 from .._log import warn_once
 from ..version import __version__
 
+# True once `activate()` ran with a real meter provider: every recorder checks it first.
+LIVE = False
+
+SERVER_NAME = "nemo.gym.server.name"
+ROLLOUT_OUTCOME = "nemo.gym.rollout.outcome"
+VERIFY_OUTCOME = "nemo.gym.verify.outcome"
+MODEL_DIALECT = "nemo.gym.model.dialect"
+SUCCESS, FAILURE = "success", "failure"
+
+# Milliseconds.  The SDK's default boundaries stop at 10 s; a rollout or a reasoning
+# model's call runs for minutes.
+DURATION_BOUNDARIES_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
+                          120_000, 300_000, 600_000, 1_800_000)
+TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000,
+                      120_000, 300_000)
+
+# The semantic conventions' advice for http.server.request.duration, extended to Gym's minutes.
+HTTP_BOUNDARIES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 120, 300, 600)
+
 _instruments: dict[str, Any] = {}
-_provider: object = None
+_lock = threading.Lock()
+# server name -> [requests in flight]; read by the observable gauge at collection time.
+_in_flight: dict[str, list[int]] = {}
 
 
-def _meter_instruments() -> dict[str, Any]:
-    global _provider
+def meter() -> Any:
+    return metrics.get_meter_provider().get_meter("gym_autoinstr", __version__)
+
+
+def activate() -> bool:
+    """Create the instruments on the current meter provider; ``LIVE`` if it is a real one."""
+    global LIVE
     provider = metrics.get_meter_provider()
-    if provider is not _provider:
-        meter = provider.get_meter("gym_autoinstr", __version__)
+    if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
+        LIVE = False
+        return False
+    m = provider.get_meter("gym_autoinstr", __version__)
+    with _lock:
         _instruments.clear()
-        _instruments["duration"] = meter.create_histogram(
-            "http.server.request.duration", unit="s", description="Duration of HTTP server requests."
+        _instruments["duration"] = m.create_histogram(
+            "http.server.request.duration", unit="s", description="Duration of HTTP server requests.",
+            explicit_bucket_boundaries_advisory=list(HTTP_BOUNDARIES_S),
         )
-        _instruments["servers"] = meter.create_gauge(
+        _instruments["servers"] = m.create_gauge(
             "gym.servers.active", unit="{server}", description="Gym servers up in this run (orchestrator)."
         )
-        # No meter provider configured (e.g. the file default): nothing would be kept,
-        # so requests skip building the measurement altogether.
-        _instruments["live"] = type(provider).__name__ not in ("_ProxyMeterProvider", "NoOpMeterProvider")
-        _provider = provider
-    return _instruments
+        _instruments["rollout"] = m.create_histogram(
+            "gym.rollout.duration_ms", unit="ms", description="Duration of one rollout (agent /run), failures included.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS),
+        )
+        _instruments["verify"] = m.create_histogram(
+            "gym.verify.duration_ms", unit="ms", description="Duration of one verification (resources /verify).",
+            explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS),
+        )
+        _instruments["model"] = m.create_histogram(
+            "gym.model.call_duration_ms", unit="ms", description="Duration of one model-server dialect call.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS),
+        )
+        _instruments["ttfb"] = m.create_histogram(
+            "gym.model.time_to_first_byte_ms", unit="ms", description="Time to the first response byte of one model-server call.",
+            explicit_bucket_boundaries_advisory=list(TTFB_BOUNDARIES_MS),
+        )
+        m.create_observable_gauge(
+            "gym.server.requests.in_flight", callbacks=[_observe_in_flight], unit="{request}",
+            description="Requests a Gym server is serving right now.",
+        )
+    LIVE = True
+    return True
 
 
-def record_server_duration(seconds: float, method: str, route: "str | None", status: "int | None") -> None:
-    instruments = _meter_instruments()
-    if not instruments["live"]:
-        return
+def _observe_in_flight(_options: Any) -> list[Any]:
+    return [metrics.Observation(cell[0], {SERVER_NAME: name}) for name, cell in list(_in_flight.items())]
+
+
+def in_flight_cell(server_name: str) -> list[int]:
+    """The counter a server's middleware increments and decrements (one per server)."""
+    with _lock:
+        return _in_flight.setdefault(server_name, [0])
+
+
+# -- seam kinds: the attribute dicts are built once, at route registration ------------
+
+
+# The attribute ``routes.py`` sets on a seam's endpoint wrapper; the ingress reads it off
+# the matched route once the request is done.
+SEAM_ATTRIBUTE = "_gym_autoinstr_metric"
+
+
+class SeamMetric:
+    """What a marked route records per request; attributes pre-built."""
+
+    __slots__ = ("kind", "ok", "failed", "identity")
+
+    def __init__(self, kind: str, server_name: str, dialect: "str | None" = None) -> None:
+        self.kind = kind
+        if kind == "rollout":
+            self.ok, self.failed = {ROLLOUT_OUTCOME: SUCCESS}, {ROLLOUT_OUTCOME: FAILURE}
+        elif kind == "verify":
+            self.ok, self.failed = {VERIFY_OUTCOME: SUCCESS}, {VERIFY_OUTCOME: FAILURE}
+        else:
+            self.ok = self.failed = {MODEL_DIALECT: dialect or "unknown", SERVER_NAME: server_name}
+        self.identity = self.ok
+
+
+def record_request(
+    method: str,
+    route: "str | None",
+    status: "int | None",
+    seconds: float,
+    ttfb_seconds: "float | None",
+    seam: "SeamMetric | None",
+) -> None:
+    """Everything the ingress records when a request ends (caller checked ``LIVE``)."""
     attributes: dict[str, Any] = {"http.request.method": method}
     if route:
         attributes["http.route"] = route
     if status:
         attributes["http.response.status_code"] = status
-    instruments["duration"].record(seconds, attributes)
+    _instruments["duration"].record(seconds, attributes)
+    if seam is None:
+        return
+    failed = status is None or status >= 500
+    ms = seconds * 1000.0
+    if seam.kind == "rollout":
+        _instruments["rollout"].record(ms, seam.failed if failed else seam.ok)
+    elif seam.kind == "verify":
+        _instruments["verify"].record(ms, seam.failed if failed else seam.ok)
+    else:
+        _instruments["model"].record(ms, seam.identity)
+        if ttfb_seconds is not None:
+            _instruments["ttfb"].record(ttfb_seconds * 1000.0, seam.identity)
 
 
 def set_servers_active(value: int) -> None:
+    if not LIVE:
+        return
     try:
-        _meter_instruments()["servers"].set(value)
+        _instruments["servers"].set(value)
     except Exception as error:
         warn_once("servers-active", "could not record gym.servers.active: %r", error)
+
+
+def observable(name: str, kind: str, callback: Callable[[Any], list[Any]], unit: str, description: str) -> None:
+    """Register an instrument observed at collection time (runtime gauges and counters)."""
+    create = getattr(meter(), f"create_observable_{kind}")
+    create(name, callbacks=[callback], unit=unit, description=description)

@@ -16,6 +16,17 @@ from ..version import __version__
 
 TRACER_NAME = "gym_autoinstr"
 
+# When this process reached each start-up stage (time_ns): the configurator marks
+# "configured", the ingress "run_webserver"; advice/startup.py turns them into spans.
+STARTUP_MARKS: dict[str, int] = {}
+
+
+def mark_startup(stage: str) -> None:
+    import time
+
+    STARTUP_MARKS.setdefault(stage, time.time_ns())
+
+
 _tracer: "trace.Tracer | None" = None
 _tracer_provider: object = None
 

@@ -75,6 +75,8 @@ def _group_of(span: dict) -> "str | None":
         return "server"
     if kind == "CLIENT":
         return "http_client"
+    if name.startswith(("gym.startup", "gym.server.startup")):
+        return "startup"
     return {
         "gym.job": "job",
         "gym.rollout": "rollout",

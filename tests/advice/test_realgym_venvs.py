@@ -108,6 +108,16 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
         assert pathlib.Path(path) == trio.server_venv(name) / "bin" / "python"
     assert len({next(iter(executables[f"nemo-gym/{n}"])) for n in (RESOURCES, AGENT, MODEL)}) == 3
 
+    # start-up spans: the venv Gym built for each server was created inside that server's
+    # venv_setup stage (spawn to the Python process), under the orchestrator's gym.startup
+    (root,) = [s for s in spans if s["name"] == "gym.startup"]
+    for name in (RESOURCES, AGENT, MODEL):
+        (inside,) = [s for s in spans if s["name"] == "gym.server.startup" and service_of(s) == f"nemo-gym/{name}"]
+        assert inside["trace_id"] == root["trace_id"]
+        (stage,) = [s for s in spans if s["name"] == "gym.server.startup.venv_setup" and s["parent_span_id"] == inside["span_id"]]
+        created = (trio.server_venv(name) / "pyvenv.cfg").stat().st_mtime_ns
+        assert stage["start_ns"] <= created <= stage["end_ns"], (name, stage["start_ns"], created, stage["end_ns"])
+
     # the chain reaches grandchildren: the sitecustomize stays on every server's PYTHONPATH
     for name in (RESOURCES, AGENT, MODEL):
         sitecustomize = _sitecustomize_dir(environs[name])

@@ -22,7 +22,8 @@ def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
     out = result.stdout
     assert "rollouts [##############################] 3/3" in out  # the progress bar completed
     assert "rewards: [1.0, 1.0, 1.0]" in out
-    assert "3 rollouts -> 3 traces, 3 trace files (one per process)" in out
+    # three servers, and the orchestrator's start-up spans (group startup, in the default preset)
+    assert "3 rollouts -> 3 traces, 4 trace files (one per process)" in out
     waterfall = out[out.index("$ gym-autoinstr view"):]
     for service in ("example_single_tool_call_simple_agent", "example_single_tool_call ", "policy_model"):
         assert f"nemo-gym/{service}" in waterfall
@@ -30,6 +31,8 @@ def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
         assert name in waterfall
     assert "total " in waterfall and "| model " in waterfall
     page = tmp_path / "demo" / "traces.html"
-    assert page.read_text().count("<section") == 3  # all three traces in the page
+    text = page.read_text()
+    assert text.count('<section class="trace') == 4  # all three rollouts' traces and the start-up trace
+    assert text.count('<section class="why-slow"') == 1  # the per-server summary from the run's metrics
     runs = list((tmp_path / "demo" / "gym-autoinstr-runs").iterdir())
     assert len(runs) == 1 and str(runs[0]) in out

@@ -85,7 +85,7 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     # No exporter configured: the embedded default writes files beside the orchestrator.
     assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
     assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
-    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "ray", "rollout", "server"], "unknown": []}
+    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "ray", "rollout", "server", "startup"], "unknown": []}
     assert report["native_telemetry"]["present"] is False
     assert report["ray"]["active"] is True and report["ray"]["ray_version"]
     # gym env start would pin our packages into every server venv it builds

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.pipeline.files import OtlpJsonFileExporter, read_path
+from gym_autoinstr.pipeline.files import METRICS_SUFFIX, OtlpJsonFileExporter, read_path
 from gym_autoinstr.commands.view import build_traces, select, summary
 
 N_ROLLOUTS = 4
@@ -230,7 +230,9 @@ def test_real_run_is_one_trace_per_rollout_in_start_order(real_run, real_spans, 
     for earlier, later in zip(real_rollouts, real_rollouts[1:]):
         assert earlier.end_ns <= later.start_ns
     # one file per process, every process in every rollout
-    assert len(list(real_run.glob("*.jsonl"))) == 3
+    span_files = [p for p in real_run.glob("*.jsonl") if not p.name.endswith(METRICS_SUFFIX)]
+    assert len(span_files) == 4  # the three servers, and the orchestrator's start-up spans
+    assert len(list(real_run.glob(f"*{METRICS_SUFFIX}"))) == 4
     assert all(len(t.services) == 3 for t in real_rollouts)
 
 
@@ -337,6 +339,15 @@ def test_handbuilt_summary_numbers(handbuilt_run):
     traces = build_traces(read_path(handbuilt_run["dir"]))
     for trace, (total, model_ms, tool_ms, verify_ms, _fails) in zip(traces, HANDBUILT.values()):
         assert summary(trace) == pytest.approx({"total": total, "model": model_ms, "tools": tool_ms, "verify": verify_ms})
+
+
+def test_trace_filter_selects_exactly_that_trace(handbuilt_run):
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    wanted = traces[1].trace_id
+    result = _cli("view", str(handbuilt_run["dir"]), "--trace", wanted.upper())
+    assert result.returncode == 0, result.stderr
+    assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [wanted]
+    assert _cli("view", str(handbuilt_run["dir"]), "--trace", "0" * 32).returncode == 1
 
 
 def test_rollout_filter_selects_exactly_that_trace(handbuilt_run):
@@ -645,3 +656,39 @@ def test_a_ray_worker_span_is_drawn_under_its_submit_span_with_its_wait(tmp_path
     (verify_line,) = [line for line in lines if "POST /verify" in line]
     assert execute_line.index("ray.execute") == submit_line.index("ray.submit") + 2 == verify_line.index("POST /verify") + 4
     assert "wait=38.5ms" in execute_line and "node=8f182d92" in execute_line
+
+
+@pytest.mark.realgym
+def test_why_is_it_slow_summary_of_the_real_run(real_run):
+    """``view --metrics`` on the real run's metrics files: one block per server, its routes
+    with counts and percentiles, rollouts, model calls, verify, event-loop lag, GC."""
+    from tests.harness.trio import AGENT, MODEL, RESOURCES
+
+    result = _cli("view", str(real_run), "--metrics")
+    assert result.returncode == 0, result.stderr
+    blocks = {block[0]: block[1:] for block in _text_blocks(result.stdout)}
+    assert {f"nemo-gym/{n}" for n in (AGENT, MODEL, RESOURCES)} <= set(blocks)
+
+    def row(service: str, section: str, label: str) -> list[str]:
+        found = [line.split() for line in blocks[f"nemo-gym/{service}"] if line.strip().startswith(section) and label in line]
+        assert len(found) == 1, (section, label, blocks[f"nemo-gym/{service}"])
+        return found[0]
+
+    # count, p50, p99, total are the last four columns
+    assert int(row(AGENT, "requests", "POST /run 200")[-4]) == N_ROLLOUTS
+    assert int(row(AGENT, "rollouts", "success")[-4]) == N_ROLLOUTS
+    assert int(row(RESOURCES, "verify", "success")[-4]) == N_ROLLOUTS
+    model = row(MODEL, "model calls", "responses")
+    assert int(model[-4]) == 2 * N_ROLLOUTS and 0 < float(model[-3]) <= float(model[-2])  # p50 <= p99
+    for service in (AGENT, MODEL, RESOURCES):
+        assert int(row(service, "event-loop lag", "")[-4]) > 0
+    assert any(line.strip().startswith("GC pauses") for line in blocks[f"nemo-gym/{AGENT}"])
+
+
+@pytest.mark.realgym
+def test_html_page_of_the_real_run_has_the_summary(real_run, tmp_path):
+    page = tmp_path / "with-metrics.html"
+    assert _cli("view", str(real_run), "--html", str(page)).returncode == 0
+    text = page.read_text()
+    assert text.count('<section class="why-slow"') == 1
+    assert "Why is it slow" in text and "nemo-gym/" in text[text.index('<section class="why-slow"'):]

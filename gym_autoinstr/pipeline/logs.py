@@ -1,0 +1,125 @@
+"""Opt-in export of Gym's Python log records as OpenTelemetry logs, with trace ids.
+
+Off unless ``OTEL_LOGS_EXPORTER`` names an exporter (``otlp``, ``console``, ``files``) or
+Gym's own ``NEMO_GYM_OTEL_LOGS_ENABLED`` is true (then: OTLP with an endpoint, the run
+directory's ``<process>-<pid>.logs.jsonl`` otherwise).  A record logged while a span is
+current (a rollout's request) carries that span's trace and span ids.
+
+The handler goes on the root logger at configuration, and on uvicorn's own loggers
+(``uvicorn.error``, ``uvicorn.access``: they do not propagate) once uvicorn has set its
+logging up, at the app's lifespan start-up.  Records of OpenTelemetry's own loggers are
+not exported (an export failure must not loop into another export).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .._log import warn_once
+
+LOGS_SUFFIX = ".logs.jsonl"
+UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
+_TRUE = ("1", "true", "yes", "on")
+
+_state: dict[str, Any] = {"handler": None}
+
+
+def requested(environ: "os._Environ[str] | dict[str, str] | None" = None) -> list[str]:
+    environ = os.environ if environ is None else environ
+    raw = (environ.get("OTEL_LOGS_EXPORTER") or "").strip().lower()
+    names = [n.strip() for n in raw.split(",") if n.strip() and n.strip() != "none"]
+    if names:
+        return names
+    if not raw and (environ.get("NEMO_GYM_OTEL_LOGS_ENABLED") or "").strip().lower() in _TRUE:
+        from . import files
+
+        return ["files" if files.embedded_default_applies(environ) else "otlp"]
+    return []
+
+
+class _NotOurs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(("opentelemetry", "gym_autoinstr"))
+
+
+def _exporter(name: str, who: Any) -> Any:
+    if name == "otlp":
+        from . import configurator
+
+        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL") or configurator._otlp_protocol()).strip().lower()
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        return OTLPLogExporter()
+    if name == "console":
+        from opentelemetry.sdk._logs.export import ConsoleLogExporter
+
+        return ConsoleLogExporter()
+    if name == "files":
+        from . import files, identity
+
+        who = who or identity.detect()
+        return files.log_exporter(files.resolve_output_dir(identity.run_id()), identity.service_name(who))
+    warn_once(f"logs-exporter:{name}", "OTEL_LOGS_EXPORTER=%r is not supported here (otlp, console, files, none); no logs from it.", name)
+    return None
+
+
+def configure(resource: Any, who: Any = None) -> bool:
+    """Set up the logger provider and the handler when logs were asked for."""
+    names = requested()
+    if not names:
+        return False
+    from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    try:
+        from opentelemetry._logs import set_logger_provider
+    except ImportError:  # older SDKs
+        from opentelemetry.sdk._logs import set_logger_provider  # type: ignore[no-redef]
+
+    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    exporters = 0
+    for name in names:
+        try:
+            exporter = _exporter(name, who)
+        except Exception as error:
+            warn_once(f"logs-exporter-error:{name}", "log exporter %r could not be created: %r", name, error)
+            continue
+        if exporter is not None:
+            provider.add_log_record_processor(BatchLogRecordProcessor(exporter, schedule_delay_millis=1000))
+            exporters += 1
+    if not exporters:
+        return False
+    set_logger_provider(provider)
+
+    class GymLoggingHandler(LoggingHandler):
+        def flush(self) -> None:
+            # logging.shutdown() flushes every handler at exit, when the SDK's flush would
+            # start a thread (refused then) and could wait on a dead collector; the
+            # time-boxed flush at exit (flush.py) covers the logger provider instead.
+            pass
+
+    handler = GymLoggingHandler(level=logging.NOTSET, logger_provider=provider)
+    handler.addFilter(_NotOurs())
+    logging.getLogger().addHandler(handler)
+    _state["handler"] = handler
+    return True
+
+
+def attach_to_uvicorn() -> None:
+    """uvicorn's loggers do not propagate to the root: give them the handler too."""
+    handler = _state["handler"]
+    if handler is None:
+        return
+    try:
+        for name in UVICORN_LOGGERS:
+            logger = logging.getLogger(name)
+            if handler not in logger.handlers:
+                logger.addHandler(handler)
+    except Exception as error:
+        warn_once("logs-uvicorn", "uvicorn's log lines are not exported: %r", error)
+
+

@@ -1,0 +1,46 @@
+"""``view --metrics`` from metrics files written by our file exporter (in-process, a real
+SDK meter provider): counts, percentiles from buckets, several processes of one server."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from gym_autoinstr.commands import slow
+from gym_autoinstr.pipeline import files
+from gym_autoinstr.pipeline.metrics import DURATION_BOUNDARIES_MS
+
+
+def _process(run_dir, service: str, values: list[float]) -> None:
+    exporter = files.metric_exporter(run_dir, service)
+    provider = MeterProvider(resource=Resource.create({"service.name": service}),
+                             metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)])
+    histogram = provider.get_meter("t").create_histogram(
+        "gym.rollout.duration_ms", unit="ms", explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS))
+    for value in values:
+        histogram.record(value, {"nemo.gym.rollout.outcome": "success"})
+    provider.force_flush()
+    for value in values[:1]:  # a second, later cumulative line: the summary reads the latest
+        histogram.record(value, {"nemo.gym.rollout.outcome": "success"})
+    provider.shutdown()
+
+
+def test_summary_adds_processes_and_estimates_percentiles(tmp_path):
+    _process(tmp_path, "nemo-gym/agent", [float(v) for v in range(1, 101)])  # 1..100 ms, then 1 once more
+    # a second process of the same server (a uvicorn worker: its own file), then 1000 once more
+    _process(tmp_path / "worker", "nemo-gym/agent", [1000.0] * 10)
+    assert len(list(tmp_path.rglob(f"*{files.METRICS_SUFFIX}"))) == 2
+    summary = slow.summarise(slow.read_run(tmp_path))
+    (row,) = summary["nemo-gym/agent"]["gym.rollout.duration_ms"]
+    assert row["count"] == 101 + 11
+    assert 25 <= row["p50_ms"] <= 100  # the median falls in the 50-100 ms bucket region
+    assert 250 < row["p99_ms"] <= 1000  # the slow worker's calls are the top 10 %
+    text = slow.render_text(summary)
+    assert text.splitlines()[0] == "nemo-gym/agent"
+    assert " 112 " in text and "rollouts" in text
+
+
+def test_no_metrics_files_gives_no_summary(tmp_path):
+    assert slow.render_text(slow.summarise(slow.read_run(tmp_path))) == ""
+    assert slow.render_html(slow.summarise(slow.read_run(tmp_path))) == ""

@@ -1,0 +1,211 @@
+"""Metrics in-process: real Gym server classes and FastAPI apps served by real uvicorn,
+Gym's real aiohttp client, the real SDK meter provider read by an in-memory reader.
+
+The session's meter provider is set once (OpenTelemetry allows one); every test reads
+the cumulative points and compares against what it did itself (deltas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fastapi import FastAPI
+
+from gym_autoinstr.advice.ingress import instrument_app
+from gym_autoinstr.pipeline import metrics, pool, runtime
+from tests.advice.test_routes import _agent, _model, _post, _resources
+from tests.servers import run_async, serve
+
+
+@pytest.fixture(scope="session")
+def reader():
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    if otel_metrics.get_meter_provider().__class__.__name__ != "MeterProvider":
+        pytest.skip("another test already set a global meter provider")
+    assert metrics.activate()
+    runtime.start()
+    yield reader
+    runtime.stop()
+
+
+def points(reader, name: str) -> list:
+    data = reader.get_metrics_data()
+    found = []
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name == name:
+                    found.extend((metric, point) for point in metric.data.data_points)
+    return found
+
+
+def counts(reader, name: str, key: "str | None" = None) -> dict:
+    """Histogram counts (or sums' values) by one attribute."""
+    out: dict = {}
+    for _, point in points(reader, name):
+        label = dict(point.attributes).get(key) if key else None
+        out[label] = out.get(label, 0) + getattr(point, "count", getattr(point, "value", 0))
+    return out
+
+
+def test_rollouts_and_verifications_by_outcome(instrumented, reader):
+    agent = _agent("metrics_agent")
+    resources = _resources(name="metrics_resources")
+    rollouts_before = counts(reader, "gym.rollout.duration_ms", "nemo.gym.rollout.outcome")
+    verify_before = counts(reader, "gym.verify.duration_ms", "nemo.gym.verify.outcome")
+    agent_app, resources_app = agent.setup_webserver(), resources.setup_webserver()
+    instrument_app(agent_app, "metrics_agent")
+    instrument_app(resources_app, "metrics_resources")
+    with serve(agent_app) as agent_url, serve(resources_app) as resources_url:
+        for _ in range(3):
+            assert _post(agent_url + "/run", {"question": "q"})[0] == 200
+        assert _post(resources_url + "/verify", {"question": "q"})[0] == 200
+        assert _post(resources_url + "/verify", {"question": "boom"})[0] == 500
+        assert _post(resources_url + "/seed_session", {})[0] == 200
+
+    def delta(now, before):
+        return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+    assert delta(counts(reader, "gym.rollout.duration_ms", "nemo.gym.rollout.outcome"), rollouts_before) == {"success": 3}
+    assert delta(counts(reader, "gym.verify.duration_ms", "nemo.gym.verify.outcome"), verify_before) == {"success": 1, "failure": 1}
+    (metric, _), *_ = points(reader, "gym.rollout.duration_ms")
+    assert metric.unit == "ms"
+    for _, point in points(reader, "gym.rollout.duration_ms"):
+        assert 0 < point.sum / point.count < 30_000  # milliseconds, not seconds or ns
+    routes = counts(reader, "http.server.request.duration", "http.route")
+    assert routes.get("/run", 0) >= 3 and routes.get("/seed_session", 0) >= 1
+    in_flight = {dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")}
+    assert in_flight["metrics_agent"] == 0 and in_flight["metrics_resources"] == 0
+
+
+def test_model_calls_by_dialect_and_server_with_time_to_first_byte(instrumented, reader):
+    server, _ = _model("metrics_model")
+    app = server.setup_webserver()
+    instrument_app(app, "metrics_model")
+    with serve(app) as base:
+        assert _post(base + "/v1/chat/completions", {"question": "q"})[0] == 200
+        assert _post(base + "/v1/responses", {"question": "stream"})[0] == 200  # 3 chunks, 50 ms apart
+    calls = {
+        (dict(p.attributes)["nemo.gym.model.dialect"], dict(p.attributes)["nemo.gym.server.name"]): p
+        for _, p in points(reader, "gym.model.call_duration_ms")
+    }
+    first_bytes = {dict(p.attributes)["nemo.gym.model.dialect"]: p for _, p in points(reader, "gym.model.time_to_first_byte_ms")
+                   if dict(p.attributes)["nemo.gym.server.name"] == "metrics_model"}
+    assert calls[("chat_completions", "metrics_model")].count == 1
+    stream = calls[("responses", "metrics_model")]
+    assert stream.count == 1 and stream.sum >= 150  # the whole stream: three 50 ms sleeps
+    assert first_bytes["responses"].count == 1 and first_bytes["responses"].sum < stream.sum  # headers before the body
+
+
+def test_the_server_group_off_still_gives_metrics(instrumented, reader, spans, monkeypatch):
+    from gym_autoinstr.pipeline import groups
+
+    monkeypatch.setattr(groups, "ENABLED", frozenset())
+    agent = _agent("untraced_agent")
+    app = agent.setup_webserver()
+    instrument_app(app, "untraced_agent")
+    before = counts(reader, "gym.rollout.duration_ms").get(None, 0)
+    with serve(app) as base:
+        assert _post(base + "/run", {"question": "q"})[0] == 200
+    assert spans.get_finished_spans() == ()
+    assert counts(reader, "gym.rollout.duration_ms").get(None, 0) == before + 1
+
+
+def test_a_handler_blocking_the_loop_shows_as_event_loop_lag(instrumented, reader):
+    app = FastAPI()
+
+    @app.post("/block")
+    async def block(body: dict):
+        time.sleep(0.2)  # synchronous work on the event loop
+        return {}
+
+    instrument_app(app, "blocking_server")
+    with serve(app) as base:
+        time.sleep(0.3)  # the probe is running
+        before = max((p.max for _, p in points(reader, "gym.event_loop.lag_ms")), default=0.0)
+        assert before < 150, "the loop was already lagging before the block; cannot tell"
+        assert _post(base + "/block", {})[0] == 200
+        time.sleep(0.3)
+    lag = [p for _, p in points(reader, "gym.event_loop.lag_ms")]
+    assert lag and max(p.max for p in lag) >= 100  # a 200 ms block delays a 100 ms sleep by >= 100 ms
+    (metric, _), *_ = points(reader, "gym.event_loop.lag_ms")
+    assert metric.unit == "ms"
+
+
+def test_gc_pauses_and_collections_by_generation(reader):
+    import gc
+
+    before = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation").get(2, 0)
+    gc.collect()
+    gc.collect(2)
+    runtime.drain_gc_pauses()  # what each server's loop probe does every 100 ms
+    after = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation")
+    assert after.get(2, 0) >= before + 2
+    collections = {dict(p.attributes)["nemo.gym.gc.generation"]: p.value for _, p in points(reader, "gym.gc.collections_total")}
+    assert collections[2] == gc.get_stats()[2]["collections"]
+
+
+def test_process_metrics(reader):
+    names = {metric.name: metric for metric, _ in points(reader, "process.cpu.time") + points(reader, "process.memory.usage")
+             + points(reader, "process.thread.count") + points(reader, "process.open_file_descriptor.count")}
+    assert set(names) == {"process.cpu.time", "process.memory.usage", "process.thread.count", "process.open_file_descriptor.count"}
+    modes = {dict(p.attributes).get("cpu.mode") for _, p in points(reader, "process.cpu.time")}
+    assert modes == {"user", "system"}
+    (_, memory), = points(reader, "process.memory.usage")
+    assert memory.value > 10 * 1024 * 1024  # bytes of this interpreter
+
+
+def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch):
+    """Gym's real client with a one-connection pool; three concurrent calls to a slow
+    server: two wait for the slot, recorded under the server's name from Gym's config."""
+    from omegaconf import OmegaConf
+    from nemo_gym import global_config, server_utils
+
+    app = FastAPI()
+
+    @app.post("/slow")
+    async def slow(body: dict):
+        await asyncio.sleep(0.2)
+        return {}
+
+    from gym_autoinstr.advice import egress
+
+    with serve(app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        config = OmegaConf.create({"slow_resources": {"resources_servers": {"slow": {"host": "127.0.0.1", "port": port}}}})
+        monkeypatch.setattr(global_config, "_GLOBAL_CONFIG_DICT", config)
+        monkeypatch.setitem(pool._state, "names", None)
+        pool._attributes.clear()
+        previous = server_utils._GLOBAL_AIOHTTP_CLIENT
+
+        async def calls():
+            server_utils._GLOBAL_AIOHTTP_CLIENT = None
+            session = egress.global_client_advice(
+                server_utils.set_global_aiohttp_client, None,
+                (server_utils.GlobalAIOHTTPAsyncClientConfig(global_aiohttp_connector_limit=1, global_aiohttp_connector_limit_per_host=1),), {},
+            )
+            try:
+                async def one():
+                    response = await server_utils.request("POST", f"{base}/slow", json={})
+                    await response.read()
+                    return response.status
+
+                return await asyncio.gather(one(), one(), one())
+            finally:
+                await session.close()
+                server_utils._GLOBAL_AIOHTTP_CLIENT = previous
+
+        before = counts(reader, "gym.http.connection_pool.queue_duration_ms", pool.DESTINATION).get("slow_resources", 0)
+        assert run_async(calls()) == [200, 200, 200]
+    waits = [p for _, p in points(reader, "gym.http.connection_pool.queue_duration_ms")
+             if dict(p.attributes)[pool.DESTINATION] == "slow_resources"]
+    assert sum(p.count for p in waits) == before + 2
+    assert max(p.max for p in waits) >= 150  # the third call waited for two 200 ms calls
+    assert dict(waits[0].attributes)["nemo.gym.http.connection_pool.queue_outcome"] == "acquired"
