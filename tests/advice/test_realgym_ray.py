@@ -156,8 +156,33 @@ def test_code_gen_shaped_tasks_are_traced_although_their_runtime_env_replaces_py
 
 def test_a_raising_task_marks_its_worker_span_with_the_error_type_only(ray_run):
     assert ray_run["results"]["raises"] == "ValueError"
-    (execute,) = _named(ray_run["spans"], "ray.execute", "raises")
-    assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "ValueError"
+    executes = _named(ray_run["spans"], "ray.execute", "raises")
+    assert len(executes) == 4  # one bare, three under the caller spans below
+    for execute in executes:
+        assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "ValueError"
+    assert not any(b"secret-canary" in body for body in ray_run["bodies"])
+
+
+def test_a_task_error_marks_the_callers_span_where_it_surfaces(ray_run):
+    spans, caught = ray_run["spans"], ray_run["results"]["caller_errors"]
+    # what the caller received is Ray's own: RayTaskError(ValueError), still a ValueError
+    assert caught == {"get": ["ValueError", True], "get_list": ["ValueError", True], "get_ok": "no error",
+                      "await": ["ValueError", True], "await_ok": "no error"}
+    by_name = {s["name"]: s for s in spans if s["name"].startswith("probe.")}
+    for label in ("get", "get_list", "await", "actor_get"):
+        span = by_name[f"probe.{label}"]
+        expected = "KeyError" if label == "actor_get" else "ValueError"
+        assert span["status"] == "ERROR" and span["attributes"]["error.type"] == expected, label
+        assert service_of(span) == SUBMITTER
+        # the caller's span is the task's submit span's parent; the worker span marked too
+        (submit,) = [s for s in spans if s["parent_span_id"] == span["span_id"]
+                     and s["name"] in ("ray.submit raises", "ray.submit Counter.fail")]
+        (execute,) = [s for s in spans if s["parent_span_id"] == submit["span_id"]]
+        assert execute["status"] == "ERROR" and execute["trace_id"] == span["trace_id"]
+    for label in ("get_ok", "await_ok"):
+        span = by_name[f"probe.{label}"]
+        assert span["status"] == "UNSET" and "error.type" not in span["attributes"], label
+        assert [s for s in spans if s["parent_span_id"] == span["span_id"] and s["name"] == "ray.submit star"]
     assert not any(b"secret-canary" in body for body in ray_run["bodies"])
 
 

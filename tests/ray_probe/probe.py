@@ -5,11 +5,13 @@ server to gym-autoinstr), the cluster's address as argv[1] and a directory holdi
 ``gym_autoinstr`` that cannot be imported as argv[2].
 """
 
+import asyncio
 import json
 import os
 import sys
 
 import ray
+from opentelemetry import trace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_tasks as t  # noqa: E402
@@ -25,6 +27,34 @@ try:
     out["raises"] = "no error"
 except ray.exceptions.RayTaskError as error:
     out["raises"] = type(error.cause).__name__
+# A task's exception surfacing in the caller, inside the caller's own spans (as in a
+# Gym server's /verify): at ray.get of one ref, of a list, and at `await ref`; beside
+# calls that succeed, whose spans stay unmarked.
+tracer = trace.get_tracer("ray_probe")
+caught = {}
+for label, call in (("get", lambda: ray.get(t.raises.remote("secret-canary"))),
+                    ("get_list", lambda: ray.get([t.star.remote(1), t.raises.remote("secret-canary")])),
+                    ("get_ok", lambda: ray.get(t.star.remote(2)))):
+    with tracer.start_as_current_span(f"probe.{label}"):
+        try:
+            call()
+            caught[label] = "no error"
+        except ray.exceptions.RayTaskError as error:
+            caught[label] = [type(error.cause).__name__, isinstance(error, ValueError)]
+
+
+async def awaiting():
+    for label, arg in (("await", "secret-canary"), ("await_ok", None)):
+        with tracer.start_as_current_span(f"probe.{label}"):
+            try:
+                await (t.raises.remote(arg) if arg else t.star.remote(3))
+                caught[label] = "no error"
+            except ray.exceptions.RayTaskError as error:
+                caught[label] = [type(error.cause).__name__, isinstance(error, ValueError)]
+
+
+asyncio.run(awaiting())
+out["caller_errors"] = caught
 out["positional_only"] = ray.get(t.positional_only.remote(1, 2, c=3))
 out["star"] = ray.get(t.star.options(name="renamed", num_cpus=0.5).remote(1, 2, k=3))
 out["collides"] = ray.get(t.collides.remote(5))
@@ -32,11 +62,12 @@ out["pair"] = ray.get(list(t.pair.remote(7)))
 out["numbers"] = list(ray.get(list(t.numbers.options(num_returns=3).remote(3))))
 counter = t.Counter.remote(10)
 out["actor"] = [ray.get(counter.add.remote(1)), ray.get(counter.add.options(name="add-twice").remote(2, times=2))]
-try:
-    ray.get(counter.fail.remote())
-    out["actor_raises"] = "no error"
-except ray.exceptions.RayTaskError as error:
-    out["actor_raises"] = type(error.cause).__name__
+with tracer.start_as_current_span("probe.actor_get"):
+    try:
+        ray.get(counter.fail.remote())
+        out["actor_raises"] = "no error"
+    except ray.exceptions.RayTaskError as error:
+        out["actor_raises"] = type(error.cause).__name__
 out["actor_static"] = ray.get(counter.version.remote())
 echo = t.AsyncEcho.remote()
 out["async_actor"] = ray.get(echo.echo.remote("hi"))
