@@ -212,6 +212,26 @@ POINTCUTS: tuple[Pointcut, ...] = (
         parameters=("args", "kwargs"),
     ),
     Pointcut(
+        name="ray.get_error",
+        module="ray.exceptions",
+        attribute="RayTaskError.as_instanceof_cause",
+        advice=ray_tasks.task_error_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="a Ray task's exception surfacing at ray.get marks the caller's current span ERROR with "
+        "error.type of the task's exception",
+    ),
+    Pointcut(
+        name="ray.await_error",
+        module="ray._raylet",
+        attribute="asyncio.wrap_future",
+        advice=ray_tasks.wrap_future_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="`await ref` (ObjectRef.__await__ wraps ref.future()): the awaiter's current span is marked "
+        "ERROR with error.type when the task's exception surfaces there",
+    ),
+    Pointcut(
         name="fleet.ready",
         module="nemo_gym.cli.env",
         attribute="RunHelper.wait_for_spinup",

@@ -419,6 +419,69 @@ def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any,
     return _open_submission(f"ray.submit {method}", attributes, args, kwargs)
 
 
+# --- the caller's side: a task's exception surfacing ------------------------------
+#
+# Ray raises a task's exception in the caller as ``RayTaskError(<Cause>)``, a subclass of
+# both ``RayTaskError`` and the cause's class, made by ``RayTaskError.as_instanceof_cause``.
+# ``ray.get`` (one ref or a list) calls that in the caller's own thread just before it
+# raises: the span current there gets ERROR and ``error.type`` of the cause (pointcut
+# ``ray.get_error``).  ``await ref`` builds its future in the awaiting coroutine
+# (``asyncio.wrap_future(ref.future())``) but Ray settles it from its own thread, where no
+# span is current: so the awaiter's current span is noted when the future is wrapped, and
+# marked if the future ends with a task's exception (pointcut ``ray.await_error``).
+# Nothing runs on the success path but a check; what the caller receives is untouched.
+
+
+def task_error_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``RayTaskError.as_instanceof_cause``: the caller's current span is marked."""
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    surfaced = wrapped(*args, **kwargs)
+    try:
+        _mark_caller(trace.get_current_span(), instance)
+    except Exception as error:
+        warn_once("ray:get-error", "Ray task error not recorded on the caller's span: %r", error)
+    return surfaced
+
+
+def wrap_future_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``asyncio.wrap_future`` as Ray's ``ObjectRef.__await__`` calls it: the awaiter's span
+    is marked if the ref's future ends with a task's exception."""
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        source = args[0] if args else kwargs.get("future")
+        if getattr(source, "object_ref", None) is not None and hasattr(source, "add_done_callback"):
+            span = trace.get_current_span()
+            if span.is_recording():
+                # Before asyncio chains its own callback: the span is marked before the
+                # awaiter can resume (and end it).
+                source.add_done_callback(functools.partial(_mark_on_task_error, span))
+    except Exception as error:
+        warn_once("ray:await-error", "Ray task errors at `await ref` not recorded: %r", error)
+    return wrapped(*args, **kwargs)
+
+
+def _mark_on_task_error(span: Any, future: Any) -> None:
+    try:
+        if future.cancelled():
+            return
+        error = future.exception(timeout=0)
+        if error is not None:
+            _mark_caller(span, error)
+    except Exception:
+        pass
+
+
+def _mark_caller(span: Any, error: Any) -> None:
+    from ray.exceptions import RayTaskError
+
+    if not isinstance(error, RayTaskError) or not span.is_recording():
+        return
+    cause = getattr(error, "cause", None)
+    mark_error(span, cause if isinstance(cause, BaseException) else error)
+
+
 # --- the worker side -----------------------------------------------------------------
 
 

@@ -161,6 +161,26 @@ def test_a_raising_task_marks_its_worker_span_with_the_error_type_only(ray_run):
     assert not any(b"secret-canary" in body for body in ray_run["bodies"])
 
 
+def test_a_task_error_marks_the_callers_span_where_it_surfaces(ray_run):
+    spans, caught = ray_run["spans"], ray_run["results"]["caller_errors"]
+    # what the caller received is Ray's own: RayTaskError(<cause>), still the cause's class
+    assert caught == {"get": True, "await": ["KeyError", True], "await_ok": "again"}
+    by_name = {s["name"]: s for s in spans if s["name"].startswith("probe.")}
+    for label, submitted, error_type in (("get", "raises", "ValueError"), ("actor_get", "Counter.fail", "KeyError"),
+                                         ("await", "Counter.fail", "KeyError")):
+        span = by_name[f"probe.{label}"]
+        assert span["status"] == "ERROR" and span["attributes"]["error.type"] == error_type, label
+        assert service_of(span) == SUBMITTER
+        # the caller's span is its task's submit span's parent; the worker's span is marked too
+        (submit,) = [s for s in spans if s["parent_span_id"] == span["span_id"] and s["name"] == f"ray.submit {submitted}"]
+        (execute,) = [s for s in spans if s["parent_span_id"] == submit["span_id"]]
+        assert execute["status"] == "ERROR" and execute["trace_id"] == span["trace_id"]
+    for label, submitted in (("get_ok", "double"), ("await_ok", "AsyncEcho.echo")):
+        span = by_name[f"probe.{label}"]
+        assert span["status"] == "UNSET" and "error.type" not in span["attributes"], label
+        assert [s for s in spans if s["parent_span_id"] == span["span_id"] and s["name"] == f"ray.submit {submitted}"]
+
+
 def test_odd_shapes_run_as_before(ray_run):
     results, spans = ray_run["results"], ray_run["spans"]
     assert results["positional_only"]["value"] == [1, 2, 3]
@@ -178,8 +198,8 @@ def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
     assert [r["value"] for r in results["actor"]] == [11, 15]
     assert results["actor_raises"] == "KeyError" and results["actor_static"] == 1
     assert results["async_actor"]["value"] == "hi"
-    for method, count, pid in (("Counter.add", 2, results["actor"][0]["pid"]), ("Counter.fail", 1, results["actor"][0]["pid"]),
-                               ("AsyncEcho.echo", 1, results["async_actor"]["pid"])):
+    for method, count, pid in (("Counter.add", 2, results["actor"][0]["pid"]), ("Counter.fail", 2, results["actor"][0]["pid"]),
+                               ("AsyncEcho.echo", 2, results["async_actor"]["pid"])):
         submits, executes = _named(spans, "ray.submit", method), _named(spans, "ray.execute", method)
         assert len(submits) == len(executes) == count, method
         for execute in executes:
@@ -190,8 +210,8 @@ def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
             assert submit["attributes"]["ray.task.id"] == execute["attributes"]["ray.task.id"]
             assert execute["attributes"]["ray.task.function"] == f"probe_tasks.{method}"
             assert execute["attributes"]["process.pid"] == pid  # the actor's own process
-    (fail,) = _named(spans, "ray.execute", "Counter.fail")
-    assert fail["status"] == "ERROR" and fail["attributes"]["error.type"] == "KeyError"
+    for fail in _named(spans, "ray.execute", "Counter.fail"):  # ray.get and await
+        assert fail["status"] == "ERROR" and fail["attributes"]["error.type"] == "KeyError"
     assert not [s for s in spans if "version" in s["name"]]  # static methods: untraced
     # both actors were killed right after their last call; their spans had left already
     assert not any(psutil.pid_exists(pid) for pid in (results["actor"][0]["pid"], results["async_actor"]["pid"]))
