@@ -276,17 +276,25 @@ def code_gen_run(venv, module_collector, cluster, tmp_path_factory):
                        extra_config={"ray_head_node_address": cluster.address})
         with trio:
             results = trio.rollouts(4, concurrency=2)
-            module_collector.sink.wait_for(
-                lambda spans: len([s for s in spans if s["name"] == "ray.execute check_correctness_remote"]) >= 4,
-                timeout=120)
+
+            def executed() -> list[dict]:
+                return [s for s in module_collector.sink.spans() if s["name"] == "ray.execute check_correctness_remote"]
+
+            module_collector.sink.wait_for(lambda spans: len(executed()) >= len(results), timeout=120)
+            # SPREAD is Ray's best effort: a few more rollouts (at most 10 in all) until the
+            # tasks have used both nodes; every rollout sent is checked below.
+            while len({s["attributes"].get("ray.node.id") for s in executed()}) < 2 and len(results) < 10:
+                results += trio.rollouts(2, concurrency=2)
+                module_collector.sink.wait_for(lambda spans: len(executed()) >= len(results), timeout=120)
             time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
     return {"results": results, "spans": module_collector.sink.spans(), "seconds": time.monotonic() - started}
 
 
 def _assert_rollouts_continue_into_the_ray_worker(run: dict, run_service: str) -> set:
-    assert [r["reward"] for r in run["results"]] == [1.0] * 4
+    sent = len(run["results"])
+    assert [r["reward"] for r in run["results"]] == [1.0] * sent
     traces = rollout_traces(run["spans"], run_service)
-    assert len(traces) == 4
+    assert len(traces) == sent
     nodes = set()
     for spans in traces.values():
         by_id = {s["span_id"]: s for s in spans}
