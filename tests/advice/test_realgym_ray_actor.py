@@ -190,10 +190,19 @@ def test_the_actor_is_gym_orchestrator_with_actor_shard_and_node(run):
         assert resource["ray.actor.name"] == resource["nemo.gym.shard"] == "shard-a"
         assert resource["ray.node.id"] == where["node"]
         assert resource["nemo.gym.version"] == run["version"]
-        # nothing upstream (the job-traces rule for run_examples): each rollout is a root
-        assert client["parent_span_id"] is None
+        # Nothing upstream in the driver, but the actor method call is itself traced: our Ray
+        # propagation carries the driver's `ray.submit` into the actor, whose `ray.execute`
+        # span parents the batch's rollouts (one trace per actor call; re-rooting each
+        # rollout there as under gym.job is not done yet).
+        (execute,) = [s for s in run["spans"] if s["span_id"] == client["parent_span_id"]]
+        assert execute["name"].startswith("ray.execute ") and execute["kind"] == "CONSUMER"
+        assert execute["resource"]["process.pid"] == where["pid"]
+        (submit,) = [s for s in run["spans"] if s["span_id"] == execute["parent_span_id"]]
+        # in the driver, with nothing above it
+        assert submit["name"].startswith("ray.submit ") and submit["kind"] == "PRODUCER"
+        assert submit["parent_span_id"] is None and submit["resource"].get("process.pid") != where["pid"]
         _assert_whole(run, client)
-    assert len({c["trace_id"] for c in first}) == N
+    assert len({c["parent_span_id"] for c in first}) == 1
 
 
 def test_a_span_the_driver_hands_to_the_actor_parents_the_rollouts(run):
