@@ -145,9 +145,15 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
     assert f"rewards: {[1.0] * ROLLOUTS}" in out
     assert f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={demo['url']}/v1/traces" in out
     assert f"OTEL_EXPORTER_OTLP_TRACES_HEADERS=x-mlflow-experiment-id={demo['experiment']}" in out
-    traces = mlflow.search_traces(demo["experiment"])
+    everything = mlflow.search_traces(demo["experiment"])
+    traces = mlflow.search_rollouts(demo["experiment"])
     _check_whole_rollouts(traces, ROLLOUTS)
     _check_model_calls(traces)
+    # the rest is the fleet's start-up (span group startup, in the default preset)
+    others = [t for t in everything if t["trace_id"] not in {r["trace_id"] for r in traces}]
+    for trace in others:
+        assert all(s["name"].startswith(("gym.startup", "gym.server.startup")) for s in trace["spans"]), (
+            [s["name"] for s in trace["spans"]])
     assert f"{ROLLOUTS} traces in MLflow experiment {demo['experiment']}" in out
 
 
@@ -160,7 +166,8 @@ def test_the_collector_recipe_forwards_whole_rollouts_to_mlflow(through_rotel):
 def test_traces_in_mlflow_span_three_gym_services(demo, mlflow):
     # MLflow keeps the OTLP resource per span only as the trace's metadata; the services
     # show in the span attributes Gym's servers set, and in the server spans' ports.
-    traces = mlflow.search_traces(demo["experiment"])
+    traces = mlflow.search_rollouts(demo["experiment"])
+    assert len(traces) == ROLLOUTS
     for trace in traces:
         servers = {s["attributes"].get("nemo.gym.server.name") for s in trace["spans"]} - {None}
         assert servers >= {AGENT, MODEL, RESOURCES}, servers
@@ -205,7 +212,7 @@ def _chromium() -> str:
 
 
 def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflow, tmp_path):
-    (trace, *_) = mlflow.search_traces(demo["experiment"])
+    (trace, *_) = mlflow.search_rollouts(demo["experiment"])
     url = mlflow.trace_url(demo["experiment"], trace["trace_id"])
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--window-size=2000,1100", "--virtual-time-budget=30000"]

@@ -178,16 +178,27 @@ class MlflowServer:
                 return traces
             time.sleep(2)
 
+    def search_rollouts(self, experiment_id: str) -> list[dict[str, Any]]:
+        """The experiment's rollout traces (rooted at an agent's ``POST /run``); the fleet's
+        start-up trace (``gym.startup``) lands in the same experiment and is left out."""
+        return rollout_traces_only(self.search_traces(experiment_id))
+
     def wait_for_rollouts(self, experiment_id: str, count: int, timeout: float = 120.0) -> list[dict[str, Any]]:
-        """The experiment's traces once ``count`` of them are complete in MLflow (root span
-        in: state OK) and no span arrived between two looks; whatever is there at timeout."""
+        """The experiment's rollout traces once ``count`` of them are complete in MLflow
+        (root span in: state OK) and no span arrived between two looks; whatever is there
+        at timeout."""
         previous = None
         deadline = time.monotonic() + timeout
         while True:
-            traces = self.search_traces(experiment_id)
+            traces = self.search_rollouts(experiment_id)
             shape = sorted((t["trace_id"], len(t["spans"])) for t in traces)
             done = sum(1 for t in traces if t["state"].endswith("OK")) >= count
             if (done and shape == previous) or time.monotonic() > deadline:
                 return traces
             previous = shape
             time.sleep(2)
+
+
+def rollout_traces_only(traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The traces whose root is a ``POST /run`` (one per rollout)."""
+    return [t for t in traces if any(s["name"] == "POST /run" and s["parent_id"] is None for s in t["spans"])]
