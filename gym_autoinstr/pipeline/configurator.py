@@ -415,13 +415,7 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
             # The embedder's provider: our identity joins its resource; its service.name
             # stays unless OTEL_SERVICE_NAME says otherwise (as adopt_foreign_provider).
             attributes = {**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}}
-            name = resource.attributes.get("service.name")
-            if name and not str(name).startswith("unknown_service") and not os.environ.get("OTEL_SERVICE_NAME"):
-                attributes.pop("service.name")
-            try:
-                current._resource = resource.merge(Resource(attributes))  # type: ignore[attr-defined]
-            except Exception as error:
-                warn_once("adopt-provider", "could not add Gym identity to the active tracer provider: %r", error)
+            _add_identity(current, resource, attributes)
             STATE["configured_by"] = f"foreign:{type(current).__module__}"
         start_flusher()
         from . import quiet
@@ -454,10 +448,15 @@ def adopt_foreign_provider() -> None:
     if not isinstance(resource, Resource):
         return
     STATE["configured_by"] = f"foreign:{type(provider).__module__}"
-    attributes = identity.resource_attributes(who)
+    _add_identity(provider, resource, identity.resource_attributes(who))
+
+
+def _add_identity(provider: Any, resource: Resource, attributes: dict[str, Any]) -> None:
+    """Merge our identity into another's provider resource; its own service.name stays
+    unless OTEL_SERVICE_NAME says otherwise."""
     current = resource.attributes.get("service.name")
     if current and not str(current).startswith("unknown_service") and not os.environ.get("OTEL_SERVICE_NAME"):
-        attributes.pop("service.name")
+        attributes = {k: v for k, v in attributes.items() if k != "service.name"}
     try:
         provider._resource = resource.merge(Resource(attributes))  # type: ignore[attr-defined]
     except Exception as error:
