@@ -31,9 +31,9 @@ from opentelemetry import trace
 from opentelemetry.sdk._configuration import _BaseConfigurator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
-from . import files, identity, sampling
+from . import batching, files, identity, sampling
 from .._log import logger, warn_once
 from .flush import WatchedExporter, flush, start_flusher
 
@@ -171,8 +171,9 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] 
     provider = TracerProvider(resource=resource, sampler=sampling.configured_sampler(), shutdown_on_exit=False)
     for label, exporter in span_exporters(who):
         provider.add_span_processor(
-            BatchSpanProcessor(
-                WatchedExporter(exporter),
+            batching.make_processor(
+                exporter,
+                WatchedExporter,
                 max_queue_size=_int_env("OTEL_BSP_MAX_QUEUE_SIZE", BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"]),
                 schedule_delay_millis=_int_env("OTEL_BSP_SCHEDULE_DELAY", BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"]),
                 max_export_batch_size=_int_env(

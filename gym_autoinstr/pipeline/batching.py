@@ -1,0 +1,324 @@
+"""A batch span processor that encodes each span when it ends.
+
+The SDK's ``BatchSpanProcessor`` queues ended spans as objects and the OTLP exporter
+encodes a whole batch later on its own thread.  In a Gym server at full load that costs
+twice: the encoding itself (~30-45 µs of Python per span), and the garbage collector,
+because every queued span (with its attribute map, lock, context and lists) lives about
+a second, survives the young collections and is promoted, so the old generations fill
+faster and Gym's full collections of a large heap come more often.
+
+Here a span is encoded to OTLP protobuf bytes (``wire.py``, ~5 µs) on the thread that
+ends it and the span object is released at once; the queue holds only ``bytes``, which
+the garbage collector does not track.  The export thread joins the bytes under the
+process's resource and each instrumentation scope and hands the request to the SDK's own
+OTLP exporter, which keeps its endpoint, headers, TLS, compression, timeout, retry and
+self-metrics: ``encode_spans`` in the exporter's module is wrapped so that a batch that is
+already bytes passes through and anything else is encoded as before.
+
+Used only in front of the SDK's OTLP/HTTP and OTLP/gRPC span exporters whose ``export``
+calls ``encode_spans`` (checked when the pipeline is built); any other exporter, or an
+exporter of an unknown shape, gets the stock ``BatchSpanProcessor``.  Queue size, batch
+size and delay are the ``OTEL_BSP_*`` settings, as for the stock processor; a full queue
+drops new spans and says so once.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import SpanProcessor
+
+from . import wire
+from .._log import logger, warn_once
+
+
+class EncodedBatch:
+    """An export request already in wire form, in place of the list of spans the
+    exporter's ``export`` receives.  ``len()`` is the span count (the exporter's
+    self-metrics count it)."""
+
+    __slots__ = ("payload", "count")
+
+    def __init__(self, payload: bytes, count: int) -> None:
+        self.payload = payload
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):  # an exporter that iterates the batch sees no span objects
+        return iter(())
+
+    def SerializePartialToString(self) -> bytes:  # noqa: N802 - the protobuf message API
+        return self.payload
+
+    SerializeToString = SerializePartialToString
+
+
+# -- the exporter side -------------------------------------------------------------------
+
+_HOOKED: dict[str, bool] = {}
+
+
+def _hook_module(module: Any, parse: bool) -> bool:
+    """Wrap ``module.encode_spans`` so an ``EncodedBatch`` passes through."""
+    if _HOOKED.get(module.__name__):
+        return True
+    original = getattr(module, "encode_spans", None)
+    if not callable(original):
+        return False
+    if parse:  # gRPC hands the stub a message object: parse our bytes into one (in C)
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        def encode_spans(spans: Any) -> Any:
+            if type(spans) is EncodedBatch:
+                return ExportTraceServiceRequest.FromString(spans.payload)
+            return original(spans)
+    else:
+
+        def encode_spans(spans: Any) -> Any:
+            if type(spans) is EncodedBatch:
+                return spans
+            return original(spans)
+
+    encode_spans.__wrapped__ = original  # type: ignore[attr-defined]
+    module.encode_spans = encode_spans
+    _HOOKED[module.__name__] = True
+    return True
+
+
+def _calls_encode_spans(function: Any) -> bool:
+    code = getattr(function, "__code__", None)
+    return code is not None and "encode_spans" in code.co_names
+
+
+def accepts_encoded(exporter: Any) -> bool:
+    """True when ``exporter`` is the SDK's OTLP span exporter (HTTP or gRPC) of a shape we
+    know; its module's ``encode_spans`` is then wrapped (once per process)."""
+    import sys
+
+    cls = type(exporter)
+    module = sys.modules.get(cls.__module__)
+    if module is None or cls.__name__ != "OTLPSpanExporter":
+        return False
+    if cls.__module__ == "opentelemetry.exporter.otlp.proto.http.trace_exporter":
+        if not _calls_encode_spans(getattr(cls, "export", None)):
+            return False
+        return _hook_module(module, parse=False)
+    if cls.__module__ == "opentelemetry.exporter.otlp.proto.grpc.trace_exporter":
+        if not _calls_encode_spans(getattr(cls, "_translate_data", None)):
+            return False
+        return _hook_module(module, parse=True)
+    return False
+
+
+# -- the processor -----------------------------------------------------------------------
+
+
+class _Scope:
+    __slots__ = ("encoded", "schema_url")
+
+    def __init__(self, encoded: bytes, schema_url: "str | None") -> None:
+        self.encoded = encoded
+        self.schema_url = schema_url
+
+
+class EncodingSpanProcessor(SpanProcessor):
+    def __init__(
+        self,
+        exporter: Any,
+        *,
+        max_queue_size: int,
+        schedule_delay_millis: float,
+        max_export_batch_size: int,
+    ) -> None:
+        self._exporter = exporter
+        self._max_queue_size = max_queue_size
+        self._delay = schedule_delay_millis / 1000
+        self._batch_size = max(1, min(max_export_batch_size, max_queue_size))
+        # Encoded (scope, span bytes) pairs; a deque's append and popleft are atomic.
+        self._queue: collections.deque = collections.deque()
+        self._scopes: dict[int, tuple[Any, _Scope]] = {}
+        self._resource: "tuple[Any, bytes] | None" = None
+        self._dropped = 0
+        self._encode_failures = 0
+        self._shutdown = False
+        self._wake = threading.Event()
+        self._export_lock = threading.Lock()
+        self._thread: "threading.Thread | None" = None
+        self._start_thread()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (ref() or (lambda: None))())
+
+    # counters for `doctor`, tests and the benchmarks' probe
+    @property
+    def dropped_spans(self) -> int:
+        return self._dropped
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._run, name="gym-autoinstr-export", daemon=True)
+        thread.start()
+        self._thread = thread
+
+    def _after_fork(self) -> None:
+        # The child starts with what the parent had queued (the parent exports it) and
+        # no export thread: both are made anew.
+        self._queue = collections.deque()
+        self._wake = threading.Event()
+        self._export_lock = threading.Lock()
+        self._start_thread()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def on_end(self, span: Any) -> None:
+        if self._shutdown or not span.context.trace_flags.sampled:
+            return
+        queue = self._queue
+        if len(queue) >= self._max_queue_size:
+            self._dropped += 1
+            warn_once(
+                "bsp-queue-full",
+                "span queue full (%d spans): new spans are dropped until the exporter catches up; "
+                "raise OTEL_BSP_MAX_QUEUE_SIZE or check the collector.",
+                self._max_queue_size,
+            )
+            return
+        try:
+            encoded = wire.span(span)
+        except Exception as error:  # never Gym's problem: this span is lost, and says so once
+            self._encode_failures += 1
+            warn_once("wire-encode", "a span could not be encoded and is not exported: %r", error)
+            return
+        queue.append((span.instrumentation_scope, span.resource, encoded))
+        if len(queue) >= self._batch_size and not self._wake.is_set():
+            self._wake.set()
+
+    # -- export thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._shutdown:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            if self._shutdown:
+                break
+            try:
+                self._export_queued(until_empty=False)
+            except Exception as error:  # the loop must survive anything an exporter does
+                warn_once("export-loop", "span export failed: %r", error)
+
+    def _scope(self, scope: Any) -> _Scope:
+        hit = self._scopes.get(id(scope))
+        if hit is None or hit[0] is not scope:
+            encoded = _Scope(wire.scope(scope), getattr(scope, "schema_url", None) if scope else None)
+            hit = self._scopes[id(scope)] = (scope, encoded)
+        return hit[1]
+
+    def _scope_spans(self, scope: Any, spans: list) -> bytes:
+        known = self._scope(scope)
+        return wire.scope_spans(known.encoded, known.schema_url, spans)
+
+    def _resource_bytes(self, resource: Any) -> bytes:
+        known = self._resource
+        if known is None or known[0] is not resource:
+            known = self._resource = (resource, wire.resource(resource))
+        return known[1]
+
+    def _export_queued(self, until_empty: bool) -> bool:
+        """Export what is queued, one batch at a time; True if every export succeeded."""
+        ok = True
+        with self._export_lock:
+            while True:
+                batch = self._take()
+                if not batch:
+                    return ok
+                ok = self._export(batch) and ok
+                if not until_empty and len(self._queue) < self._batch_size:
+                    return ok
+
+    def _take(self) -> list:
+        queue = self._queue
+        batch = []
+        popleft = queue.popleft
+        for _ in range(min(len(queue), self._batch_size)):
+            try:
+                batch.append(popleft())
+            except IndexError:
+                break
+        return batch
+
+    def _export(self, batch: list) -> bool:
+        # Group by resource, then by scope, keeping first-seen order.
+        by_resource: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
+        for scope, resource, encoded in batch:
+            entry = by_resource.get(id(resource))
+            if entry is None:
+                entry = by_resource[id(resource)] = (resource, {})
+            scopes = entry[1]
+            spans = scopes.get(id(scope))
+            if spans is None:
+                spans = scopes[id(scope)] = (scope, [])
+            spans[1].append(encoded)
+        payload = b"".join(
+            wire.export_request(
+                self._resource_bytes(resource),
+                getattr(resource, "schema_url", None),
+                [self._scope_spans(scope, spans) for scope, spans in scopes.values()],
+            )
+            for resource, scopes in by_resource.values()
+        )
+        token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
+        try:
+            result = self._exporter.export(EncodedBatch(payload, len(batch)))
+            return getattr(result, "name", None) == "SUCCESS"
+        except Exception as error:
+            warn_once("export-error", "span export raised %r; this batch is lost.", error)
+            return False
+        finally:
+            otel_context.detach(token)
+
+    # -- flush and shutdown ----------------------------------------------------------
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export everything queued now, on the calling thread (``flush.py`` calls this
+        from its own thread and bounds the wait)."""
+        if self._shutdown:
+            return True
+        return self._export_queued(until_empty=True)
+
+    def shutdown(self) -> None:
+        if self._shutdown:
+            return
+        self._export_queued(until_empty=True)
+        self._shutdown = True
+        self._wake.set()
+        try:
+            self._exporter.shutdown()
+        except Exception as error:
+            logger.debug("span exporter shutdown failed: %r", error)
+
+
+try:
+    from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
+except ImportError:  # older APIs kept it elsewhere
+    _SUPPRESS_KEY = "suppress_instrumentation"
+
+
+def make_processor(exporter: Any, wrap: Callable[[Any], Any], **settings: Any) -> SpanProcessor:
+    """Our encoding processor in front of a known OTLP exporter, the SDK's
+    ``BatchSpanProcessor`` in front of anything else."""
+    try:
+        fast = os.environ.get("GYM_AUTOINSTR_ENCODE_ON_END", "1").strip().lower() not in ("0", "false", "no", "off")
+        if fast and accepts_encoded(exporter):
+            return EncodingSpanProcessor(wrap(exporter), **settings)
+    except Exception as error:
+        warn_once("encoding-processor", "the encoding span processor is off (%r); using the SDK's.", error)
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(wrap(exporter), **settings)
