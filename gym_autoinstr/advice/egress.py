@@ -6,9 +6,10 @@ disconnects and errors, so the span covers every attempt and records how many re
 there were (``http.request.resend_count``).  ``traceparent``/``tracestate`` are injected
 once, inside the span, into a *copy* of the caller's headers.
 
-Exactly one layer injects: the inner aiohttp call runs under
-``suppress_http_instrumentation()``, so an aiohttp-client instrumentor installed beside
-us neither adds a second CLIENT span nor re-parents the callee with its own span id.
+Exactly one layer injects: when contrib's aiohttp-client instrumentation is loaded in the
+process, the inner aiohttp call runs with HTTP instrumentation suppressed (the context
+``suppress_http_instrumentation()`` sets), so it neither adds a second CLIENT span nor
+re-parents the callee with its own span id; when it is not loaded, nothing is set.
 
 A ``/run`` sent by Gym's collection driver while our ``gym.job`` is the current span is a
 rollout: its CLIENT span starts a new trace linked to the job, and is counted on the job
@@ -22,12 +23,16 @@ import sys
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
-from opentelemetry.instrumentation.utils import suppress_http_instrumentation
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+try:
+    from opentelemetry.context import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
+except ImportError:  # older APIs kept it in the instrumentation package
+    from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
+
 from . import coexistence, job
-from ..pipeline import groups, metrics, pool
+from ..pipeline import groups, metrics, pool, propagation
 from .._log import warn_once
 from ..pipeline.redaction import redact_url
 from ..pipeline.spans import mark_error, tracer
@@ -140,11 +145,26 @@ def _guarded(step: str, action: Any, *args: Any) -> None:
         warn_once(f"egress:{step}", "egress tracing: %s failed (%r); the request is unaffected.", step, error)
 
 
+def _suppress_http_key() -> "object | None":
+    """The context key that silences HTTP client instrumentations, when one that could
+    see Gym's aiohttp call (contrib's aiohttp-client instrumentation) is loaded in this
+    process; None when nothing could double-inject (then nothing is set)."""
+    if "opentelemetry.instrumentation.aiohttp_client" not in sys.modules:
+        return None
+    return _SUPPRESS_HTTP_INSTRUMENTATION_KEY
+
+
 async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     span = dispatch = None
     try:
         span, dispatch = _start_client_span(args, kwargs)
-        context_token = otel_context.attach(trace.set_span_in_context(span))
+        # One context for the call: our span current, and other HTTP client layers
+        # silenced when one is loaded (one attach instead of two).
+        request_context = trace.set_span_in_context(span)
+        suppress = _suppress_http_key()
+        if suppress is not None:
+            request_context = otel_context.set_value(suppress, True, request_context)
+        context_token = otel_context.attach(request_context)
     except Exception as error:
         # Our half failed before the request: make it untraced, exactly as Gym would.
         if span is not None:
@@ -154,7 +174,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     call_kwargs = kwargs
     try:
         carrier: dict[str, str] = {}
-        propagate.inject(carrier)
+        propagation.inject_span(span, carrier)
         if carrier:
             call_kwargs = {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
     except Exception as error:
@@ -162,8 +182,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     attempts = [0]
     attempts_token = _attempts.set(attempts)
     try:
-        with suppress_http_instrumentation():
-            response = await wrapped(*args, **call_kwargs)
+        response = await wrapped(*args, **call_kwargs)
     except BaseException as error:
         if isinstance(error, Exception):  # cancellation ends the span without ERROR
             _guarded("recording the error", mark_error, span, error)
@@ -171,17 +190,23 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
                 _guarded("counting a failed rollout", job.rollout_failed, dispatch)
         raise
     else:
-        status = getattr(response, "status", None)
-        if isinstance(status, int):
-            _guarded("recording the status", span.set_attribute, "http.response.status_code", status)
-            if dispatch is not None and status >= 400:
-                _guarded("counting a failed rollout", job.rollout_failed, dispatch)
+        try:
+            status = response.status
+            if type(status) is int:
+                span.set_attribute("http.response.status_code", status)
+                if dispatch is not None and status >= 400:
+                    job.rollout_failed(dispatch)
+        except Exception as error:
+            warn_once("egress:status", "egress tracing: recording the status failed (%r); the request is unaffected.", error)
         return response
     finally:
-        _attempts.reset(attempts_token)
-        if attempts[0] > 1:
-            _guarded("recording resends", span.set_attribute, "http.request.resend_count", attempts[0] - 1)
-        _guarded("ending the span", span.end)
+        try:
+            _attempts.reset(attempts_token)
+            if attempts[0] > 1:
+                span.set_attribute("http.request.resend_count", attempts[0] - 1)
+            span.end()
+        except Exception as error:
+            warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)
         _guarded("restoring the context", otel_context.detach, context_token)
 
 

@@ -28,7 +28,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import startup
-from ..pipeline import groups, logs, metrics, runtime
+from ..pipeline import groups, logs, metrics, propagation, runtime
 from ..pipeline.spans import mark_startup
 from .._log import logger, warn_once
 from ..pipeline.flush import flush, flush_async
@@ -238,7 +238,7 @@ class GymServerMiddleware:
     def _start(scope: dict) -> tuple[Any, object]:
         method = scope.get("method", "HTTP")
         carrier = _carrier(scope)
-        parent = propagate.extract(carrier) if carrier else otel_context.Context()
+        parent = propagation.extract(carrier) if carrier else otel_context.Context()
         attributes: dict[str, Any] = {
             "http.request.method": method,
             "url.path": scope.get("path", ""),

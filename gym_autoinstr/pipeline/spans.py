@@ -29,15 +29,29 @@ def mark_startup(stage: str) -> None:
 
 _tracer: "trace.Tracer | None" = None
 _tracer_provider: object = None
+_tracer_processors: object = None
 
 
 def tracer() -> trace.Tracer:
-    """The package's tracer, re-fetched only when the global provider changes."""
-    global _tracer, _tracer_provider
+    """The package's tracer, re-made only when the global provider or its span processors
+    change: lean spans (``lean.py``) when the pipeline behind it is ours alone."""
+    global _tracer, _tracer_provider, _tracer_processors
     provider = trace.get_tracer_provider()
-    if _tracer is None or provider is not _tracer_provider:
-        _tracer = provider.get_tracer(TRACER_NAME, __version__)
+    active = getattr(provider, "_active_span_processor", None)
+    processors = getattr(active, "_span_processors", None)
+    if _tracer is None or provider is not _tracer_provider or processors is not _tracer_processors:
+        sdk_tracer = provider.get_tracer(TRACER_NAME, __version__)
+        lean_tracer = None
+        if processors:
+            try:
+                from .lean import lean_tracer_for
+
+                lean_tracer = lean_tracer_for(provider, sdk_tracer)
+            except Exception:  # never worse than the SDK's own tracer
+                lean_tracer = None
+        _tracer = lean_tracer or sdk_tracer
         _tracer_provider = provider
+        _tracer_processors = processors
     return _tracer
 
 

@@ -21,6 +21,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Iterable
 
+from opentelemetry.trace import SpanKind, StatusCode
+
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _pack_double = struct.Struct("<d").pack
@@ -91,9 +93,10 @@ def key_value(key: str, value: Any) -> bytes:
     return _string(b"\x0a", key) + _field(b"\x12", any_value(value))
 
 
-# Gym's spans repeat the same few string attributes (method, host, route, server name):
-# their encoded KeyValue is kept, bounded.
-_KV_CACHE: dict[tuple[str, str], bytes] = {}
+# Gym's spans repeat the same few attributes (method, host, port, route, server name):
+# each encoded KeyValue field of a str or int value is kept, bounded.  (Keyed by the
+# field's tag, and by the exact type too: True == 1 and 1.0 == 1 must not share an entry.)
+_KV_CACHE: dict[tuple[bytes, str, Any, type], bytes] = {}
 _KV_CACHE_MAX = 4096
 
 
@@ -103,18 +106,26 @@ def attributes(tag: bytes, attrs: "Mapping[str, Any] | None", skipped: "list[str
     if not attrs:
         return b""
     parts = []
+    append = parts.append
     cache = _KV_CACHE
     for key, value in attrs.items():
-        if type(value) is str:
-            entry = cache.get((key, value))
+        kind = type(value)
+        if kind is str or kind is int:
+            entry = cache.get((tag, key, value, kind))
             if entry is None:
+                try:
+                    entry = _field(tag, key_value(key, value))
+                except Exception:
+                    if skipped is not None:
+                        skipped.append(key)
+                    continue
                 if len(cache) >= _KV_CACHE_MAX:
                     cache.clear()
-                entry = cache[(key, value)] = _field(tag, key_value(key, value))
-            parts.append(entry)
+                cache[(tag, key, value, kind)] = entry
+            append(entry)
             continue
         try:
-            parts.append(_field(tag, key_value(key, value)))
+            append(_field(tag, key_value(key, value)))
         except Exception:
             if skipped is not None:
                 skipped.append(key)
@@ -137,9 +148,11 @@ _SPAN_FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(_FLAGS_HAS_IS_REMOTE | _FLAGS_I
 _LINK_FLAGS_LOCAL = b"\x35" + _pack_fixed32(_FLAGS_HAS_IS_REMOTE)
 _LINK_FLAGS_REMOTE = b"\x35" + _pack_fixed32(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 
-# SpanKind (the API's enum, INTERNAL=0 ... CONSUMER=4) to the OTLP enum (INTERNAL=1 ...).
-_KIND = [b"\x30" + _SMALL[n + 1] for n in range(5)]
+# SpanKind (the API's enum, INTERNAL=0 ... CONSUMER=4) to the OTLP enum (INTERNAL=1 ...),
+# looked up by identity (an enum member's hash and .value are Python-level calls).
+_KIND_BY_ID = {id(kind): b"\x30" + _SMALL[kind.value + 1] for kind in SpanKind}
 _STATUS_UNSET = b"\x7a\x00"
+_UNSET = StatusCode.UNSET
 
 _NAME_CACHE: dict[str, bytes] = {}
 
@@ -156,6 +169,8 @@ def _name(name: str) -> bytes:
 def _status(status: Any) -> bytes:
     if status is None:
         return b""
+    if status.status_code is _UNSET and not status.description:
+        return _STATUS_UNSET
     code = status.status_code.value
     message = status.description
     if not code and not message:
@@ -213,7 +228,8 @@ def span(sdk_span: Any, skipped: "list[str] | None" = None) -> bytes:
         out.append(b"\x22\x08")
         out.append(parent.span_id.to_bytes(8, "big"))
     out.append(_name(sdk_span.name))
-    out.append(_KIND[sdk_span.kind.value])
+    kind = _KIND_BY_ID.get(id(sdk_span.kind))
+    out.append(kind if kind is not None else b"\x30" + varint(sdk_span.kind.value + 1))
     start, end = sdk_span.start_time, sdk_span.end_time
     if start:
         out.append(b"\x39" + _pack_fixed64(start))

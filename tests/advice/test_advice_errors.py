@@ -53,13 +53,21 @@ def test_a_failing_propagator_still_sends_the_request(instrumented, spans, monke
 
     forget_said()
 
-    def explode(carrier, *args, **kwargs):
-        raise ValueError("propagator exploded")
+    from opentelemetry import propagate
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    monkeypatch.setattr(egress.propagate, "inject", explode)
-    app = _app()
-    with serve(app) as base:
-        assert run_async(_request(f"{base}/echo")) == (200, {"echo": {"n": 1}})
+    class Exploding(TraceContextTextMapPropagator):  # a user's own propagator, broken
+        def inject(self, carrier, context=None, setter=None):
+            raise ValueError("propagator exploded")
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(Exploding())
+    try:
+        app = _app()
+        with serve(app) as base:
+            assert run_async(_request(f"{base}/echo")) == (200, {"echo": {"n": 1}})
+    finally:
+        propagate.set_global_textmap(before)
     (client,) = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CLIENT]
     assert client.attributes["http.response.status_code"] == 200  # still traced, just not propagated
     assert "trace context not injected" in caplog.text

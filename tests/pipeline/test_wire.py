@@ -127,3 +127,19 @@ def test_varint_edges():
 
     for value in (0, 1, 127, 128, 300, 1 << 31, (1 << 63) - 1, -1, -(1 << 63)):
         assert AnyValue.FromString(wire.any_value(value)).int_value == value
+
+
+def test_the_same_attribute_under_different_fields_is_not_confused():
+    # A resource, a span and an event may carry the same key and value: each keeps its
+    # own field tag (the encoded-attribute cache must not hand one the other's bytes).
+    provider, exporter = _provider({"service.name": "same", "shared": "v"})
+    with provider.get_tracer("t").start_as_current_span("s", attributes={"shared": "v"}) as span:
+        span.add_event("e", {"shared": "v"})
+    finished = exporter.get_finished_spans()[0]
+    for _ in range(2):
+        scope = finished.instrumentation_scope
+        payload = wire.export_request(
+            wire.resource(finished.resource), finished.resource.schema_url,
+            [wire.scope_spans(wire.scope(scope), scope.schema_url, [wire.span(finished)])],
+        )
+        assert payload == encode_spans([finished]).SerializeToString()

@@ -1,0 +1,321 @@
+"""Lean spans for our own tracer, when the pipeline behind it is ours alone.
+
+The SDK's span is built for any caller: a lock per span, an attribute map that validates
+and copies every value, bounded lists for events and links, and a multi-processor
+fan-out.  Our advice starts ~16 spans per rollout with attributes it built itself, on
+Gym's request path, and in a real server that lifecycle was the largest single share of
+our cost.  When the global provider is the SDK ``TracerProvider`` our configurator built
+and its only span processors are ``batching.EncodingSpanProcessor`` (which reads a span
+once, encodes it and lets it go), our tracer hands out ``LeanSpan`` instead: the same
+API, sampler, id generator, resource, scope and limits, the same exported bytes, with
+none of that machinery.
+
+Anything else (another processor added to the provider, another provider, span limits
+set through ``OTEL_*`` variables, the SDK's self-metrics, ``GYM_AUTOINSTR_LEAN_SPANS=0``)
+gets the SDK's own tracer, unchanged.  Spans that other libraries start are always the
+SDK's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any, Iterator, Sequence
+
+from opentelemetry import trace as trace_api
+try:
+    from opentelemetry.attributes import _clean_attribute_value
+except ImportError:  # older APIs
+    _clean_attribute_value = None
+try:
+    from opentelemetry.attributes import _clean_attribute as _clean_key_value
+except ImportError:
+    _clean_key_value = None
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util import types
+
+from .._log import logger
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_DEFAULT = TraceFlags(TraceFlags.DEFAULT)
+_RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", None)
+_UNSET = Status(StatusCode.UNSET)
+_time_ns = time.time_ns
+
+
+class LeanSpan(trace_api.Span):
+    """A recording span of the API, readable by ``wire.span`` like an SDK ``ReadableSpan``."""
+
+    __slots__ = (
+        "name", "context", "parent", "kind", "start_time", "end_time", "attributes", "events",
+        "links", "status", "dropped_attributes", "dropped_events", "_tracer",
+    )
+
+    dropped_links = 0
+
+    def __init__(self, tracer: "LeanTracer", name: str, context: SpanContext, parent: "SpanContext | None",
+                 kind: SpanKind, attributes: dict, links: tuple, start_time: int) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.attributes = attributes
+        self.links = links
+        self.events: list = []
+        self.status = _UNSET
+        self.start_time = start_time
+        self.end_time: "int | None" = None
+        self.dropped_attributes = 0
+        self.dropped_events = 0
+        self._tracer = tracer
+
+    # what the SDK's ReadableSpan also offers, for processors and exporters
+    @property
+    def resource(self) -> Any:
+        return self._tracer.resource
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self._tracer.scope
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def set_attributes(self, attributes: "types.Attributes") -> None:
+        for key, value in (attributes or {}).items():
+            self.set_attribute(key, value)
+
+    def set_attribute(self, key: str, value: "types.AttributeValue") -> None:
+        if self.end_time is not None:
+            logger.debug("setting attribute %r on an ended span", key)
+            return
+        if type(key) is not str or not key:
+            logger.debug("invalid attribute key %r dropped", key)
+            self.dropped_attributes += 1
+            return
+        if type(value) not in _PLAIN:
+            value = _clean_value(key, value)
+            if value is _DROP:
+                return
+        attributes = self.attributes
+        if key in attributes:  # as the SDK's bounded map: a key set again moves to the end
+            del attributes[key]
+        elif len(attributes) >= self._tracer.max_attributes:  # the oldest makes room
+            del attributes[next(iter(attributes))]
+            self.dropped_attributes += 1
+        attributes[key] = value
+
+    def add_event(self, name: str, attributes: "types.Attributes" = None, timestamp: "int | None" = None) -> None:
+        if self.end_time is not None:
+            return
+        if len(self.events) >= self._tracer.max_events:
+            self.dropped_events += 1
+            return
+        self.events.append(self._tracer.event(name, attributes, timestamp or _time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: "types.Attributes" = None) -> None:
+        if self.end_time is not None or context is None or not context.is_valid:
+            return
+        self.links = self.links + (trace_api.Link(context, attributes),)
+
+    def update_name(self, name: str) -> None:
+        if self.end_time is None:
+            self.name = name
+
+    def set_status(self, status: "Status | StatusCode", description: "str | None" = None) -> None:
+        # The SDK's rules: OK is final, UNSET is never set.
+        if self.status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self.status = status
+        elif isinstance(status, StatusCode) and status is not StatusCode.UNSET:
+            self.status = Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: "types.Attributes" = None,
+                         timestamp: "int | None" = None, escaped: bool = False) -> None:
+        # As the SDK records it (our advice never calls this: it records the type only).
+        event = {
+            "exception.type": type(exception).__qualname__,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(type(exception), exception, exception.__traceback__)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            event.update(attributes)
+        self.add_event("exception", event, timestamp)
+
+    def end(self, end_time: "int | None" = None) -> None:
+        if self.end_time is not None:
+            logger.debug("calling end() on an ended span")
+            return
+        self.end_time = end_time or _time_ns()
+        for processor in self._tracer.processors:
+            processor.on_end(self)
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        if exc_val is not None and self.end_time is None:
+            self.record_exception(exc_val, escaped=True)
+            self.set_status(Status(StatusCode.ERROR, f"{exc_type.__name__}: {exc_val}"))
+        self.end()
+
+    def __repr__(self) -> str:
+        return f"LeanSpan(name={self.name!r}, context={self.context!r})"
+
+
+class LeanTracer(trace_api.Tracer):
+    """Starts ``LeanSpan``s with the SDK tracer's sampler, ids, resource, scope and limits."""
+
+    def __init__(self, sdk_tracer: Any, processors: tuple) -> None:
+        from opentelemetry.sdk.trace import Event
+
+        self.sdk_tracer = sdk_tracer
+        self.sampler = sdk_tracer.sampler
+        self.id_generator = sdk_tracer.id_generator
+        self.resource = sdk_tracer.resource
+        self.scope = sdk_tracer._instrumentation_scope
+        limits = sdk_tracer._span_limits
+        self.max_attributes = limits.max_span_attributes if limits.max_span_attributes is not None else 1 << 30
+        self.max_events = limits.max_events if limits.max_events is not None else 1 << 30
+        self.processors = processors
+        self.event = Event
+        random = getattr(self.id_generator, "is_trace_id_random", None)
+        self._random_root = bool(_RANDOM is not None and random is not None and random())
+
+    def start_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: "types.Attributes" = None,
+        links: "Sequence[trace_api.Link] | None" = (),
+        start_time: "int | None" = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace_api.Span:
+        links = links or ()
+        parent = trace_api.get_current_span(context).get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = self.id_generator.generate_trace_id()
+            random = self._random_root
+        else:
+            trace_id = parent.trace_id
+            random = _RANDOM is not None and bool(parent.trace_flags & _RANDOM)
+        result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        decision = result.decision
+        flags = _SAMPLED if decision.is_sampled() else _DEFAULT
+        if random:
+            flags = TraceFlags(flags | _RANDOM)
+        span_context = SpanContext(
+            trace_id, self.id_generator.generate_span_id(), is_remote=False, trace_flags=flags,
+            trace_state=result.trace_state,
+        )
+        if not decision.is_recording():
+            return trace_api.NonRecordingSpan(span_context)
+        values, invalid = _cleaned(result.attributes)
+        span = LeanSpan(self, name, span_context, parent, kind, values, tuple(links), start_time or _time_ns())
+        span.dropped_attributes = invalid
+        if len(values) > self.max_attributes:  # as the SDK's bounded map: the newest are kept
+            excess = len(values) - self.max_attributes
+            span.attributes = dict(list(values.items())[excess:])
+            span.dropped_attributes += excess
+        return span
+
+    def start_as_current_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: "types.Attributes" = None,
+        links: "Sequence[trace_api.Link] | None" = (),
+        start_time: "int | None" = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[trace_api.Span]:
+        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
+                               set_status_on_exception)
+        return trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
+                                  set_status_on_exception=set_status_on_exception)
+
+
+_PLAIN = (str, int, float, bool)
+
+
+_DROP = object()
+
+
+def _cleaned(attributes: Any) -> "tuple[dict, int]":
+    """The attributes as the SDK would keep them (plain values as they are: our advice's
+    own; anything else through the SDK's own validation), and how many it would drop."""
+    values: dict = {}
+    invalid = 0
+    if not attributes:
+        return values, invalid
+    for key, value in attributes.items():
+        if type(key) is not str or not key:
+            invalid += 1
+            continue
+        if type(value) not in _PLAIN:
+            value = _clean_value(key, value)
+            if value is _DROP:
+                continue
+        values[key] = value
+    return values, invalid
+
+
+def _clean_value(key: str, value: Any) -> Any:
+    """The value the installed SDK would store for ``key`` (its own validation), or _DROP."""
+    if _clean_attribute_value is not None:  # SDK >= 1.40: None is kept, odd types made str
+        return _clean_attribute_value(value, None)
+    if _clean_key_value is not None:  # older SDKs drop what they cannot keep
+        cleaned = _clean_key_value(key, value, None)
+        return _DROP if cleaned is None else cleaned
+    return value
+
+
+def enabled() -> bool:
+    if os.environ.get("GYM_AUTOINSTR_LEAN_SPANS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true":
+        return False
+    return True
+
+
+def lean_tracer_for(provider: Any, sdk_tracer: Any) -> "LeanTracer | None":
+    """A lean tracer when ``provider`` is an SDK provider whose only span processors are
+    our encoding processors and whose limits are the defaults; else None."""
+    from opentelemetry.sdk.trace import SpanLimits, Tracer
+
+    from .batching import EncodingSpanProcessor
+
+    if not enabled() or type(sdk_tracer) is not Tracer:
+        return None
+    processors = processors_of(provider)
+    if not processors or not all(type(p) is EncodingSpanProcessor for p in processors):
+        return None
+    limits = getattr(sdk_tracer, "_span_limits", None)
+    defaults = SpanLimits()
+    if (
+        limits is None
+        or limits.max_span_attribute_length is not None
+        or limits.max_attribute_length is not None
+        or limits.max_event_attributes != defaults.max_event_attributes
+        or limits.max_link_attributes != defaults.max_link_attributes
+    ):
+        return None
+    try:
+        return LeanTracer(sdk_tracer, processors)
+    except Exception as error:  # an SDK of another shape: its own tracer, then
+        logger.debug("lean spans off: %r", error)
+        return None
+
+
+def processors_of(provider: Any) -> tuple:
+    active = getattr(provider, "_active_span_processor", None)
+    return tuple(getattr(active, "_span_processors", ()) or ())

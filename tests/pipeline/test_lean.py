@@ -1,0 +1,150 @@
+"""Lean spans: used only behind our own pipeline, and indistinguishable from the SDK's in
+what they export (same fields, same limits and status rules), whatever the advice does."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # noqa: E402
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
+
+from gym_autoinstr.pipeline import batching, lean, wire  # noqa: E402
+
+
+class Capture:
+    """Stands in for the OTLP exporter behind the encoding processor: keeps the bytes."""
+
+    def __init__(self):
+        self.payloads = []
+
+    def export(self, batch):
+        self.payloads.append(batch.payload)
+
+        class Ok:
+            name = "SUCCESS"
+
+        return Ok
+
+    def shutdown(self):
+        pass
+
+
+def _pipeline(**provider_args):
+    capture = Capture()
+    processor = batching.EncodingSpanProcessor(capture, max_queue_size=100, schedule_delay_millis=60_000,
+                                               max_export_batch_size=100)
+    provider = TracerProvider(resource=Resource.create({"service.name": "lean"}), **provider_args)
+    provider.add_span_processor(processor)
+    return provider, processor
+
+
+def _script(tracer):
+    """What our advice does with spans, and a bit more."""
+    parent_ctx = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+    with tracer.start_as_current_span("POST", context=trace.set_span_in_context(trace.NonRecordingSpan(parent_ctx)),
+                                      kind=SpanKind.SERVER, attributes={"http.request.method": "POST", "n": 1}) as server:
+        server.update_name("POST /run")
+        server.set_attribute("http.route", "/run")
+        server.set_attributes({"list": ["a", "b"], "f": 0.5, "b": True})
+        server.set_attribute("", "dropped: empty key")
+        server.set_attribute("none", None)
+        client = tracer.start_span("HTTP POST", kind=SpanKind.CLIENT, links=[Link(parent_ctx, {"why": "job"})])
+        client.set_status(Status(StatusCode.ERROR, "builtins.ValueError"))
+        client.set_status(StatusCode.UNSET)
+        client.add_event("retry", {"attempt": 2})
+        client.end()
+        client.set_attribute("late", 1)  # after end: ignored
+        ok = tracer.start_span("ok")
+        ok.set_status(StatusCode.OK)
+        ok.set_status(StatusCode.ERROR)  # OK is final
+        ok.end()
+
+
+def _decoded(payloads):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    spans = []
+    for payload in payloads:
+        request = ExportTraceServiceRequest.FromString(payload)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                spans.extend(ss.spans)
+    return spans
+
+
+def _comparable(span: PbSpan):
+    copy = PbSpan()
+    copy.CopyFrom(span)
+    for field in ("trace_id", "span_id", "parent_span_id", "start_time_unix_nano", "end_time_unix_nano"):
+        copy.ClearField(field)
+    for event in copy.events:
+        event.time_unix_nano = 0
+    return copy
+
+
+def test_lean_spans_export_what_sdk_spans_export(monkeypatch):
+    provider, processor = _pipeline()
+    tracer = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr", "1"))
+    assert isinstance(tracer, lean.LeanTracer)
+    _script(tracer)
+    processor.force_flush()
+    ours = _decoded(processor._exporter.payloads)
+
+    exporter = InMemorySpanExporter()
+    sdk_provider = TracerProvider(resource=Resource.create({"service.name": "lean"}))
+    sdk_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _script(sdk_provider.get_tracer("gym_autoinstr", "1"))
+    theirs = [PbSpan.FromString(wire.span(s)) for s in exporter.get_finished_spans()]
+
+    assert [s.name for s in ours] == ["HTTP POST", "ok", "POST /run"]
+    assert [_comparable(s) for s in ours] == [_comparable(s) for s in theirs]
+    by_name = {s.name: s for s in ours}
+    assert by_name["HTTP POST"].parent_span_id == by_name["POST /run"].span_id
+    assert by_name["POST /run"].parent_span_id == (0xDEF).to_bytes(8, "big")
+    assert by_name["POST /run"].trace_id == (0xABC).to_bytes(16, "big")
+
+
+def test_attribute_limit_drops_the_oldest_like_the_sdk():
+    provider, processor = _pipeline(span_limits=SpanLimits(max_span_attributes=3))
+    tracer = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
+    assert tracer is not None
+    span = tracer.start_span("s", attributes={"a": 1, "b": 2, "c": 3, "d": 4})
+    span.set_attribute("e", 5)
+    assert dict(span.attributes) == {"c": 3, "d": 4, "e": 5} and span.dropped_attributes == 2
+    sdk_provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=3))
+    sdk_span = sdk_provider.get_tracer("t").start_span("s", attributes={"a": 1, "b": 2, "c": 3, "d": 4})
+    sdk_span.set_attribute("e", 5)
+    assert dict(sdk_span.attributes) == dict(span.attributes) and sdk_span.dropped_attributes == 2
+
+
+def test_unsampled_spans_are_not_recording():
+    provider, processor = _pipeline(sampler=ALWAYS_OFF)
+    tracer = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
+    span = tracer.start_span("s")
+    assert not span.is_recording() and not span.get_span_context().trace_flags.sampled
+    span.end()
+    processor.force_flush()
+    assert processor._exporter.payloads == []
+
+
+def test_lean_only_behind_our_pipeline_alone(monkeypatch):
+    provider, _ = _pipeline()
+    assert lean.lean_tracer_for(provider, provider.get_tracer("t")) is not None
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))  # someone else listens too
+    assert lean.lean_tracer_for(provider, provider.get_tracer("t")) is None
+    plain = TracerProvider()
+    plain.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    assert lean.lean_tracer_for(plain, plain.get_tracer("t")) is None
+    limited, _ = _pipeline(span_limits=SpanLimits(max_span_attribute_length=10))
+    assert lean.lean_tracer_for(limited, limited.get_tracer("t")) is None
+    provider, _ = _pipeline()
+    monkeypatch.setenv("GYM_AUTOINSTR_LEAN_SPANS", "0")
+    assert lean.lean_tracer_for(provider, provider.get_tracer("t")) is None

@@ -1,0 +1,78 @@
+"""The direct W3C path reads and writes exactly what the SDK's propagators do."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import baggage, context, propagate, trace
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+from gym_autoinstr.pipeline import propagation
+
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CARRIERS = [
+    {},
+    {"traceparent": TP},
+    {"traceparent": TP, "tracestate": "a=1,b=2"},
+    {"traceparent": TP.replace("-01", "-00")},
+    {"traceparent": TP.replace("-01", "-03")},
+    {"traceparent": " " + TP + "\t"},
+    {"traceparent": TP + "-extra"},
+    {"traceparent": "01" + TP[2:] + "-extra"},
+    {"traceparent": "ff" + TP[2:]},
+    {"traceparent": "00-" + "0" * 32 + "-b7ad6b7169203331-01"},
+    {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-01"},
+    {"traceparent": TP.upper()},
+    {"traceparent": "garbage"},
+    {"traceparent": TP, "tracestate": "x" * 600},
+    {"traceparent": TP, "tracestate": "not a valid = state,,"},
+    {"traceparent": TP, "baggage": "k=v"},
+]
+
+
+def _seen(ctx):
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return (span_context.trace_id, span_context.span_id, span_context.is_remote, int(span_context.trace_flags),
+            span_context.trace_state.to_header() if span_context.trace_state else "", dict(baggage.get_all(ctx)))
+
+
+@pytest.mark.parametrize("carrier", CARRIERS, ids=[str(i) for i in range(len(CARRIERS))])
+def test_extract_matches_the_global_propagator(carrier):
+    assert propagation._w3c_default()
+    assert _seen(propagation.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
+
+
+@pytest.mark.parametrize("flags,state", [(1, None), (0, None), (3, TraceState([("v", "1")]))])
+def test_inject_matches_the_global_propagator(flags, state):
+    span = NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state))
+    ours: dict = {}
+    propagation.inject_span(span, ours)
+    theirs: dict = {}
+    propagate.inject(theirs, context=trace.set_span_in_context(span))
+    assert ours == theirs and ours["traceparent"].startswith("00-")
+
+
+def test_baggage_and_other_propagators_take_the_general_path():
+    span = NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(1)))
+    token = context.attach(baggage.set_baggage("tenant", "t1"))
+    try:
+        carrier: dict = {}
+        propagation.inject_span(span, carrier)
+        assert carrier["baggage"] == "tenant=t1" and carrier["traceparent"].endswith("-01")
+    finally:
+        context.detach(token)
+
+    class Custom(CompositePropagator):
+        pass
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(Custom([]))
+    try:
+        assert not propagation._w3c_default()
+        carrier = {}
+        propagation.inject_span(span, carrier)
+        assert carrier == {}  # the configured (empty) propagator decides
+        assert not trace.get_current_span(propagation.extract({"traceparent": TP})).get_span_context().is_valid
+    finally:
+        propagate.set_global_textmap(before)
+    assert propagation._w3c_default()
