@@ -152,6 +152,7 @@ def _stamp_for(version: str, with_project: bool, extra: Sequence[str], python: s
         "recipe": RECIPE_VERSION,
         "nemo_gym": version,
         "with_project": with_project,
+        "checkout": str(REPO_ROOT) if with_project else None,
         "pyproject_sha256": _pyproject_hash() if with_project else None,
         "extra": sorted(extra),
         "python": python,
@@ -163,6 +164,10 @@ def _venv_name(version: str, with_project: bool, extra: Sequence[str]) -> str:
     name = f"gym-{version}-{'proj' if with_project else 'bare'}"
     if extra:
         name += "-" + hashlib.sha256("\n".join(sorted(extra)).encode()).hexdigest()[:8]
+    if with_project and not cache_root().resolve().is_relative_to(REPO_ROOT):
+        # A cache shared by several checkouts: the project is installed editable, so each
+        # checkout needs venvs of its own (else servers would run another checkout's code).
+        name += "-at-" + hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:6]
     return name
 
 
