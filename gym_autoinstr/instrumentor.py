@@ -26,6 +26,12 @@ from .patching import PatchSet
 from .pointcuts import POINTCUTS, Pointcut
 
 
+def _at_interpreter_start() -> bool:
+    """Loaded by ``opentelemetry-instrument``'s start-up, before the program imported Gym
+    (not a manual ``instrument()`` call inside a running program)."""
+    return "opentelemetry.instrumentation.auto_instrumentation" in sys.modules and "nemo_gym" not in sys.modules
+
+
 class GymInstrumentor(BaseInstrumentor):
     """Traces NeMo Gym's hops and seams on unmodified Gym, any version 0.2.0 to 0.7.x."""
 
@@ -42,20 +48,29 @@ class GymInstrumentor(BaseInstrumentor):
         # opentelemetry-instrument stops loading the remaining instrumentors when one
         # raises anything but ImportError: ours never does.
         try:
-            self._instrument_guarded(**kwargs)
+            gym_process = self._instrument_guarded(**kwargs)
         except Exception as error:
+            gym_process = False
             warn_once("instrument", "gym-autoinstr could not instrument this process (%r); Gym runs untraced.", error)
+        if gym_process and _at_interpreter_start():
+            try:
+                from .pipeline.heap import freeze_startup_heap
+
+                freeze_startup_heap()
+            except Exception as error:
+                warn_once("gc-freeze", "could not freeze the start-up heap: %r", error)
         from .pipeline.spans import mark_startup
 
         mark_startup("instrumented")  # the end of OpenTelemetry's start-up (start-up spans)
 
-    def _instrument_guarded(self, **kwargs: Any) -> None:
+    def _instrument_guarded(self, **kwargs: Any) -> bool:
+        """Apply the pointcuts; False when this process is one of Ray's (not patched)."""
         who = identity.detect()
         if who.role == "ray" and not kwargs.get("force"):
             if identity.is_ray_worker():
                 self._watch_ray_worker()
             logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
-            return
+            return False
         try:
             from .pipeline.configurator import adopt_foreign_provider
 
@@ -75,6 +90,7 @@ class GymInstrumentor(BaseInstrumentor):
             self._hooked_modules.add(module_name)
             late = module_name in sys.modules
             wrapt.register_post_import_hook(self._hook_for(late), module_name)
+        return True
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self.patches.remove_all()
