@@ -207,7 +207,8 @@ def scaled(d: dict, factor: float) -> dict:
 
 
 SPY_CATEGORIES = (
-    ("opentelemetry/sdk/trace/export", "OpenTelemetry export (batching)"),
+    ("opentelemetry/sdk/trace/export", "OpenTelemetry batching (hand-off to, and the export thread's loop)"),
+    ("opentelemetry/sdk/_shared_internal", "OpenTelemetry batching (hand-off to, and the export thread's loop)"),
     ("opentelemetry/exporter", "OpenTelemetry export (encode, HTTP)"),
     ("opentelemetry/proto", "OpenTelemetry export (encode, HTTP)"),
     ("google/protobuf", "OpenTelemetry export (encode, HTTP)"),
@@ -226,14 +227,13 @@ SPY_CATEGORIES = (
 )
 OTHER = "Gym and its libraries (FastAPI, uvicorn, aiohttp, pydantic, ...)"
 TELEMETRY_OTHER = "telemetry threads: HTTP post and the rest"
-STDLIB = frozenset(sys.stdlib_module_names) | {"<frozen", "<string>"}
 
 
 def _spy_category(stack: str) -> str:
-    """py-spy's raw lines read ``thread (tid): name;outermost (file:line);...;innermost``,
-    files relative to ``sys.path``.  The innermost frame outside the standard library
-    decides (standard-library frames are charged to their caller); in a telemetry thread
-    what no category claims (``requests``, ``urllib3``) is the export's too."""
+    """py-spy's raw lines (``--threads --full-filenames``) read ``thread (tid): name;
+    outermost (file:line);...;innermost``.  The innermost frame outside the standard
+    library decides (standard-library frames are charged to their caller); in a
+    telemetry thread what no category claims (``requests``, ``urllib3``) is the export's."""
     frames = stack.split(";")
     thread = ""
     if frames and frames[0].startswith("thread ("):
@@ -243,11 +243,12 @@ def _spy_category(stack: str) -> str:
     for frame in reversed(frames):
         start = frame.rfind(" (")
         path = frame[start + 2:] if start >= 0 else frame
-        top = path.split("/", 1)[0].split(":", 1)[0]
-        if top.endswith(".py"):
-            top = top[:-3]
-        if top in STDLIB or top.startswith("<frozen"):
-            continue
+        if "/site-packages/" in path:
+            path = path.rsplit("/site-packages/", 1)[1]
+        elif "/gym_autoinstr/" in path:  # an editable install of this project
+            path = path[path.rindex("/gym_autoinstr/") + 1:]
+        elif path.startswith("<") or "/lib/python3" in path:
+            continue  # the standard library: charged to its caller
         for prefix, category in SPY_CATEGORIES:
             if path.startswith(prefix):
                 return category
@@ -278,7 +279,7 @@ def spy_window(spy: str, probed: Probed, seconds: float, concurrency: int, body:
         out = workdir / f"{v.key}-{SHORT[name]}.txt"
         files[name] = out
         procs.append(subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--duration",
-                                       str(int(seconds + 1)), "--format", "raw", "--nonblocking", "--threads",
+                                       str(int(seconds + 1)), "--format", "raw", "--nonblocking", "--threads", "--gil", "--full-filenames",
                                        "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     time.sleep(0.5)
     s0 = probed.snapshot()
@@ -446,7 +447,8 @@ def report(results: dict) -> str:
 
     spy = results.get("py_spy")
     if spy:
-        lines.append("py-spy (one more window per variant, `--nonblocking`, every thread; a sample is charged to "
+        lines.append("py-spy (one more window per variant, `--nonblocking --gil`: only the thread holding the GIL "
+                     "is sampled; a sample is charged to "
                      "the innermost frame outside the standard library; per server, each category's share of the "
                      "samples times the server's CPU per rollout in that window (from /proc), summed over the "
                      "three servers; ms per rollout):")
