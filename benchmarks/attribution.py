@@ -370,6 +370,15 @@ def report(results: dict) -> str:
         row(f"  {SHORT[name]}: other threads (Python, native, ended)",
             lambda d, n=name: sum(d[n]["buckets"][b] for b in ("python_other", "native", "exited")))
     lines.append("")
+    total = lambda d: sum(r["process"] for r in d.values())  # noqa: E731
+    base = per_rollout(windows["bare"], total)
+    per_variant = {k: per_rollout(windows[k], total) for k in keys}
+    lines.append("CPU capacity ratio to bare (bare's CPU per rollout over the variant's, per window): " + ", ".join(
+        f"{labels[k]} {_spread([b / x for b, x in zip(base, per_variant[k]) if x > 0])}" for k in keys if k != "bare"))
+    if "default" in per_variant and "sampled" in per_variant:
+        ratios = [(s - b) / (t - b) for s, t, b in zip(per_variant["sampled"], per_variant["default"], base) if t > b]
+        lines.append(f"A sampled-out rollout's overhead over a traced one's (target <= 0.20), per window: {_spread(ratios)}")
+    lines.append("")
 
     lines.append("Garbage collection per rollout, all three servers (collections; pause ms of CPU; pause ms wall):")
     lines.append("")
