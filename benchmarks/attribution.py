@@ -572,9 +572,10 @@ def main(argv: "list[str] | None" = None) -> int:
         time.sleep(2.0)
         results["heap_start"] = {k: {n: {f: s["probe"].get(f) for f in ("tracked_objects", "modules", "otel_modules")}
                                      for n, s in p.snapshot(heavy=True)["servers"].items()} for k, p in probed.items()}
-        log("idle baseline (4 s)")
+        idle_s = 4.0 if a.quick else 8.0
+        log(f"idle baseline ({idle_s:g} s)")
         before = {k: p.snapshot() for k, p in probed.items()}
-        time.sleep(4.0)
+        time.sleep(idle_s)
         idle = {}
         for k, p in probed.items():
             after = p.snapshot()
