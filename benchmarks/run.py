@@ -32,7 +32,7 @@ from benchmarks.load import run_load
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import find_python, gym_venv, python_minor_for
-from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, GymTrioError, PolicyModel
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GYM_VERSION = "0.4.0"
@@ -62,9 +62,64 @@ class Variant:
     startup: dict = field(default_factory=dict)  # server -> seconds from process start to port open
     trio_ready: float = 0.0
     samples: dict = field(default_factory=lambda: {"c1": [], "cn": []})
+    # False: the load generator sends no traceparent, so the variant's own sampler
+    # decides at the rollout's root (the agent's POST /run); its spans carry no tag.
+    traceparent: bool = True
+    # The exporter's schedule delay (s): after a window, CPU is read once the variant's
+    # spans of that window have reached the sink, so the export of its tail is counted.
+    flush_s: float = 0.0
+    idle_cpu_per_s: float = 0.0  # server CPU (s) per second with no load, subtracted over the settle wait
 
     def tag(self, phase: int) -> bytes:
         return bytes([0xB3, 0x4C, self.index, phase])
+
+    def load_tag(self, phase: int) -> "bytes | None":
+        return self.tag(phase) if self.traceparent else None
+
+    @property
+    def run_id(self) -> str:
+        return f"bench-{self.key}"
+
+
+SPAN_GROUPS = "GYM_AUTOINSTR_SPAN_GROUPS"
+RUN_ID = "NEMO_GYM_OTEL_RUN_ID"  # ours: the resource's nemo.gym.run.id, so the sink tells the trios apart
+SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+VARIANT_KEYS = ("bare", "generic", "off", "default", "sampled", "per_rollout", "all")
+
+
+def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None,
+                  instrument: bool = True) -> list[Variant]:
+    """The variants named by ``keys`` (bare first, always).  Every instrumented one
+    exports spans and metrics over OTLP/HTTP to ``otlp``'s endpoint, as a user with
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` set gets them (metrics follow the spans' endpoint;
+    ``OTEL_METRICS_EXPORTER`` is left unset).  ``extra_env`` goes to every variant, bare
+    included; ``instrument=False`` starts the trios without ``opentelemetry-instrument``
+    (the probe on ``PYTHONPATH`` runs OpenTelemetry's start-up instead)."""
+    extra = dict(extra_env or {})
+
+    def ours(key: str, label: str, env: dict, **kw) -> Variant:
+        return Variant(key, label, venvs["ours"], instrument, {**otlp, RUN_ID: f"bench-{key}", **env, **extra},
+                       flush_s=1.0, **kw)
+
+    table = {
+        "bare": lambda: Variant("bare", "bare", venvs["bare"], False, dict(extra)),
+        "generic": lambda: Variant("generic", "generic", venvs["generic"], instrument, {**otlp, **extra},
+                                   flush_s=5.0),
+        "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
+        "default": lambda: ours("default", "ours, default", {SPAN_GROUPS: "default"}),
+        "sampled": lambda: ours("sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT},
+                                traceparent=False),
+        "per_rollout": lambda: ours("per_rollout", "ours, per_rollout", {SPAN_GROUPS: "per_rollout"}),
+        "all": lambda: ours("all", "ours, all", {SPAN_GROUPS: "all"}),
+    }
+    unknown = [k for k in keys if k not in table]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANT_KEYS)}")
+    picked = ["bare"] + [k for k in VARIANT_KEYS if k in keys and k != "bare"]
+    variants = [table[k]() for k in picked]
+    for i, v in enumerate(variants):
+        v.index = i
+    return variants
 
 
 def _median(values):
@@ -95,26 +150,34 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str) -> None:
-    trio = GymTrio(variant.venv, GYM_VERSION, workdir / variant.key, policy_url=policy_url,
-                   instrument=variant.instrument, env=variant.env)
-    ready_at: dict[str, float] = {}
-    stop = threading.Event()
+def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str, attempts: int = 3) -> None:
+    """Start the variant's trio; again on new ports when a port it was given was taken
+    before its server bound it (other trios and other users start servers too)."""
+    for attempt in range(1, attempts + 1):
+        trio = GymTrio(variant.venv, GYM_VERSION, workdir / variant.key, policy_url=policy_url,
+                       instrument=variant.instrument, env=variant.env)
+        ready_at: dict[str, float] = {}
+        stop = threading.Event()
 
-    def poll() -> None:
-        while not stop.is_set() and len(ready_at) < len(SERVERS):
-            for name in SERVERS:
-                if name not in ready_at and _port_open(trio.ports[name]):
-                    ready_at[name] = time.time()
-            stop.wait(0.02)
+        def poll() -> None:
+            while not stop.is_set() and len(ready_at) < len(SERVERS):
+                for name in SERVERS:
+                    if name not in ready_at and _port_open(trio.ports[name]):
+                        ready_at[name] = time.time()
+                stop.wait(0.02)
 
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    try:
-        trio.start(timeout=240)
-    finally:
-        stop.set()
-        poller.join()
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            trio.start(timeout=240)
+            break
+        except GymTrioError as error:
+            if "address already in use" not in str(error) or attempt == attempts:
+                raise
+            log(f"{variant.label}: a port was taken before its server bound it; starting again on new ports")
+        finally:
+            stop.set()
+            poller.join()
     variant.trio = trio
     variant.trio_ready = trio.startup_seconds
     procs = trio.server_processes()
@@ -141,19 +204,52 @@ def rewarded(payload: bytes) -> bool:
     return b'"reward":1.0' in payload
 
 
-def measure(variant: Variant, phase: int, seconds: float, concurrency: int, body: bytes) -> dict:
-    """Rollouts started for ``seconds`` by ``concurrency`` closed-loop clients."""
+def settle(variant: Variant, sink: CountingSink, phase: int, limit: float = 30.0) -> float:
+    """After a window: wait until the variant's spans of that window have all reached the
+    sink (none new for its exporter's schedule delay plus the collector's batching), so
+    that the export of the window's tail is done before its CPU is read.  Returns the
+    seconds waited.  Variants whose rollouts send no spans do not wait."""
+    if not variant.flush_s or not variant.traceparent:
+        return 0.0
+    t0 = time.monotonic()
+    quiet = variant.flush_s + 0.7
+    tag = variant.tag(phase)
+    last, since = sink.count(tag), time.monotonic()
+    while time.monotonic() - t0 < limit:
+        time.sleep(0.1)
+        now = sink.count(tag)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return time.monotonic() - t0
+
+
+def measure(variant: Variant, phase: int, seconds: float, concurrency: int, body: bytes,
+            sink: "CountingSink | None" = None) -> dict:
+    """Rollouts started for ``seconds`` by ``concurrency`` closed-loop clients.  With a
+    ``sink``, CPU is read after the window's spans were exported (``settle``), less the
+    variant's idle CPU over that wait."""
     trio = variant.trio
     cpu0 = server_cpu(trio)
-    result = run_load(trio.run_url, body, 10**6, concurrency, tag=variant.tag(phase), check=rewarded,
+    result = run_load(trio.run_url, body, 10**6, concurrency, tag=variant.load_tag(phase), check=rewarded,
                       duration=seconds)
-    cpu1 = server_cpu(trio)
+    waited = settle(variant, sink, phase) if sink is not None else 0.0
+    cpu1 = server_cpu(trio) - variant.idle_cpu_per_s * waited
     n = result.n
     if result.errors:
         raise RuntimeError(f"{variant.label}: {result.errors}/{n} rollouts failed: {result.first_error}\n"
                            + trio.log_tail(30))
     return {"n": n, "seconds": result.seconds, "rps": result.per_second, "cpu_ms": (cpu1 - cpu0) / n * 1e3,
-            "latencies": result.latencies}
+            "latencies": result.latencies, "settle_s": waited}
+
+
+def measure_idle(variants: "list[Variant]", seconds: float = 4.0) -> None:
+    """Each trio's server CPU per second with no load (all trios at once)."""
+    before = {v.key: server_cpu(v.trio) for v in variants}
+    time.sleep(seconds)
+    for v in variants:
+        v.idle_cpu_per_s = max(0.0, (server_cpu(v.trio) - before[v.key]) / seconds)
 
 
 # ------------------------------------------------------------------ phases
@@ -253,6 +349,49 @@ def machine() -> dict:
             "python_runner": platform.python_version(), "load_avg_at_start": os.getloadavg()}
 
 
+def _verdict(values, target: float, at_least: bool) -> "tuple[str, str]":
+    if not values:
+        return "not measured", "-"
+    value = _median(values)
+    ok = value >= target if at_least else value <= target
+    return _spread(values), "**pass**" if ok else "**fail**"
+
+
+def budget_table(results: dict) -> "list[str]":
+    """Issue 13's targets, each with its measured value (median [min-max] of repetitions)."""
+    rows = {r["key"]: r for r in results["variants"]}
+    bare = results["variants"][0]
+
+    def capacity(key):
+        r = rows.get(key)
+        return [b / c for b, c in zip(bare["cpu_ms"], r["cpu_ms"]) if c > 0] if r else []
+
+    generic = (results.get("cpu_overhead_vs_generic") or {}).get("default", [])
+    checks = [
+        ("default preset: CPU capacity ratio to bare", ">= 0.90", capacity("default"), 0.90, True),
+        ("default preset: CPU overhead per rollout relative to the generic stack's", "<= 0.25", generic, 0.25, False),
+        ("all groups off: CPU capacity ratio to bare", ">= 0.99", capacity("off"), 0.99, True),
+        ("a sampled-out rollout's CPU overhead relative to a traced one's", "<= 0.20",
+         results.get("sampled_over_traced", []), 0.20, False),
+    ]
+    out = ["Budget (issue 13; median [min-max] over repetitions):", "",
+           "| target | goal | measured | verdict |", "|---|---|---|---|"]
+    for name, goal, values, target, at_least in checks:
+        measured, verdict = _verdict(values, target, at_least)
+        out.append(f"| {name} | {goal} | {measured} | {verdict} |")
+    d = rows.get("default")
+    if d:
+        c = results["concurrency"]
+        out.append(f"| default preset: rollouts/s ratio to bare, c=1 / c={c} (beside the CPU ratio) | - | "
+                   f"{_spread(d['ratio_c1'])} / {_spread(d['ratio_cn'])} | - |")
+        points = d.get("metric_points")
+        out.append(f"| default preset: metrics on, exported over OTLP to the collector | yes | "
+                   f"{'yes' if points else 'no'} ({points} data points) | "
+                   f"{'**pass**' if points else '**fail**'} |")
+    out.append("")
+    return out
+
+
 def report(results: dict) -> str:
     variants = results["variants"]
     bare = variants[0]
@@ -286,6 +425,18 @@ def report(results: dict) -> str:
         lines.append("CPU overhead per rollout relative to the generic stack's (same repetition): "
                      + ", ".join(f"{k} {_spread(vals)}" for k, vals in g.items()))
         lines.append("")
+    if results.get("sampled_over_traced"):
+        lines.append("A sampled-out rollout's CPU overhead relative to a traced one's (ours default, "
+                     "`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, ratio 0, over ours default, same repetition): "
+                     + _spread(results["sampled_over_traced"]))
+        lines.append("")
+    metric_rows = [v for v in variants if v.get("metric_points") is not None]
+    if metric_rows:
+        lines.append("Metrics exported over OTLP to the collector during the run (data points received, distinct "
+                     "metric names), by the trio's run id: "
+                     + ", ".join(f"{v['key']} {v['metric_points']} ({v['metric_names']})" for v in metric_rows))
+        lines.append("")
+    lines.extend(budget_table(results))
     micro = results.get("micro")
     if micro:
         lines.append(f"Micro-benchmarks (ns per call, CPU time, best of {micro['reps']}; in brackets the median "
@@ -352,8 +503,9 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
     ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
     ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
-    ap.add_argument("--variants", help="comma-separated subset of: bare,generic,off,default,per_rollout,all "
-                    "(bare is always included: it is the reference)")
+    ap.add_argument("--variants", help=f"comma-separated subset of: {','.join(VARIANT_KEYS)} "
+                    "(bare is always included: it is the reference; sampled: ours default with "
+                    "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent)")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "startup", "burst"])
     ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
     a = ap.parse_args(argv)
@@ -385,20 +537,10 @@ def main(argv: "list[str] | None" = None) -> int:
     sink = CountingSink()
     collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    variants = [
-        Variant("bare", "bare", bare_venv, False, {}),
-        Variant("generic", "generic", generic_venv, True, dict(otlp)),
-        Variant("off", "ours, off", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "none"}),
-        Variant("default", "ours, default", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "default"}),
-        Variant("per_rollout", "ours, per_rollout", ours_venv, True,
-                {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "per_rollout"}),
-        Variant("all", "ours, all", ours_venv, True, {**otlp, "GYM_AUTOINSTR_SPAN_GROUPS": "all"}),
-    ]
-    if a.variants:
-        keep = {"bare", *(k.strip() for k in a.variants.split(","))}
-        variants = [v for v in variants if v.key in keep]
-    for i, v in enumerate(variants):
-        v.index = i
+    keys = [k.strip() for k in a.variants.split(",")] if a.variants else list(VARIANT_KEYS)
+    variants = make_variants(keys, {"bare": bare_venv, "generic": generic_venv, "ours": ours_venv}, otlp)
+    results["variant_env"] = {v.key: {k: val for k, val in v.env.items() if not k.startswith("OTEL_EXPORTER")}
+                              for v in variants}
     policy = PolicyModel().start()
     try:
         log(f"starting {len(variants)} trios, {a.parallel_starts} at a time")
@@ -408,13 +550,16 @@ def main(argv: "list[str] | None" = None) -> int:
         body = rollout_body(variants[0].trio)
         log("warm-up")
         for v in variants:
-            run_load(v.trio.run_url, body, 10**6, 4, tag=v.tag(PHASE_WARMUP), check=rewarded, duration=1.0)
+            run_load(v.trio.run_url, body, 10**6, 4, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=1.0)
+        measure_idle(variants)
+        log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
+        by_run_before = {v.key: sink.run_counts(v.run_id) for v in variants}
         for rep in range(reps):
             order = variants[rep % len(variants):] + variants[:rep % len(variants)]
             for v in order:
                 v.samples["c1"].append(measure(v, PHASE_C1, t1, 1, body))
             for v in reversed(order):
-                v.samples["cn"].append(measure(v, PHASE_CN, tn, conc, body))
+                v.samples["cn"].append(measure(v, PHASE_CN, tn, conc, body, sink))
             log(f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
                 + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants))
         wait_settled(sink)
@@ -423,7 +568,11 @@ def main(argv: "list[str] | None" = None) -> int:
         rows = []
         for v in variants:
             rollouts = sum(s["n"] for s in v.samples["c1"] + v.samples["cn"])
-            spans = sink.count(v.tag(PHASE_C1)) + sink.count(v.tag(PHASE_CN))
+            by_run = sink.run_counts(v.run_id)
+            if v.traceparent:
+                spans = sink.count(v.tag(PHASE_C1)) + sink.count(v.tag(PHASE_CN))
+            else:  # untagged: every span of its run id since the warm-up
+                spans = by_run["spans"] - by_run_before[v.key]["spans"]
             lat = [x for s in v.samples["c1"] for x in s["latencies"]]
             rows.append({
                 "key": v.key, "label": v.label,
@@ -436,6 +585,10 @@ def main(argv: "list[str] | None" = None) -> int:
                 "p50_cn_ms": _pct([x for s in v.samples["cn"] for x in s["latencies"]], 50) * 1e3,
                 "spans_per_rollout": spans / rollouts if rollouts else 0.0,
                 "startup": list(v.startup.values()), "trio_ready": v.trio_ready,
+                "idle_cpu_ms_per_s": v.idle_cpu_per_s * 1e3,
+                "settle_s": [s.get("settle_s", 0.0) for s in v.samples["cn"]],
+                "metric_points": by_run["metric_points"] if v.key not in ("bare", "generic") else None,
+                "metric_names": len(by_run["metric_names"]) if v.key not in ("bare", "generic") else None,
             })
         results["variants"] = rows
         results["rollouts"] = sum(s["n"] for v in variants for s in v.samples["c1"] + v.samples["cn"])
@@ -443,8 +596,14 @@ def main(argv: "list[str] | None" = None) -> int:
         if generic is not None:
             results["cpu_overhead_vs_generic"] = {
                 r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
-                for r in rows if r["key"] in ("off", "default", "per_rollout", "all")
+                for r in rows if r["key"] in ("off", "default", "sampled", "per_rollout", "all")
             }
+        default = next((r for r in rows if r["key"] == "default"), None)
+        sampled = next((r for r in rows if r["key"] == "sampled"), None)
+        if default is not None and sampled is not None:
+            # what a dropped rollout costs over bare, relative to a traced one (same repetition)
+            results["sampled_over_traced"] = [
+                o / t for o, t in zip(sampled["cpu_overhead_ms"], default["cpu_overhead_ms"]) if t > 0]
 
         if "startup" not in a.skip and any(v.key == "default" for v in variants):
             log("start-up: import app in each variant's server environment")
