@@ -54,8 +54,37 @@ def _sdk_counters(lock) -> "tuple[dict, list] | None":
             with lock:
                 counts["ended"] += 1
 
+    try:
+        from gym_autoinstr.pipeline.batching import EncodingSpanProcessor
+    except ImportError:
+        EncodingSpanProcessor = None
     batch_processors = []
+    encoding = False
     for processor in getattr(provider._active_span_processor, "_span_processors", ()):
+        if EncodingSpanProcessor is not None and type(processor) is EncodingSpanProcessor:
+            # gym-autoinstr's own processor: counted in place (an extra processor on the
+            # provider would switch our lean spans off and measure something else).
+            encoding = True
+            batch_processors.append(processor)
+            on_end, exporter = processor.on_end, processor._exporter
+            export = exporter.export
+
+            def counted_on_end(span, _on_end=on_end, _processor=processor) -> None:
+                dropped = _processor.dropped_spans
+                _on_end(span)
+                with lock:
+                    counts["ended"] += 1
+                    counts["dropped"] += _processor.dropped_spans - dropped
+
+            def counted_encoded_export(batch, _export=export):
+                result = _export(batch)
+                with lock:
+                    counts["exported" if result == SpanExportResult.SUCCESS else "export_failed"] += len(batch)
+                return result
+
+            processor.on_end = counted_on_end
+            exporter.export = counted_encoded_export
+            continue
         if not isinstance(processor, BatchSpanProcessor):
             continue
         inner = processor._batch_processor
@@ -80,7 +109,8 @@ def _sdk_counters(lock) -> "tuple[dict, list] | None":
 
         metrics.drop_items = counted_drop
     counts["batch_processors"] = len(batch_processors)
-    provider.add_span_processor(Counting())
+    if not encoding:
+        provider.add_span_processor(Counting())
     return counts, batch_processors
 
 
