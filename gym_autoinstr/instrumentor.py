@@ -77,7 +77,10 @@ class GymInstrumentor(BaseInstrumentor):
             wrapt.register_post_import_hook(self._hook_for(late), module_name)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        from .pipeline import concurrency
+
         self.patches.remove_all()
+        concurrency.restore()
         if hasattr(self, "ray_worker_patches"):
             self.ray_worker_patches.remove_all()
 

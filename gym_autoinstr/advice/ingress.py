@@ -28,7 +28,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import startup
-from ..pipeline import groups, logs, metrics, runtime
+from ..pipeline import concurrency, groups, logs, metrics, runtime
 from ..pipeline.spans import mark_startup
 from .._log import logger, warn_once
 from ..pipeline.flush import flush, flush_async
@@ -344,6 +344,7 @@ def run_webserver_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     """Around ``SimpleServer.run_webserver``: scope our ``uvicorn.run`` advice to it, and
     instrument the app it returns unserved (multi-worker workers)."""
     mark_startup("run_webserver")
+    concurrency.watch_server(instance, _server_name_of(instance))
     token = _in_run_webserver.set(True)
     try:
         app = wrapped(*args, **kwargs)
