@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import sys
 import time
 from typing import Any
 
@@ -344,7 +345,6 @@ def run_webserver_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     """Around ``SimpleServer.run_webserver``: scope our ``uvicorn.run`` advice to it, and
     instrument the app it returns unserved (multi-worker workers)."""
     mark_startup("run_webserver")
-    concurrency.watch_server(instance, _server_name_of(instance))
     token = _in_run_webserver.set(True)
     try:
         app = wrapped(*args, **kwargs)
@@ -363,6 +363,7 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     if not _in_run_webserver.get():
         return wrapped(*args, **kwargs)
     app = kwargs.get("app", args[0] if args else None)
+    _watch_concurrency_limits()
     if app is not None and not isinstance(app, str):
         try:
             instrument_app(app, os.environ.get("NEMO_GYM_CONFIG_PATH", ""))
@@ -372,6 +373,26 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
         return wrapped(*args, **kwargs)
     finally:
         flush(reason="uvicorn exit")
+
+
+def _watch_concurrency_limits() -> None:
+    """The Gym server ``run_webserver`` built (its local ``server``, two frames up): observe
+    its semaphores (``pipeline/concurrency.py``) before it serves."""
+    if not metrics.LIVE:
+        return
+    try:
+        frame = sys._getframe(2)
+        for _ in range(6):
+            if frame is None:
+                return
+            if frame.f_code.co_name == "run_webserver":
+                server = frame.f_locals.get("server")
+                if server is not None:
+                    concurrency.watch_server(server, os.environ.get("NEMO_GYM_CONFIG_PATH", "") or type(server).__name__)
+                return
+            frame = frame.f_back
+    except Exception as error:
+        warn_once("ingress-concurrency", "Gym's concurrency limits are not observed: %r", error)
 
 
 def head_server_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
