@@ -65,7 +65,7 @@ def _observe_memory(_options: Any) -> list[Any]:
                     total += process.memory_info().rss
                 except Exception:
                     continue  # ended between the listing and the read
-            if root.is_running():
+            if total and root.is_running():  # 0: a tree already gone (its shell a zombie not yet reaped)
                 points.append(Observation(total, attributes))
         except Exception:
             continue  # the server is gone: no point

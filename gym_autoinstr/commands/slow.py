@@ -121,6 +121,9 @@ SECTIONS = (
     ("gym.model.call_duration_ms", "model calls", lambda a: a.get("nemo.gym.model.dialect", "")),
     ("gym.model.time_to_first_byte_ms", "model first byte", lambda a: a.get("nemo.gym.model.dialect", "")),
     ("gym.http.connection_pool.queue_duration_ms", "waits for a connection", lambda a: f"to {a.get('nemo.gym.http.destination.server.name', '?')}"),
+    ("gym.concurrency.queue_wait_duration_ms", "waits for a Gym limit", lambda a: a.get("nemo.gym.concurrency.site", "?")),
+    ("gym.sandbox.startup_duration_ms", "sandbox starts", lambda a: a.get("nemo.gym.sandbox.provider", "")),
+    ("gym.sandbox.exec_duration_ms", "sandbox execs", lambda a: a.get("nemo.gym.sandbox.provider", "")),
     ("gym.event_loop.lag_ms", "event-loop lag", lambda a: ""),
     ("gym.gc.pause_duration_ms", "GC pauses", lambda a: f"gen {a.get('nemo.gym.gc.generation', '?')}"),
 )

@@ -141,6 +141,8 @@ async def _on_connection_created(session: Any, context: Any, params: Any) -> Non
         name = destination_attributes(getattr(url, "host", None), getattr(url, "port", None))[DESTINATION]
         cell = _connects.get(name)
         if cell is None:
+            if len(_connects) >= 256:  # destinations are a handful of servers and endpoints
+                return
             cell = _connects.setdefault(name, [0])
         cell[0] += 1
     except Exception as error:

@@ -138,7 +138,10 @@ def test_log_lines_of_a_rollout_carry_its_trace_id(fleet):
 
 def test_startup_spans_for_every_server_with_stages(fleet):
     trio, sink, _ = fleet
-    spans = sink.spans()
+    assert_startup_spans(sink.spans(), trio)
+
+
+def assert_startup_spans(spans: list[dict], trio: GymTrio) -> None:
     (root,) = [s for s in spans if s["name"] == "gym.startup"]
     assert root["resource"]["service.name"] == "nemo-gym/orchestrator" and root["parent_span_id"] is None
     per_server = {s["attributes"]["nemo.gym.server.name"]: s for s in spans if s["name"] == "gym.startup.server"}
@@ -221,4 +224,5 @@ def test_the_orchestrator_samples_each_servers_process_tree_memory(fleet):
     for p in memory:
         by_server.setdefault(p["attributes"]["nemo.gym.server.name"], []).append(p["value"])
     assert set(by_server) == set(trio.server_names)
-    assert all(min(values) > 30 * 1024 * 1024 for values in by_server.values())  # a Python server with its imports
+    # sampled from the spawn (a shell) on: once serving, a Python server with its imports
+    assert all(min(values) > 0 and max(values) > 30 * 1024 * 1024 for values in by_server.values()), by_server
