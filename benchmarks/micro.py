@@ -11,6 +11,10 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   ``server`` group off and on, each also with metrics live (``+metrics``: in-flight
   count, ``http.server.request.duration`` and the seam's ``gym.verify.duration_ms``, on
   the real SDK meter provider: two histogram records per request);
+* semaphore: a free ``asyncio.Semaphore`` acquired and released, as Gym's servers do
+  around their limited work, bare and once ``pipeline/concurrency.py`` observes it
+  (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
+  base path after one ``locked()`` test);
 * ray submit: a method of ``RemoteFunction._remote``'s shape, called as ``.remote()``
   calls it (``self._remote(args=..., kwargs=..., **options)``), unwrapped and wrapped as
   the ``ray.task`` pointcut wraps it with the ``ray`` group off (what a ``.remote()``
@@ -138,6 +142,23 @@ def main() -> None:
     plain_function, traced_function = RemoteFunction(), TracedRemoteFunction()
     call_args, call_kwargs = (1, 2), {"k": 3}
 
+    # -- semaphore (pipeline/concurrency.py) --
+    import asyncio
+
+    from gym_autoinstr.pipeline import concurrency
+
+    class SemaphoreServer:  # a Gym server object holding its limit
+        pass
+
+    bare_semaphore, observed_server = asyncio.Semaphore(4), SemaphoreServer()
+    observed_server._semaphore = asyncio.Semaphore(4)
+    concurrency.watch_server(observed_server, "benchmark")
+    observed_semaphore = observed_server._semaphore
+
+    def acquire_release(semaphore):
+        _drive(semaphore.acquire())
+        semaphore.release()
+
     url = "http://127.0.0.1:8000/verify"
     cases = {
         "request": {
@@ -156,6 +177,10 @@ def main() -> None:
             "on": lambda: _drive(middleware(scope, receive, send)),
             "off+metrics": lambda: _drive(middleware(scope, receive, send)),
             "on+metrics": lambda: _drive(middleware(scope, receive, send)),
+        },
+        "semaphore": {
+            "unwrapped": lambda: acquire_release(bare_semaphore),
+            "off+metrics": lambda: acquire_release(observed_semaphore),
         },
         "ray_submit": {
             "unwrapped": lambda: plain_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),

@@ -22,7 +22,9 @@ Test hooks (never part of the OpenAI API):
 
 * ``GET /_received``: JSON list of ``{"seq", "method", "path", "traceparent",
   "tracestate"}`` for every API request received (headers only, never bodies);
-* ``POST /_reset``: forget the recorded requests.
+* ``POST /_reset``: forget the recorded requests;
+* ``POST /_drop`` with ``{"count": N}``: close the connection of each of the next N
+  model calls without answering (the caller sees the server disconnect).
 
 Run: ``python examples/policy_model.py --host 127.0.0.1 --port 0``; it prints
 ``policy model listening on http://HOST:PORT`` once it accepts connections.
@@ -348,11 +350,16 @@ def _error(status: int, message: str, code: str = "invalid_request_error") -> Di
     return {"error": {"message": message, "type": code, "param": None, "code": None}}
 
 
+class _Drop(Exception):
+    """Close this connection without an answer (the ``/_drop`` test hook)."""
+
+
 class Server:
     def __init__(self, model: PolicyModel, latency_s: float = 0.0) -> None:
         self.model = model
         self.latency_s = latency_s
         self.writers: set = set()
+        self.drops = 0
 
     async def dispatch(self, method: str, path: str, headers: Dict[str, str], body: bytes) -> Tuple[int, Any]:
         route = path[3:] if path.startswith("/v1/") else path
@@ -361,8 +368,14 @@ class Server:
         if route == "/_reset" and method == "POST":
             self.model.received.clear()
             return 200, {"ok": True}
+        if route == "/_drop" and method == "POST":
+            self.drops = int(json.loads(body or b"{}").get("count", 1))
+            return 200, {"ok": True}
         if route in ("/health", "/_health") and method == "GET":
             return 200, {"status": "ok"}
+        if self.drops > 0 and route in ("/responses", "/chat/completions"):
+            self.drops -= 1
+            raise _Drop()
 
         self.model.record(method, path, headers)
         handlers = {
@@ -418,7 +431,7 @@ class Server:
                 except HttpError as exc:
                     status, payload = exc.status, _error(exc.status, exc.message, exc.code)
                     keep_alive = keep_alive and exc.status not in (400, 413)
-                except (asyncio.IncompleteReadError, ConnectionError):
+                except (asyncio.IncompleteReadError, ConnectionError, _Drop):
                     break
                 except Exception as exc:  # noqa: BLE001 - answer 500 rather than drop
                     status, payload = 500, _error(500, f"{type(exc).__name__}: {exc}", "server_error")

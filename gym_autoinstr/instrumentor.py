@@ -93,7 +93,10 @@ class GymInstrumentor(BaseInstrumentor):
         return True
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        from .pipeline import concurrency
+
         self.patches.remove_all()
+        concurrency.restore()
         if hasattr(self, "ray_worker_patches"):
             self.ray_worker_patches.remove_all()
 

@@ -16,6 +16,7 @@ import pytest
 
 from gym_autoinstr.pipeline.files import LOGS_SUFFIX, METRICS_SUFFIX
 from tests.harness.gym_install import gym_venv
+from tests.harness.metrics import metric_points
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 from tests.harness.traces import assert_one_connected_trace, expected_services, otel_env, received_upstream, reset_upstream, rollout_traces, service_of, strip_ids
 
@@ -186,24 +187,6 @@ def _rollouts_in_metrics_file(path) -> int:
     return count
 
 
-def _metric_points(sink) -> list[dict]:
-    """Every data point received: ``{"name", "service", "attributes", "value"}``."""
-    from tests.harness.collector import _attrs
-
-    points = []
-    for request in sink.metrics_requests():
-        for resource_metrics in request.resource_metrics:
-            service = _attrs(resource_metrics.resource.attributes).get("service.name")
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    kind = metric.WhichOneof("data")
-                    for point in getattr(metric, kind).data_points:
-                        value = point.count if kind == "histogram" else (point.as_int or point.as_double)
-                        points.append({"name": metric.name, "service": service,
-                                       "attributes": _attrs(point.attributes), "value": value})
-    return points
-
-
 def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, collector):
     version = "0.4.0"
     env = otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500")
@@ -211,8 +194,8 @@ def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, co
     with trio:
         trio.rollouts(4, concurrency=2)
         assert collector.sink.wait_for(lambda _: any(
-            p["name"] == "gym.servers.active" and p["value"] == 3 for p in _metric_points(collector.sink)), timeout=15)
-    points = _metric_points(collector.sink)
+            p["name"] == "gym.servers.active" and p["value"] == 3 for p in metric_points(collector.sink)), timeout=15)
+    points = metric_points(collector.sink)
     durations = [p for p in points if p["name"] == "http.server.request.duration"]
     # the model server's /v1/responses: 8 requests (two per rollout), counted by route, method and status
     model = [p for p in durations if p["service"] == f"nemo-gym/{MODEL}"]

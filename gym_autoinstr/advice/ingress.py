@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import sys
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import startup
-from ..pipeline import groups, logs, metrics, propagation, runtime
+from ..pipeline import concurrency, groups, logs, metrics, propagation, runtime
 from ..pipeline.spans import mark_startup
 from .._log import logger, warn_once
 from ..pipeline.flush import flush, flush_async
@@ -362,6 +363,7 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     if not _in_run_webserver.get():
         return wrapped(*args, **kwargs)
     app = kwargs.get("app", args[0] if args else None)
+    _watch_concurrency_limits()
     if app is not None and not isinstance(app, str):
         try:
             instrument_app(app, os.environ.get("NEMO_GYM_CONFIG_PATH", ""))
@@ -371,6 +373,26 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
         return wrapped(*args, **kwargs)
     finally:
         flush(reason="uvicorn exit")
+
+
+def _watch_concurrency_limits() -> None:
+    """The Gym server ``run_webserver`` built (its local ``server``, two frames up): observe
+    its semaphores (``pipeline/concurrency.py``) before it serves."""
+    if not metrics.LIVE:
+        return
+    try:
+        frame = sys._getframe(2)
+        for _ in range(6):
+            if frame is None:
+                return
+            if frame.f_code.co_name == "run_webserver":
+                server = frame.f_locals.get("server")
+                if server is not None:
+                    concurrency.watch_server(server, os.environ.get("NEMO_GYM_CONFIG_PATH", "") or type(server).__name__)
+                return
+            frame = frame.f_back
+    except Exception as error:
+        warn_once("ingress-concurrency", "Gym's concurrency limits are not observed: %r", error)
 
 
 def head_server_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -7,17 +7,25 @@ a private loop, so patching the async class covers both.
 Only content-free facts are recorded: the provider name, the sandbox id, and for exec
 the return code and the provider's error type.  The command is model output or task
 content, and cwd, env, stdout and stderr can hold anything: none of them is ever read.
+
+Metrics (whatever the span groups, when metrics are live): ``gym.sandbox.active``
+(up-down counter: +1 when a start succeeds, -1 when a running sandbox is stopped),
+``gym.sandbox.startup_duration_ms`` and ``gym.sandbox.exec_duration_ms`` (histograms,
+failures included), all by ``nemo.gym.sandbox.provider``.  Gym's
+``gym.sandbox.create_retry_total`` is not recorded: each provider retries its creates in
+its own private loop, behind ``provider.create``, with no common seam to count them at.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from . import coexistence
-from ..pipeline import groups
+from ..pipeline import groups, metrics
 from .._log import warn_once
 from ..pipeline.spans import run_in_span, tracer
 
@@ -61,7 +69,28 @@ async def _traced(name: str, sandbox: Any, call: Any, after: Any = None) -> Any:
     return await run_in_span(span, call, after, label=name)
 
 
+async def _measured(kind: str, sandbox: Any, call: Any) -> Any:
+    """``call()`` timed into the sandbox metrics (a start that succeeds also counts as active)."""
+    started = time.perf_counter()
+    ok = False
+    try:
+        result = await call()
+        ok = True
+        return result
+    finally:
+        try:
+            metrics.record_sandbox(kind, _provider_name(sandbox), (time.perf_counter() - started) * 1000.0, ok)
+        except Exception as error:
+            warn_once(f"sandbox-metrics:{kind}", "sandbox %s not measured: %r", kind, error)
+
+
 async def start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if metrics.LIVE:
+        return await _measured("start", instance, lambda: _start(wrapped, instance, args, kwargs))
+    return await _start(wrapped, instance, args, kwargs)
+
+
+async def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if not _enabled():
         return await wrapped(*args, **kwargs)
 
@@ -74,6 +103,12 @@ async def start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
 
 
 async def exec_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if metrics.LIVE:
+        return await _measured("exec", instance, lambda: _exec(wrapped, instance, args, kwargs))
+    return await _exec(wrapped, instance, args, kwargs)
+
+
+async def _exec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if not _enabled():
         return await wrapped(*args, **kwargs)
 
@@ -90,6 +125,12 @@ async def exec_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
 
 async def stop_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # Only a stop that closes a running sandbox is work worth a span.
-    if not _enabled() or getattr(instance, "_handle", None) is None or getattr(instance, "_stopped", True):
+    running = getattr(instance, "_handle", None) is not None and not getattr(instance, "_stopped", True)
+    if running and metrics.LIVE:
+        try:
+            metrics.record_sandbox("stop", _provider_name(instance), 0.0, True)
+        except Exception as error:
+            warn_once("sandbox-metrics:stop", "sandbox stop not counted: %r", error)
+    if not running or not _enabled():
         return await wrapped(*args, **kwargs)
     return await _traced("gym.sandbox.stop", instance, lambda: wrapped(*args, **kwargs))

@@ -74,7 +74,21 @@ def _server_name(args: tuple, kwargs: dict) -> "str | None":
 
 
 def run_command_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Around ``run_command`` while ``gym.startup`` is open: a server span per spawn, whose
+    """Around ``run_command``: the start-up span of a spawned server, and the process to
+    the fleet's memory sampler (opt-in)."""
+    process = _spawn(wrapped, args, kwargs)
+    try:
+        from . import fleet
+
+        if fleet.memory_sampling_on():
+            fleet.watch_server_memory(_server_name(args, kwargs), process)
+    except Exception as error:
+        warn_once("startup:memory", "server memory is not sampled: %r", error)
+    return process
+
+
+def _spawn(wrapped: Any, args: tuple, kwargs: dict) -> Any:
+    """``run_command`` while ``gym.startup`` is open: a server span per spawn, whose
     context the child inherits through the environment ``run_command`` copies."""
     parent = _run["span"]
     if parent is None:

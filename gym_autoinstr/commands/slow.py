@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..pipeline.files import METRICS_SUFFIX, _attributes
+from ..pipeline.files import METRICS_SUFFIX, _attributes, json_lines
 
 
 def metric_files(path: Path) -> list[Path]:
@@ -25,17 +25,10 @@ def metric_files(path: Path) -> list[Path]:
     return [path] if path.name.endswith(METRICS_SUFFIX) else []
 
 
-def latest_points(lines: Iterable[str]) -> dict[tuple, dict]:
+def latest_points(lines: Iterable[str], source: str = "") -> dict[tuple, dict]:
     """``(service, metric, attributes)`` -> the latest data point (cumulative) in one file."""
     latest: dict[tuple, dict] = {}
-    for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            request = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for request in json_lines(lines, source):
         for resource_metrics in request.get("resourceMetrics", ()):
             resource = _attributes(resource_metrics.get("resource", {}).get("attributes"))
             service = str(resource.get("service.name", "?"))
@@ -57,7 +50,7 @@ def read_run(path: Path) -> dict[tuple, dict]:
     points: dict[tuple, dict] = {}
     for file in metric_files(path):
         with open(file, encoding="utf-8") as handle:
-            for key, point in latest_points(handle).items():
+            for key, point in latest_points(handle, str(file)).items():
                 # processes of one server (uvicorn workers) add up: keep them apart by file
                 points[(str(file),) + key] = point
     return points
@@ -128,6 +121,9 @@ SECTIONS = (
     ("gym.model.call_duration_ms", "model calls", lambda a: a.get("nemo.gym.model.dialect", "")),
     ("gym.model.time_to_first_byte_ms", "model first byte", lambda a: a.get("nemo.gym.model.dialect", "")),
     ("gym.http.connection_pool.queue_duration_ms", "waits for a connection", lambda a: f"to {a.get('nemo.gym.http.destination.server.name', '?')}"),
+    ("gym.concurrency.queue_wait_duration_ms", "waits for a Gym limit", lambda a: a.get("nemo.gym.concurrency.site", "?")),
+    ("gym.sandbox.startup_duration_ms", "sandbox starts", lambda a: a.get("nemo.gym.sandbox.provider", "")),
+    ("gym.sandbox.exec_duration_ms", "sandbox execs", lambda a: a.get("nemo.gym.sandbox.provider", "")),
     ("gym.event_loop.lag_ms", "event-loop lag", lambda a: ""),
     ("gym.gc.pause_duration_ms", "GC pauses", lambda a: f"gen {a.get('nemo.gym.gc.generation', '?')}"),
 )

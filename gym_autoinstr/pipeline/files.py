@@ -23,7 +23,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -284,16 +284,21 @@ def spans_from_request(request: dict) -> Iterator[dict]:
                 }
 
 
-def read_lines(lines: "Iterator[str]", source: str = "") -> Iterator[dict]:
+def json_lines(lines: "Iterable[str]", source: str = "") -> Iterator[dict]:
+    """The OTLP-JSON requests of a ``.jsonl`` file (spans, metrics or logs), one per line;
+    a line that is not JSON (a write cut short) is skipped with one message."""
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
             continue
         try:
-            request = json.loads(line)
+            yield json.loads(line)
         except json.JSONDecodeError:
             warn_once(f"read:{source}:{number}", "skipping %s line %d: not JSON (a partial write?)", source or "input", number)
-            continue
+
+
+def read_lines(lines: "Iterable[str]", source: str = "") -> Iterator[dict]:
+    for request in json_lines(lines, source):
         yield from spans_from_request(request)
 
 

@@ -9,6 +9,13 @@ The handler goes on the root logger at configuration, and on uvicorn's own logge
 (``uvicorn.error``, ``uvicorn.access``: they do not propagate) once uvicorn has set its
 logging up, at the app's lifespan start-up.  Records of OpenTelemetry's own loggers are
 not exported (an export failure must not loop into another export).
+
+With logs opted in, Gym's own log lines (the stream handlers of those loggers: what Gym
+prints to its console and log files) also end in `` trace_id=<32 hex> span_id=<16 hex>``
+when a span is current as they are written (a rollout's request), and are unchanged
+otherwise: a line in a server's log can be looked up in the backend, and back.  Each
+handler's formatter is wrapped, not replaced; ``GYM_AUTOINSTR_LOG_CORRELATION=false``
+leaves the lines alone while still exporting the records.
 """
 
 from __future__ import annotations
@@ -23,7 +30,38 @@ LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
 _TRUE = ("1", "true", "yes", "on")
 
-_state: dict[str, Any] = {"handler": None}
+_state: dict[str, Any] = {"handler": None, "correlate": False}
+
+
+class _WithTraceIds(logging.Formatter):
+    """The handler's own formatter, plus the current trace and span ids when there are any."""
+
+    def __init__(self, inner: "logging.Formatter | None") -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        try:
+            from opentelemetry import trace
+
+            span_context = trace.get_current_span().get_span_context()
+            if span_context.is_valid:
+                return f"{line} trace_id={span_context.trace_id:032x} span_id={span_context.span_id:016x}"
+        except Exception:
+            pass
+        return line
+
+    def __getattr__(self, name: str) -> Any:  # formatTime, datefmt, ... as the wrapped one has them
+        return getattr(self.inner, name)
+
+
+def _correlate_lines(logger: logging.Logger, ours: Any) -> None:
+    for handler in logger.handlers:
+        if handler is ours or not isinstance(handler, logging.StreamHandler):
+            continue
+        if not isinstance(handler.formatter, _WithTraceIds):
+            handler.setFormatter(_WithTraceIds(handler.formatter))
 
 
 def requested(environ: "os._Environ[str] | dict[str, str] | None" = None) -> list[str]:
@@ -104,8 +142,12 @@ def configure(resource: Any, who: Any = None) -> bool:
 
     handler = GymLoggingHandler(level=logging.NOTSET, logger_provider=provider)
     handler.addFilter(_NotOurs())
-    logging.getLogger().addHandler(handler)
+    root = logging.getLogger()
+    root.addHandler(handler)
     _state["handler"] = handler
+    _state["correlate"] = (os.environ.get("GYM_AUTOINSTR_LOG_CORRELATION") or "true").strip().lower() in _TRUE
+    if _state["correlate"]:
+        _correlate_lines(root, handler)
     return True
 
 
@@ -119,6 +161,10 @@ def attach_to_uvicorn() -> None:
             logger = logging.getLogger(name)
             if handler not in logger.handlers:
                 logger.addHandler(handler)
+            if _state["correlate"]:
+                _correlate_lines(logger, handler)
+        if _state["correlate"]:
+            _correlate_lines(logging.getLogger(), handler)
     except Exception as error:
         warn_once("logs-uvicorn", "uvicorn's log lines are not exported: %r", error)
 

@@ -18,7 +18,11 @@ Per request, from the ingress middleware (every Gym server):
   ``gym.model.call_duration_ms`` and ``gym.model.time_to_first_byte_ms`` (by
   ``nemo.gym.model.dialect`` and ``nemo.gym.server.name``).
 
-Runtime (``runtime.py``) and the orchestrator's ``gym.servers.active`` live beside.
+Sandboxes (``advice/sandbox.py``): ``gym.sandbox.active``, ``gym.sandbox.startup_duration_ms``,
+``gym.sandbox.exec_duration_ms`` by ``nemo.gym.sandbox.provider``.
+
+Runtime (``runtime.py``), Gym's client (``pool.py``), Gym's semaphores
+(``concurrency.py``) and the orchestrator's ``gym.servers.active`` live beside.
 Reward and accuracy are never mirrored into telemetry.
 """
 
@@ -45,6 +49,9 @@ SUCCESS, FAILURE = "success", "failure"
 # model's call runs for minutes.
 DURATION_BOUNDARIES_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
                           120_000, 300_000, 600_000, 1_800_000)
+# Gym's sandbox buckets: 250 ms to 30 min.
+SANDBOX_BOUNDARIES_MS = (250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000)
+SANDBOX_PROVIDER = "nemo.gym.sandbox.provider"
 TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000,
                       120_000, 300_000)
 
@@ -94,6 +101,17 @@ def activate() -> bool:
             "gym.model.time_to_first_byte_ms", unit="ms", description="Time to the first response byte of one model-server call.",
             explicit_bucket_boundaries_advisory=list(TTFB_BOUNDARIES_MS),
         )
+        _instruments["sandbox.active"] = m.create_up_down_counter(
+            "gym.sandbox.active", unit="{sandbox}", description="Sandboxes started and not yet stopped, by provider.")
+        _instruments["sandbox.start"] = m.create_histogram(
+            "gym.sandbox.startup_duration_ms", unit="ms", description="Duration of one sandbox start, failures included.",
+            explicit_bucket_boundaries_advisory=list(SANDBOX_BOUNDARIES_MS),
+        )
+        _instruments["sandbox.exec"] = m.create_histogram(
+            "gym.sandbox.exec_duration_ms", unit="ms", description="Duration of one command run in a sandbox, failures included.",
+            explicit_bucket_boundaries_advisory=list(SANDBOX_BOUNDARIES_MS),
+        )
+        _sandbox_attributes.clear()
         m.create_observable_gauge(
             "gym.server.requests.in_flight", callbacks=[_observe_in_flight], unit="{request}",
             description="Requests a Gym server is serving right now.",
@@ -163,6 +181,24 @@ def record_request(
         _instruments["model"].record(ms, seam.identity)
         if ttfb_seconds is not None:
             _instruments["ttfb"].record(ttfb_seconds * 1000.0, seam.identity)
+
+
+_sandbox_attributes: dict[str, dict[str, str]] = {}
+
+
+def record_sandbox(kind: str, provider: str, ms: float, ok: bool) -> None:
+    """A sandbox ``start``, ``exec`` or ``stop`` (caller checked ``LIVE``)."""
+    attributes = _sandbox_attributes.get(provider)
+    if attributes is None:
+        if len(_sandbox_attributes) > 64:  # providers are a handful; never grow without end
+            _sandbox_attributes.clear()
+        attributes = _sandbox_attributes[provider] = {SANDBOX_PROVIDER: provider}
+    if kind == "stop":
+        _instruments["sandbox.active"].add(-1, attributes)
+        return
+    _instruments["sandbox.start" if kind == "start" else "sandbox.exec"].record(ms, attributes)
+    if kind == "start" and ok:
+        _instruments["sandbox.active"].add(1, attributes)
 
 
 def set_servers_active(value: int) -> None:

@@ -108,6 +108,18 @@ def test_a_configured_collector_is_reached_over_the_otlp_exporter(tmp_path):
     assert not problems(report, subject="exporter")
 
 
+def test_metric_and_log_exporters_are_reported_beside_the_span_exporter(tmp_path):
+    _, report, _ = doctor(tmp_path)  # the embedded default: metrics to the run directory, logs off
+    assert [(e["name"], e["used"]) for e in report["metric_exporters"]] == [("files", "files")]
+    assert report["log_exporters"] == []
+    _, report, _ = doctor(tmp_path, env={**COLLECTOR, "NEMO_GYM_OTEL_LOGS_ENABLED": "true", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert [(e["name"], e["used"]) for e in report["metric_exporters"]] == [("otlp", "grpc")]
+    assert [(e["name"], e["used"]) for e in report["log_exporters"]] == [("otlp", "grpc")]
+    _, text, _ = doctor(tmp_path, env={**COLLECTOR, "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_LOGS_EXPORTER": "console"}, as_json=False)
+    assert "metrics       prometheus  (NOT importable)" in text and "logs          console  (importable)" in text
+    assert "OTEL_METRICS_EXPORTER names 'prometheus'" in text
+
+
 def test_an_unwritable_run_directory_means_tracing_would_not_work(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -129,8 +141,12 @@ def test_a_missing_exporter_package_falls_back_to_the_other_protocol(tmp_path):
     assert code == 0 and report["ok"]
     (exporter,) = report["exporters"]
     assert exporter["importable"] is False and exporter["used"] == "grpc"
-    (warning,) = problems(report, "warning", "exporter")
+    (warning,) = [w for w in problems(report, "warning", "exporter") if "spans" in w["problem"]]
     assert "pip install opentelemetry-exporter-otlp-proto-http" in warning["fix"]
+    # metrics have no such fallback: the doctor says they are not exported
+    (metrics,) = report["metric_exporters"]
+    assert (metrics["protocol"], metrics["importable"]) == ("http/protobuf", False)
+    assert [w for w in problems(report, "warning", "exporter") if "no metrics are exported" in w["problem"]]
 
 
 def test_no_importable_exporter_means_tracing_would_not_work(tmp_path):

@@ -44,3 +44,20 @@ def test_summary_adds_processes_and_estimates_percentiles(tmp_path):
 def test_no_metrics_files_gives_no_summary(tmp_path):
     assert slow.render_text(slow.summarise(slow.read_run(tmp_path))) == ""
     assert slow.render_html(slow.summarise(slow.read_run(tmp_path))) == ""
+
+
+def test_waits_for_gyms_semaphores_and_sandbox_times_are_summarised(tmp_path):
+    exporter = files.metric_exporter(tmp_path, "nemo-gym/model")
+    provider = MeterProvider(resource=Resource.create({"service.name": "nemo-gym/model"}),
+                             metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)])
+    meter = provider.get_meter("t")
+    waits = meter.create_histogram("gym.concurrency.queue_wait_duration_ms", unit="ms")
+    for value in (5.0, 50.0, 500.0):
+        waits.record(value, {"nemo.gym.concurrency.site": "SimpleModelServer._semaphore", "nemo.gym.server.name": "model"})
+    meter.create_histogram("gym.sandbox.exec_duration_ms", unit="ms").record(1200.0, {"nemo.gym.sandbox.provider": "docker"})
+    provider.shutdown()
+    lines = slow.render_text(slow.summarise(slow.read_run(tmp_path))).splitlines()
+    (wait,) = [line for line in lines if "waits for a Gym limit" in line]
+    assert "SimpleModelServer._semaphore" in wait and wait.split()[-4] == "3"
+    (sandbox,) = [line for line in lines if "sandbox execs" in line]
+    assert "docker" in sandbox and sandbox.split()[-4] == "1"

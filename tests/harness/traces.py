@@ -28,6 +28,12 @@ def reset_upstream(policy_model: PolicyModel) -> None:
     urllib.request.urlopen(request, timeout=10).read()
 
 
+def drop_upstream(policy_model: PolicyModel, count: int) -> None:
+    """The policy model closes the connection of each of its next ``count`` model calls unanswered."""
+    request = urllib.request.Request(policy_model.base + "/_drop", data=json.dumps({"count": count}).encode(), method="POST")
+    urllib.request.urlopen(request, timeout=10).read()
+
+
 def strip_ids(value):
     """A rollout result without its run-specific ids and timestamps."""
     if isinstance(value, dict):

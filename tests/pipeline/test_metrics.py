@@ -209,3 +209,147 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch)
     assert sum(p.count for p in waits) == before + 2
     assert max(p.max for p in waits) >= 150  # the third call waited for two 200 ms calls
     assert dict(waits[0].attributes)["nemo.gym.http.connection_pool.queue_outcome"] == "acquired"
+
+
+class _Flaky:
+    """A raw HTTP server on the tests' loop: the first connection is dropped without an
+    answer, the second stalls past the caller's timeout, every later one answers 200."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+
+    async def handle(self, reader, writer) -> None:
+        self.connections += 1
+        number = self.connections
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            if number == 1:
+                return  # closed without a response: ServerDisconnectedError
+            if number == 2:
+                await asyncio.sleep(1.0)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            await writer.drain()
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+
+def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, monkeypatch):
+    """Gym's real ``server_utils.request`` on Gym's real client: a dropped connection and a
+    timed-out attempt are each retried by Gym; each retry is counted by Gym's reason, the
+    timeout once, and a request that succeeds first time counts nothing."""
+    import aiohttp
+    from nemo_gym import server_utils
+
+    from gym_autoinstr.advice import egress
+
+    flaky = _Flaky()
+    monkeypatch.setattr(server_utils, "MAX_NUM_TRIES", 5, raising=False)
+
+    def retries() -> dict:
+        return {(dict(p.attributes)[pool.RETRY_REASON], dict(p.attributes)[pool.INTERNAL]): p.value
+                for _, p in points(reader, "gym.http.retry_total")}
+
+    def timeouts() -> dict:
+        return {dict(p.attributes)[pool.INTERNAL]: p.value for _, p in points(reader, "gym.http.timeout_total")}
+
+    async def calls():
+        server = await asyncio.start_server(flaky.handle, "127.0.0.1", 0)
+        port = flaky.port = server.sockets[0].getsockname()[1]
+        previous = server_utils._GLOBAL_AIOHTTP_CLIENT
+        server_utils._GLOBAL_AIOHTTP_CLIENT = None
+        session = egress.global_client_advice(server_utils.set_global_aiohttp_client, None,
+                                              (server_utils.GlobalAIOHTTPAsyncClientConfig(),), {})
+        try:
+            statuses = []
+            for _ in range(2):
+                response = await server_utils.request("POST", f"http://127.0.0.1:{port}/flaky", json={},
+                                                      timeout=aiohttp.ClientTimeout(total=0.3))
+                await response.read()
+                statuses.append(response.status)
+            return statuses
+        finally:
+            await session.close()
+            server_utils._GLOBAL_AIOHTTP_CLIENT = previous
+            server.close()
+
+    retries_before, timeouts_before = retries(), timeouts()
+    assert run_async(calls()) == [200, 200]
+    assert flaky.connections == 4  # dropped, timed out, answered; then answered first time
+    gained = {k: v - retries_before.get(k, 0) for k, v in retries().items() if v - retries_before.get(k, 0)}
+    assert gained == {("server_disconnected", False): 1, ("timeout", False): 1}
+    assert {k: v - timeouts_before.get(k, 0) for k, v in timeouts().items()} == {False: 1}
+    connects = {dict(p.attributes)[pool.DESTINATION]: p.value for _, p in points(reader, "gym.http.connection_pool.connect_total")}
+    assert connects[f"127.0.0.1:{flaky.port}"] == 4  # one new connection per attempt (the server closes each)
+
+
+def test_a_gym_semaphore_limit_held_waiting_and_waits(instrumented, reader):
+    """A real Gym model server that caps its calls with an asyncio semaphore (as Gym's
+    openai_model does): the limit, the holders and waiters at collection time, and the
+    waits of the calls that queued."""
+    from gym_autoinstr.pipeline import concurrency
+    from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+    from tests.advice.test_routes import Ask, _client, _config
+
+    observed: dict = {}
+
+    class Capped(SimpleResponsesAPIModel):
+        def model_post_init(self, context):
+            self._semaphore = asyncio.Semaphore(1)
+            return super().model_post_init(context)
+
+        async def responses(self, body: Ask):
+            async with self._semaphore:
+                await asyncio.sleep(0.1)
+            return {"output": []}
+
+        async def chat_completions(self, body: Ask):
+            return {}
+
+    server = Capped(config=_config(BaseResponsesAPIModelConfig, "capped_model"), server_client=_client())
+    assert concurrency.watch_server(server, "capped_model") == 1
+    site = {concurrency.SITE: "Capped._semaphore", metrics.SERVER_NAME: "capped_model"}
+
+    def gauge(name: str) -> int:
+        (value,) = [p.value for _, p in points(reader, name) if dict(p.attributes) == site]
+        return value
+
+    async def held_while_two_wait():
+        async with server._semaphore:
+            waiters = [asyncio.ensure_future(server._semaphore.acquire()) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            observed.update({n: gauge(n) for n in ("gym.concurrency.limit", "gym.concurrency.active",
+                                                   "gym.concurrency.available", "gym.concurrency.queue_depth")})
+        for waiter in waiters:
+            await waiter
+            server._semaphore.release()
+
+    run_async(held_while_two_wait())
+    assert observed == {"gym.concurrency.limit": 1, "gym.concurrency.active": 1,
+                        "gym.concurrency.available": 0, "gym.concurrency.queue_depth": 2}
+    assert isinstance(server._semaphore, asyncio.Semaphore)
+    waits = [p for _, p in points(reader, "gym.concurrency.queue_wait_duration_ms") if dict(p.attributes) == site]
+    assert sum(p.count for p in waits) == 2 and max(p.max for p in waits) >= 40
+    assert (gauge("gym.concurrency.active"), gauge("gym.concurrency.queue_depth")) == (0, 0)
+    concurrency.restore()
+    assert type(server._semaphore) is asyncio.Semaphore
+
+
+def test_sandbox_active_start_and_exec_durations_by_provider(instrumented, reader):
+    """Gym's real AsyncSandbox over a local-process provider: one start, three execs (one
+    failing, one timing out), one stop."""
+    from tests.advice.test_sandbox import _session
+
+    def by_provider(name: str) -> int:
+        return sum(getattr(p, "count", None) if hasattr(p, "count") else p.value
+                   for _, p in points(reader, name) if dict(p.attributes).get("nemo.gym.sandbox.provider") == "local-process")
+
+    before = {n: by_provider(n) for n in ("gym.sandbox.startup_duration_ms", "gym.sandbox.exec_duration_ms")}
+    run_async(_session())
+    assert by_provider("gym.sandbox.startup_duration_ms") - before["gym.sandbox.startup_duration_ms"] == 1
+    assert by_provider("gym.sandbox.exec_duration_ms") - before["gym.sandbox.exec_duration_ms"] == 3
+    assert points(reader, "gym.sandbox.active")
+    assert by_provider("gym.sandbox.active") == 0  # started once, stopped once
+    (metric, _), *_ = points(reader, "gym.sandbox.exec_duration_ms")
+    assert metric.unit == "ms"

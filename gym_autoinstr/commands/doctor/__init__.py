@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from .exporters import exporters
+from .exporters import exporters, signal_exporters
 from .installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
 from .native import native_telemetry
 from .pipeline import pipeline
@@ -51,6 +51,10 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
     problems += found
     exporter_rows, found = exporters(effective, start["configurator"]["selected"])
     problems += found
+    metric_rows, found = signal_exporters(effective, "metrics")
+    problems += found
+    log_rows, found = signal_exporters(effective, "logs")
+    problems += found
     pipeline_section, found = pipeline(effective, exporter_rows, offline=offline)
     problems += found
     group_section, found = span_groups(effective)
@@ -72,6 +76,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
         "pointcuts": report,
         "startup": start,
         "exporters": exporter_rows,
+        "metric_exporters": metric_rows,
+        "log_exporters": log_rows,
         "pipeline": pipeline_section,
         "span_groups": group_section,
         "job_trace": job_section,

@@ -133,3 +133,50 @@ def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]],
             "read them with `gym-autoinstr view <run directory>`; set OTEL_EXPORTER_OTLP_ENDPOINT to send to a collector",
         )
     ]
+
+
+# signal -> protocol -> OTLP exporter module; kept in step with configurator.py and logs.py
+OTLP_SIGNAL_EXPORTERS = {
+    "metrics": {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"},
+    "logs": {"http/protobuf": "opentelemetry.exporter.otlp.proto.http._log_exporter",
+             "grpc": "opentelemetry.exporter.otlp.proto.grpc._log_exporter"},
+}
+SIGNAL_VARIABLES = {"metrics": "OTEL_METRICS_EXPORTER", "logs": "OTEL_LOGS_EXPORTER"}
+
+
+def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """The metric or log exporters every Gym process would build (``signal``: metrics, logs)."""
+    from ...pipeline import logs
+
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return [], []
+    variable = SIGNAL_VARIABLES[signal]
+    if signal == "metrics":
+        default = "files" if files.embedded_default_applies(environ) else "otlp"
+        names = [n.strip().lower() for n in environ.get(variable, default).split(",") if n.strip()]
+        names = [n for n in names if n != "none"]
+    else:
+        names = logs.requested(environ)
+    rows: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    for name in names:
+        if name == "otlp":
+            raw = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+            protocol = "grpc" if raw.strip().lower() == "grpc" else "http/protobuf"
+            error = _importable(OTLP_SIGNAL_EXPORTERS[signal][protocol])
+            rows.append({"name": name, "protocol": protocol, "importable": error is None, "error": error,
+                         "used": protocol if error is None else None})
+            if error is not None:
+                problems.append(Problem(WARNING, "exporter", f"the OTLP {protocol} {signal} exporter cannot be imported ({error}): no {signal} are exported",
+                                        f"pip install opentelemetry-exporter-otlp-proto-{'grpc' if protocol == 'grpc' else 'http'}"))
+        elif name in ("console", "files"):
+            row: dict[str, Any] = {"name": name, "importable": True, "used": name}
+            if name == "files":
+                row["directory"] = environ.get(files.OUTPUT_DIR_VARIABLE) or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
+            rows.append(row)
+        else:
+            rows.append({"name": name, "importable": False, "used": None})
+            problems.append(Problem(WARNING, "exporter", f"{variable} names {name!r}, which gym-autoinstr does not build: no {signal} from it",
+                                    f"set {variable} to otlp, console, files or none"))
+    return rows, problems

@@ -46,6 +46,14 @@ def render(diagnosis: dict[str, Any]) -> str:
         lines.append(f"exporter      {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
     if not diagnosis["exporters"]:
         lines.append("exporter      none")
+    for signal, label in (("metric_exporters", "metrics"), ("log_exporters", "logs")):
+        rows = diagnosis.get(signal) or []
+        for row in rows:
+            detail = f" over {row['used']}" if row.get("used") and row.get("protocol") else ""
+            detail += f" to {row['directory']}" if row.get("directory") else ""
+            lines.append(f"{label:<13} {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
+        if not rows:
+            lines.append(f"{label:<13} off" + ("  (OTEL_LOGS_EXPORTER or NEMO_GYM_OTEL_LOGS_ENABLED=true to export them)" if label == "logs" else ""))
     section = diagnosis.get("pipeline") or {}
     if section.get("skipped"):
         if section["skipped"] == "--offline":
