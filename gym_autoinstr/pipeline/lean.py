@@ -62,7 +62,7 @@ class LeanSpan(trace_api.Span):
         self.kind = kind
         self.attributes = attributes
         self.links = links
-        self.events: list = []
+        self.events: "list | tuple" = ()  # a list from the first event on
         self.status = _UNSET
         self.start_time = start_time
         self.end_time: "int | None" = None
@@ -115,6 +115,8 @@ class LeanSpan(trace_api.Span):
         if len(self.events) >= self._tracer.max_events:
             self.dropped_events += 1
             return
+        if type(self.events) is tuple:
+            self.events = []
         self.events.append(self._tracer.event(name, attributes, timestamp or _time_ns()))
 
     def add_link(self, context: SpanContext, attributes: "types.Attributes" = None) -> None:
