@@ -13,6 +13,10 @@ instrumentor), and the call re-enters through them, so that very call is traced.
 
 A worker that imports Gym's modules but never calls these (a Gym server's Ray task
 unpickling its function) stays silent.
+
+Below: whose span is upstream of an actor call (our own ``ray.execute`` is not an
+embedder's: ``rootless_call``, read by ``advice/job.py``), and the creation carrier that
+prepares an actor whose ``runtime_env`` replaced ``PYTHONPATH`` (``boot``).
 """
 
 from __future__ import annotations
