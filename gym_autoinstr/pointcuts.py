@@ -149,6 +149,17 @@ POINTCUTS: tuple[Pointcut, ...] = (
         "dispatches become root traces linked to it (egress), or nest (GYM_AUTOINSTR_JOB_TRACE=single, an embedder's span)",
     ),
     Pointcut(
+        name="job.examples",
+        module="nemo_gym.rollout_collection",
+        attribute="RolloutCollectionHelper.run_examples",
+        advice=job.run_examples_advice,
+        versions="0.4.0+",
+        group=groups.JOB,
+        purpose="gym.job per run_examples call (the entry an embedder such as NeMo RL's NemoGym actor calls); "
+        "its rollouts root traces linked to it, or nested, as for job; none inside run_from_config's",
+        optional=True,
+    ),
+    Pointcut(
         name="sandbox.start",
         module="nemo_gym.sandbox.api",
         attribute="AsyncSandbox.start",
@@ -199,6 +210,17 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="the methods of an actor class a Gym process creates take the trace context (in Ray's own "
         "subclass, never the user's class)",
         parameters=("cls",),
+    ),
+    Pointcut(
+        name="ray.actor_create",
+        module="ray.actor",
+        attribute="ActorClass._remote",
+        advice=ray_actor.actor_create_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="an actor's creation carries the creator's context and exporter settings to its __init__, so an "
+        "actor whose runtime_env replaces PYTHONPATH still watches for Gym's orchestration",
+        parameters=("args", "kwargs"),
     ),
     Pointcut(
         name="ray.actor_method",

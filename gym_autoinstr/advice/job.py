@@ -17,6 +17,16 @@ Shape (``GYM_AUTOINSTR_JOB_TRACE``):
   whatever is current *before* our ``gym.job`` starts; a rollout is only re-rooted when
   the span current at its dispatch is exactly the ``gym.job`` this advice started.
 
+``RolloutCollectionHelper.run_examples`` (0.4.0+), the lower-level entry an embedder
+calls itself (NeMo RL's ``NemoGym`` actor), gets a ``gym.job`` of its own per call under
+the same rules (``nemo.gym.job.entry`` says which entry opened the job); inside
+``run_from_config``'s job it opens none.  In a Ray actor, the ``ray.execute`` span of our
+own actor-method propagation is not an embedder's span: when nothing but our Ray spans
+is upstream of it (``ray_actor.rootless_call``), ``gym.job`` starts a trace of its own
+with a span link to that ``ray.execute``, and the rollouts follow the mode as above.
+Anything else upstream (a span the driver opened, carried by our propagation or by the
+embedder's own carrier; a span opened in the actor) is an embedder's.
+
 Gym releases up to 0.7.x have no switch of their own for this (0.7.0's native ``gym.job``
 always nests), so only ours is read.  ``gym.job`` ends with the counts it saw:
 ``nemo.gym.job.rollouts.sent`` / ``.failed`` and ``nemo.gym.job.num_repeats``.
@@ -28,16 +38,16 @@ import os
 import uuid
 from dataclasses import dataclass, field
 import contextvars
-from typing import Any
+from typing import Any, Iterator
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
-from . import coexistence
+from . import coexistence, ray_actor
 from .._log import warn_once
 from ..pipeline import groups
-from ..pipeline.spans import run_in_span, tracer
+from ..pipeline.spans import mark_error, run_in_span, tracer
 
 JOB_TRACE_VARIABLE = "GYM_AUTOINSTR_JOB_TRACE"
 PER_ROLLOUT = "per_rollout"
@@ -50,6 +60,7 @@ JOB_TRACE = "nemo.gym.job.trace"
 ROLLOUTS_SENT = "nemo.gym.job.rollouts.sent"
 ROLLOUTS_FAILED = "nemo.gym.job.rollouts.failed"
 NUM_REPEATS = "nemo.gym.job.num_repeats"
+JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_examples (an embedder's)
 
 
 def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
@@ -94,21 +105,33 @@ def _num_repeats(args: tuple, kwargs: dict) -> "int | None":
     return value if type(value) is int else None
 
 
+def _open_job(repeats: "int | None", entry: str) -> JobState:
+    """Start ``gym.job`` under the rules above.  A Ray actor call of ours with nothing
+    upstream (``ray_actor.rootless_call``) counts as nothing upstream: the job starts a
+    trace of its own, linked to that ``ray.execute`` span."""
+    actor_call = ray_actor.rootless_call()
+    embedded = actor_call is None and trace.get_current_span().get_span_context().is_valid
+    mode = EMBEDDED if embedded else job_trace_mode()
+    job_id = uuid.uuid4().hex
+    attributes: dict[str, Any] = {JOB_ID: job_id, JOB_TRACE: mode, JOB_ENTRY: entry}
+    if repeats is not None:
+        attributes[NUM_REPEATS] = repeats
+    options: dict[str, Any] = {}
+    if actor_call is not None:
+        options = {"context": _EMPTY, "links": [Link(actor_call.get_span_context())]}
+    span = tracer().start_span("gym.job", kind=SpanKind.INTERNAL, attributes=attributes, **options)
+    state = JobState(span=span, job_id=job_id, reroot=mode == PER_ROLLOUT)
+    if state.reroot:
+        state.links = [Link(span.get_span_context())]
+    return state
+
+
 async def run_from_config_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if groups.JOB not in groups.ENABLED or coexistence.native_telemetry_live():
         return await wrapped(*args, **kwargs)
     try:
-        embedded = trace.get_current_span().get_span_context().is_valid
-        mode = EMBEDDED if embedded else job_trace_mode()
-        job_id = uuid.uuid4().hex
-        attributes: dict[str, Any] = {JOB_ID: job_id, JOB_TRACE: mode}
-        repeats = _num_repeats(args, kwargs)
-        if repeats is not None:
-            attributes[NUM_REPEATS] = repeats
-        span = tracer().start_span("gym.job", kind=SpanKind.INTERNAL, attributes=attributes)
-        state = JobState(span=span, job_id=job_id, reroot=mode == PER_ROLLOUT)
-        if state.reroot:
-            state.links = [Link(span.get_span_context())]
+        state = _open_job(_num_repeats(args, kwargs), "run_from_config")
+        span = state.span
     except Exception as error:
         warn_once("job:start", "gym.job skipped (%r); rollout collection is unaffected.", error)
         return await wrapped(*args, **kwargs)
@@ -117,6 +140,104 @@ async def run_from_config_advice(wrapped: Any, instance: Any, args: tuple, kwarg
         return await run_in_span(span, lambda: wrapped(*args, **kwargs), label="gym.job")
     finally:
         _current_job.reset(token)
+
+
+def run_examples_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``RolloutCollectionHelper.run_examples``, the entry embedders call themselves (NeMo
+    RL's ``NemoGym`` actor): one ``gym.job`` per call, none inside ``run_from_config``'s
+    (0.4.0 calls ``run_examples`` from there)."""
+    if groups.JOB not in groups.ENABLED or _current_job.get() is not None or coexistence.native_telemetry_live():
+        return wrapped(*args, **kwargs)
+    try:
+        run = _ExamplesJob(_open_job(None, "run_examples"))
+    except Exception as error:
+        warn_once("job:start", "gym.job skipped (%r); rollout collection is unaffected.", error)
+        return wrapped(*args, **kwargs)
+    token = run.enter()
+    try:
+        iterator = wrapped(*args, **kwargs)
+    except BaseException as error:
+        run.leave(token)
+        if isinstance(error, Exception):
+            mark_error(run.state.span, error)
+        run.end()
+        raise
+    run.leave(token)
+    return run.iterate(iterator)
+
+
+class _ExamplesJob:
+    """One ``run_examples`` call's ``gym.job``.  ``run_examples`` returns an iterator of
+    awaitables whose rollout tasks start later: 0.4.0 inside the call, 0.7.0 at the first
+    ``next`` (or, with ``max_resident_tasks``, when the first awaitable is awaited).  So the
+    job is current inside the call, around every ``next`` and around every await of an
+    awaitable it yielded; it ends when the iterator is exhausted (or closed, or collected)
+    and every awaitable it yielded has finished."""
+
+    def __init__(self, state: JobState) -> None:
+        self.state = state
+        self.context = trace.set_span_in_context(state.span)
+        self.outstanding = 0
+        self.exhausted = False
+        self.ended = False
+
+    def enter(self) -> Any:
+        return otel_context.attach(self.context), _current_job.set(self.state)
+
+    def leave(self, token: Any) -> None:
+        otel_token, job_token = token
+        try:
+            _current_job.reset(job_token)
+            otel_context.detach(otel_token)
+        except Exception:
+            pass
+
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        _record_counts(self.state)
+        self.state.span.end()
+        # A Ray actor may be killed without an exit flush: the batch leaves now, and
+        # nothing waits for it.
+        from ..pipeline.flush import request_flush
+
+        request_flush()
+
+    def _maybe_end(self) -> None:
+        if self.exhausted and self.outstanding <= 0:
+            self.end()
+
+    def iterate(self, iterator: Any) -> Iterator[Any]:
+        try:
+            while True:
+                token = self.enter()
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    self.leave(token)
+                yield self._awaited_in_job(item)
+        finally:
+            self.exhausted = True
+            self._maybe_end()
+
+    def _awaited_in_job(self, item: Any) -> Any:
+        if not hasattr(item, "__await__"):
+            return item
+        self.outstanding += 1
+
+        async def in_job() -> Any:
+            token = self.enter()
+            try:
+                return await item
+            finally:
+                self.leave(token)
+                self.outstanding -= 1
+                self._maybe_end()
+
+        return in_job()
 
 
 def _record_counts(state: JobState) -> None:

@@ -13,13 +13,21 @@ instrumentor), and the call re-enters through them, so that very call is traced.
 
 A worker that imports Gym's modules but never calls these (a Gym server's Ray task
 unpickling its function) stays silent.
+
+Below: whose span is upstream of an actor call (our own ``ray.execute`` is not an
+embedder's: ``rootless_call``, read by ``advice/job.py``), and the creation carrier that
+prepares an actor whose ``runtime_env`` replaced ``PYTHONPATH`` (``boot``).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 
 from .._log import logger, warn_once
 
@@ -113,3 +121,218 @@ def ray_actor_attributes() -> dict[str, Any]:
     if shard:
         attributes["nemo.gym.shard"] = str(shard)
     return attributes
+
+
+# --- whose span is upstream of an actor call (issue 16) -----------------------------
+#
+# Our Ray propagation carries the caller's context into the actor: the method runs in a
+# ``ray.execute`` CONSUMER span, the child of the caller's ``ray.submit``.  Those two are
+# ours, not an embedder's: when nothing else was current at the submission (or only a
+# ``ray.execute`` that was itself rootless, an actor calling an actor), the carrier says
+# ``rootless`` and the worker marks its ``ray.execute`` span so in the context.  Gym's
+# collection in the actor then applies the job-traces rules as if nothing were upstream
+# (``advice/job.py``): ``gym.job`` starts a trace of its own, linked to the actor call.
+# Any other span upstream (a span the driver opened, NeMo RL's ``rl.gym.run_rollouts``
+# carried by its decorator, a span the actor opened itself) is an embedder's: it wins.
+
+_ROOTLESS = otel_context.create_key("gym_autoinstr.ray_rootless_execute")
+
+
+def mark_rootless(span: Any, context: Any) -> Any:
+    """``context`` with ``span`` (a ``ray.execute`` whose caller had nothing upstream) marked."""
+    return otel_context.set_value(_ROOTLESS, span, context)
+
+
+def rootless_call() -> Any:
+    """The current span when it is a ``ray.execute`` with nothing upstream but our own
+    Ray spans, else None."""
+    span = trace.get_current_span()
+    marked = otel_context.get_value(_ROOTLESS)
+    return span if marked is not None and marked is span else None
+
+
+def caller_is_rootless() -> bool:
+    """At a Ray submission: nothing upstream of it but our own Ray spans."""
+    return not trace.get_current_span().get_span_context().is_valid or rootless_call() is not None
+
+
+# --- actor creation: the carrier reaches ``__init__`` (issue 16) ----------------------
+#
+# An actor whose ``runtime_env`` replaces ``PYTHONPATH`` runs without
+# ``opentelemetry-instrument``'s sitecustomize: no instrumentor, so Gym's orchestration in
+# it would never be noticed.  As for tasks, the context rides in a carrier keyword
+# argument, here of ``__init__`` (added at ``ActorClass._remote``, pointcut
+# ``ray.actor_create``), taken off again by a wrapper Ray pickles by value.  Where
+# gym-autoinstr imports in the actor, the wrapper *boots* it first: the exporter
+# settings of the creating process fill what the actor's environment lacks, and the
+# instrumentor watches for Gym's orchestration as the sitecustomize would have; on
+# promotion, the servers the actor spawns get the sitecustomize back on ``PYTHONPATH``.
+# Where it does not import (a ``py_executable`` without our package), ``__init__`` runs
+# as before and one message says so.  ``__init__`` runs with the creator's context when
+# an embedder's span was current there; no span of ours is opened for the creation.
+
+# What the creator hands the actor to boot with: exporter settings and our own switches,
+# never the creator's service name, run id or shard (the actor is its own orchestrator).
+_BOOT_EXTRA = ("OTEL_PYTHON_DISTRO", "OTEL_PYTHON_CONFIGURATOR", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
+               "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
+_BOOT_EXCLUDED = ("OTEL_SERVICE_NAME", "NEMO_GYM_OTEL_RUN_ID")
+
+MISSING_ACTOR_MESSAGE = (
+    "gym-autoinstr: this Ray actor's Python cannot import gym_autoinstr, so Gym's orchestration in it "
+    "is not traced (the actor itself runs as usual). Fix: install gym-autoinstr (and its OpenTelemetry "
+    "packages) into the interpreter the actor runs with (its runtime_env's py_executable or pip)."
+)
+_booted = False
+
+
+def _boot_settings() -> dict[str, str]:
+    from ..pipeline import identity
+    from ..pipeline.configurator import RAY_WORKER_SETTINGS
+
+    excluded = {*_BOOT_EXCLUDED, identity.RUN_ID_VARIABLE, identity.SHARD_VARIABLE}
+    return {
+        name: value for name, value in os.environ.items()
+        if (name in RAY_WORKER_SETTINGS or name in _BOOT_EXTRA or name.startswith("GYM_AUTOINSTR_"))
+        and name not in excluded
+    }
+
+
+def init_wrapper(function: Any, missing: "list | None" = None) -> Any:
+    """The ``__init__`` Ray pickles and runs in the actor: takes the carrier off and, where
+    gym-autoinstr imports, boots the actor first.  Pickled by value, like
+    ``ray_tasks.carrier_wrapper``: builtins, its closure and its own imports only."""
+    missing = [] if missing is None else missing
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        carrier = kwargs.pop("_gym_autoinstr_ctx", None)
+        if carrier is not None:
+            try:
+                from gym_autoinstr.advice.ray_actor import actor_init
+            except Exception:
+                actor_init = None
+                if not missing:
+                    missing.append(1)
+                    import sys
+
+                    print(MISSING_ACTOR_TEXT, file=sys.stderr, flush=True)
+            if actor_init is not None:
+                return actor_init(function, self, args, kwargs, carrier)
+        return function(self, *args, **kwargs)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(__init__, name, getattr(function, name))
+        except (AttributeError, TypeError):
+            pass
+    return __init__
+
+
+MISSING_ACTOR_TEXT = MISSING_ACTOR_MESSAGE  # global the wrapper names: carried by value
+
+
+def install_init(cls: Any, missing: "list | None" = None) -> None:
+    """Put the carrier on the ``__init__`` of Ray's actor subclass (never the user's class)."""
+    from .ray_tasks import _signature_with_carrier
+
+    raw = inspect.getattr_static(cls, "__init__", None)
+    if not inspect.isfunction(raw):
+        return  # object.__init__ and the like: nothing of the user's runs at creation
+    try:
+        signature = _signature_with_carrier(raw)
+    except (TypeError, ValueError):
+        return
+    if signature is None:
+        return  # ray_tasks warns about the name clash for methods; __init__ stays as it is
+    wrapper = init_wrapper(raw, missing)
+    wrapper.__signature__ = signature  # what Ray binds the creation arguments against
+    setattr(cls, "__init__", wrapper)
+
+
+def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ActorClass._remote``: the carrier joins the creation arguments when Ray's actor
+    class took it (``ray.actor`` pointcut)."""
+    from ..pipeline import groups
+
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        args, kwargs = _with_creation_carrier(instance, args, kwargs)
+    except Exception as error:
+        warn_once("ray:actor-create", "Ray actor creation carries no trace context: %r", error)
+    return wrapped(*args, **kwargs)
+
+
+def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[tuple, dict]":
+    from . import coexistence
+    from .ray_tasks import CARRIER, _call_parts, _client_mode, _with_call_kwargs
+
+    meta = getattr(instance, "__ray_metadata__", None)
+    signatures = getattr(getattr(meta, "method_meta", None), "signatures", None) or {}
+    if (
+        not any(getattr(parameter, "name", None) == CARRIER for parameter in signatures.get("__init__") or ())
+        or coexistence.native_telemetry_live()
+        or _client_mode()
+    ):
+        return args, kwargs
+    headers: dict[str, str] = {}
+    rootless = caller_is_rootless()
+    if not rootless:
+        propagate.inject(headers)
+    _, call_kwargs = _call_parts(args, kwargs)
+    new_kwargs = dict(call_kwargs or {})
+    new_kwargs[CARRIER] = {"context": headers, "rootless": rootless, "settings": _boot_settings()}
+    return _with_call_kwargs(args, kwargs, new_kwargs)
+
+
+def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
+    """In the actor: boot, then run ``__init__`` with the creator's context when an
+    embedder's span was current there."""
+    token = None
+    try:
+        if isinstance(carrier, dict):
+            boot(dict(carrier.get("settings") or {}))
+            headers = carrier.get("context") or {}
+            if headers and not carrier.get("rootless"):
+                token = otel_context.attach(propagate.extract(headers))
+    except Exception as error:
+        warn_once("ray_actor:boot", "this Ray actor could not be prepared for tracing: %r", error)
+    try:
+        return function(instance, *args, **kwargs)
+    finally:
+        if token is not None:
+            try:
+                otel_context.detach(token)
+            except Exception:
+                pass
+
+
+def boot(settings: "dict[str, str]") -> None:
+    """Make this actor watch for Gym's orchestration when the sitecustomize did not run in
+    it (``runtime_env`` replaced ``PYTHONPATH``); nothing when it did."""
+    global _booted
+    with _lock:
+        if _booted:
+            return
+        _booted = True
+    from ..instrumentor import GymInstrumentor
+
+    instrumentor = GymInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        return  # opentelemetry-instrument's sitecustomize ran here: it watches already
+    for name, value in settings.items():
+        os.environ.setdefault(name, value)  # the actor's own environment wins
+    on_promotion(_children_get_sitecustomize)
+    instrumentor.instrument()
+    logger.debug("Ray actor booted from its creation carrier (no sitecustomize in this worker)")
+
+
+def _children_get_sitecustomize() -> None:
+    """The servers a promoted, booted actor spawns start under OpenTelemetry's
+    sitecustomize, as they would under ``opentelemetry-instrument`` (its own directory
+    first on ``PYTHONPATH``; the runtime_env's entries stay, after it)."""
+    from opentelemetry.instrumentation import auto_instrumentation
+
+    directory = os.path.dirname(os.path.abspath(auto_instrumentation.__file__))
+    current = os.environ.get("PYTHONPATH", "")
+    if directory not in current.split(os.pathsep):
+        os.environ["PYTHONPATH"] = directory + (os.pathsep + current if current else "")

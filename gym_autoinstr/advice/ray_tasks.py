@@ -47,7 +47,7 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind
 
-from . import coexistence
+from . import coexistence, ray_actor
 from .._log import logger, warn_once
 from ..pipeline import groups
 from ..pipeline.spans import mark_error, tracer
@@ -117,14 +117,15 @@ def _signature_with_carrier(function: Any) -> "inspect.Signature | None":
     return signature.replace(parameters=parameters)
 
 
-def carrier_wrapper(function: Any) -> Any:
+def carrier_wrapper(function: Any, missing: "list | None" = None) -> Any:
     """The function Ray pickles and runs instead of ``function``: it takes the carrier
     off and, where gym-autoinstr imports, runs ``function`` in a span.
 
     Pickled by value (a closure is never found under its name in a module): its code
     reads only builtins, its closure, and modules it imports itself, inside ``try``.
+    ``missing`` is shared by the wrappers of one actor class: said once per actor.
     """
-    missing = []  # per worker process, after unpickling: said once
+    missing = [] if missing is None else missing  # per worker process, after unpickling: said once
 
     if inspect.iscoroutinefunction(function):
 
@@ -289,13 +290,14 @@ def _prepare(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dic
 
 def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
     _, call_kwargs = _call_parts(args, kwargs)
+    rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
     span = tracer().start_span(
         span_name,
         kind=SpanKind.PRODUCER,
         attributes={**attributes, "messaging.system": "ray", "messaging.operation.type": "send"},
     )
     new_kwargs = dict(call_kwargs or {})
-    new_kwargs[CARRIER] = _carrier(span)
+    new_kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
     args, kwargs = _with_call_kwargs(args, kwargs, new_kwargs)
     return span, args, kwargs
 
@@ -359,6 +361,8 @@ def modify_class_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
 def _install_on_class(cls: Any) -> None:
     if not isinstance(cls, type) or "__ray_actor_class__" not in cls.__dict__ or INSTALLED in cls.__dict__:
         return
+    missing: list = []  # one message per actor whose Python lacks our package
+    ray_actor.install_init(cls, missing)  # the creation carrier (advice/ray_actor.py)
     for name in dir(cls):
         if name.startswith("__"):
             continue
@@ -378,7 +382,7 @@ def _install_on_class(cls: Any) -> None:
                 CARRIER,
             )
             continue
-        wrapper = carrier_wrapper(raw)
+        wrapper = carrier_wrapper(raw, missing)
         del wrapper.__wrapped__  # Ray unwraps before reading the signature
         wrapper.__signature__ = signature
         setattr(cls, name, wrapper)
@@ -527,7 +531,10 @@ def _begin(function: Any, carrier: Any) -> "tuple[Any, Any] | None":
         f"ray.execute {getattr(function, '__qualname__', '?')}", context=parent, kind=SpanKind.CONSUMER,
         attributes=attributes,
     )
-    token = context.attach(trace.set_span_in_context(span, parent))
+    current = trace.set_span_in_context(span, parent)
+    if carrier.get("rootless"):  # nothing upstream but our own Ray spans
+        current = ray_actor.mark_rootless(span, current)
+    token = context.attach(current)
     return span, token
 
 

@@ -392,6 +392,8 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
     """
     with _ray_worker_lock:
         configured = STATE["configured_by"]
+        if configured == "gym_autoinstr:ray_worker":
+            return _ray_worker_becomes_orchestrator(extra)
         if configured not in (None, "skipped"):
             who = STATE.get("identity")
             return getattr(who, "role", None) == "orchestrator"
@@ -425,6 +427,32 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
         atexit.register(_flush_at_exit)
         logger.debug("Ray worker runs Gym's orchestration: configured as %s (%s)", who.name, STATE["configured_by"])
         return True
+
+
+def _ray_worker_becomes_orchestrator(extra: "dict[str, Any]") -> bool:
+    """An actor that ran a traced method call first (our provider, built for a Ray worker
+    doing a Gym server's work) and then starts Gym: the provider stays (it is the global
+    one), its resource becomes the orchestrator's, for the tracers it handed out too."""
+    shard = extra.get("nemo.gym.shard")
+    if shard and not os.environ.get(identity.SHARD_VARIABLE):
+        os.environ[identity.SHARD_VARIABLE] = str(shard)
+    who = identity.ray_orchestrator()
+    provider = trace.get_tracer_provider()
+    resource = Resource.create({**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}})
+    try:
+        provider._resource = resource  # type: ignore[attr-defined]
+        for handed_out in list(getattr(provider, "_tracers", {}).values()):  # SDK 1.39+ keeps them
+            handed_out.resource = resource
+    except Exception as error:
+        warn_once("ray-orchestrator-upgrade", "this Ray actor's spans keep the Ray worker's identity: %r", error)
+        return False
+    from . import spans
+
+    spans._tracer = None  # our tracer is fetched again, with the new resource
+    STATE["identity"] = who
+    STATE["configured_by"] = "gym_autoinstr:ray_orchestrator"
+    logger.debug("Ray worker that ran Gym tasks now runs Gym's orchestration: configured as %s", who.name)
+    return True
 
 
 class GymConfigurator(_BaseConfigurator):

@@ -79,7 +79,7 @@ def test_each_rollout_is_a_root_linked_to_the_job_which_counts_them(instrumented
     attributes = dict(job_span.attributes)
     assert re.fullmatch(r"[0-9a-f]{32}", attributes.pop(job.JOB_ID))
     assert attributes == {
-        job.JOB_TRACE: "per_rollout", job.NUM_REPEATS: 3, job.ROLLOUTS_SENT: 3, job.ROLLOUTS_FAILED: 1,
+        job.JOB_TRACE: "per_rollout", job.JOB_ENTRY: "run_from_config", job.NUM_REPEATS: 3, job.ROLLOUTS_SENT: 3, job.ROLLOUTS_FAILED: 1,
     }
     runs = _runs(finished)
     assert len(runs) == 3 and len({r.context.trace_id for r in runs}) == 3
@@ -131,3 +131,87 @@ def test_a_bad_job_trace_value_warns_once_naming_the_fix(caplog):
     assert job.JOB_TRACE_VARIABLE in warnings[0] and "=single" in warnings[0] and "per_rollout" in warnings[0]
     assert job.job_trace_mode({}) == job.PER_ROLLOUT
     assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "SINGLE"}) == job.SINGLE
+
+
+def _examples(base: str, bodies: list[dict]):
+    """What run_examples does on 0.7.0: an iterator whose rollout tasks start at the first
+    ``next``, yielding awaitables the caller awaits."""
+    from nemo_gym import server_utils
+
+    async def post(body: dict) -> dict:
+        response = await server_utils.request("POST", f"{base}/run", json=body)
+        return await response.json()
+
+    def run_examples(rows):
+        def started():
+            tasks = [asyncio.ensure_future(post(row)) for row in rows]
+            yield from asyncio.as_completed(tasks)
+
+        return started()
+
+    return run_examples
+
+
+def test_run_examples_opens_one_job_per_call_ending_with_its_last_rollout(instrumented, spans, monkeypatch):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    with serve(_agent_app()) as base:
+        run_examples = _examples(base, [])
+
+        async def caller():
+            results = [await future for future in job.run_examples_advice(run_examples, None, ([{}, {}],), {})]
+            # before the last await the job was open; now it has ended
+            return results
+
+        assert run_async(caller()) == [{"reward": 1.0}] * 2
+    finished = spans.get_finished_spans()
+    (job_span,) = _by_name(finished, "gym.job")
+    assert job_span.parent is None and job_span.attributes[job.JOB_ENTRY] == "run_examples"
+    assert job_span.attributes[job.ROLLOUTS_SENT] == 2 and job.NUM_REPEATS not in job_span.attributes
+    runs = _runs(finished)
+    assert len(runs) == 2 and all(r.parent is None and [l.context for l in r.links] == [job_span.context] for r in runs)
+    assert all(r.end_time <= job_span.end_time for r in runs)
+
+
+def test_run_examples_inside_run_from_config_opens_no_second_job(instrumented, spans, monkeypatch):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    with serve(_agent_app()) as base:
+        run_examples = _examples(base, [])
+
+        async def driver(config):  # 0.4.0's run_from_config calls run_examples
+            return [await f for f in job.run_examples_advice(run_examples, None, ([{}],), {})]
+
+        run_async(job.run_from_config_advice(driver, None, (SimpleNamespace(num_repeats=1),), {}))
+    (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
+    assert job_span.attributes[job.JOB_ENTRY] == "run_from_config" and job_span.attributes[job.ROLLOUTS_SENT] == 1
+
+
+def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spans, monkeypatch):
+    """In a Ray actor, a ray.execute of ours with nothing upstream: the job starts its own
+    trace, linked to it; a span the actor opens below it is an embedder's again."""
+    from opentelemetry import context as otel_context
+
+    from gym_autoinstr.advice import ray_actor
+    from gym_autoinstr.pipeline.spans import tracer
+
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    execute = tracer().start_span("ray.execute GymActor.run_rollouts", kind=SpanKind.CONSUMER)
+    token = otel_context.attach(ray_actor.mark_rootless(execute, trace.set_span_in_context(execute)))
+    try:
+        assert ray_actor.rootless_call() is execute and ray_actor.caller_is_rootless()
+        with serve(_agent_app()) as base:
+            _collect(base, [{}, {}])
+            with trace.get_tracer("embedder").start_as_current_span("rl.gym.run_rollouts") as outer:
+                assert ray_actor.rootless_call() is None and not ray_actor.caller_is_rootless()
+                _collect(base, [{}])
+    finally:
+        otel_context.detach(token)
+        execute.end()
+    finished = spans.get_finished_spans()
+    rooted, nested = sorted(_by_name(finished, "gym.job"), key=lambda s: s.start_time)
+    assert rooted.parent is None and [l.context for l in rooted.links] == [execute.get_span_context()]
+    assert rooted.attributes[job.JOB_TRACE] == "per_rollout"
+    runs = [r for r in _runs(finished) if r.links]
+    assert len(runs) == 2 and all(r.parent is None and [l.context for l in r.links] == [rooted.context] for r in runs)
+    assert nested.parent.span_id == outer.get_span_context().span_id and nested.attributes[job.JOB_TRACE] == "embedded"
+    (under,) = [r for r in _runs(finished) if not r.links]
+    assert under.parent.span_id == nested.context.span_id

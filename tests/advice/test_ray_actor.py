@@ -57,6 +57,10 @@ SCRIPT = textwrap.dedent(
         except Exception as error:
             return type(error).__name__
 
+    if os.environ.get("CASE_WORKER_FIRST"):  # a traced actor method ran before Gym started
+        out["worker_first"] = configurator.configure_ray_worker("agent", {}, None)
+        from gym_autoinstr.pipeline.spans import tracer
+        tracer().start_span("ray.execute Actor.setup").end()
     out["first_error"] = collect()
     provider = trace.get_tracer_provider()
     if not os.environ.get("CASE_EMBEDDER") and hasattr(provider, "add_span_processor"):
@@ -80,7 +84,8 @@ SCRIPT = textwrap.dedent(
     out["spans"] = [{"name": s.name, "id": format(s.context.span_id, "016x"),
                      "parent": format(s.parent.span_id, "016x") if s.parent else None,
                      "end": s.end_time, "status": s.status.status_code.name,
-                     "attributes": dict(s.attributes or {})} for s in exporter.get_finished_spans()]
+                     "attributes": dict(s.attributes or {}),
+                     "service": s.resource.attributes.get("service.name")} for s in exporter.get_finished_spans()]
     print("CASE " + json.dumps(out))
     """
 )
@@ -142,3 +147,16 @@ def test_a_ray_daemon_never_becomes_gym(tmp_path):
     assert out["role"] == "ray"
     assert out["applied"] == [] and out["spans"] == []
     assert not out["ours_in_deps"]
+
+
+def test_a_worker_that_ran_a_traced_method_first_becomes_the_orchestrator(tmp_path):
+    # an actor whose traced method ran before it started Gym: same provider, new identity
+    out = run_as(tmp_path, "_private/workers/default_worker.py", CASE_WORKER_FIRST="1")
+    assert out["worker_first"] is True
+    assert out["configured_by"] == "gym_autoinstr:ray_orchestrator" and out["role"] == "orchestrator"
+    assert out["same_provider"]
+    assert out["resource"]["service.name"] == "nemo-gym/orchestrator"
+    assert out["resource"]["nemo.gym.process.role"] == "orchestrator"
+    assert {"egress", "job"} <= set(out["applied"])
+    # the spans after the promotion carry the orchestrator's resource
+    assert out["spans"] and {s["service"] for s in out["spans"]} == {"nemo-gym/orchestrator"}

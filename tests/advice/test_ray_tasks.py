@@ -91,3 +91,39 @@ def test_no_span_and_no_carrier_when_the_ray_group_is_off(monkeypatch):
 
     assert ray_tasks.remote_function_advice(submit, object(), (), {"args": (1,), "kwargs": {"k": 2}}) == "ref"
     assert seen == [{"k": 2}]
+
+
+def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(tmp_path):
+    """Ray's actor subclass with our wrappers (``__init__`` and methods), pickled as Ray
+    pickles it, in a Python without our package: the actor works and says so once."""
+    ray_cloudpickle = pytest.importorskip("ray.cloudpickle")
+    from ray.actor import _modify_class
+
+    class Actor:  # defined here so it pickles by value, as a driver's actor does
+        def __init__(self, x):
+            self.x = x
+
+        def get(self, y=0):
+            return self.x + y
+
+    modified = _modify_class(Actor)
+    ray_tasks._install_on_class(modified)
+    init = inspect.signature(inspect.unwrap(modified.__init__))
+    assert str(init) == "(self, x, *, _gym_autoinstr_ctx=None)"
+    payload = tmp_path / "actor.pkl"
+    payload.write_bytes(ray_cloudpickle.dumps(modified))
+    script = (
+        "import pickle,sys\n"
+        "C = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "carrier = {'context': {}, 'rootless': True, 'settings': {}}\n"
+        "a = C(40, _gym_autoinstr_ctx=carrier)\n"
+        "print(a.get(1, _gym_autoinstr_ctx=carrier), a.get(_gym_autoinstr_ctx=carrier), a.get(2))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(SHADOW)
+    result = subprocess.run([sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "41 40 42"
+    assert result.stderr.count("cannot import gym_autoinstr") == 1
+    assert "Ray actor's Python" in result.stderr

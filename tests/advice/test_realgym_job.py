@@ -232,14 +232,20 @@ def test_an_embedders_span_parents_the_rollouts(fleets):
     traces = by_trace(spans)
     (step1,) = [s for s in spans if s["name"] == "train.step.run_examples"]
     (step2,) = [s for s in spans if s["name"] == "train.step.run_from_config"]
-    # run_examples (NeMo RL's call): the rollout is a direct child of the caller's span, no job
+    # run_examples (NeMo RL's call): a gym.job of its own under the caller's span, the
+    # rollout under it, one trace
     trace1 = traces[step1["trace_id"]]
+    (job1,) = job_spans(trace1)
+    assert job1["parent_span_id"] == step1["span_id"] and job1["attributes"]["nemo.gym.job.entry"] == "run_examples"
+    assert job1["attributes"]["nemo.gym.job.trace"] == "embedded"
+    assert job1["attributes"]["nemo.gym.job.rollouts.sent"] == 1
     runs1 = [s for s in trace1 if s["kind"] == "CLIENT" and s["attributes"]["url.full"].endswith("/run")]
-    assert len(runs1) == 1 and runs1[0]["parent_span_id"] == step1["span_id"] and not runs1[0]["links"]
-    assert not job_spans(trace1) and sum(s["name"] == "gym.rollout" for s in trace1) == 1
+    assert len(runs1) == 1 and runs1[0]["parent_span_id"] == job1["span_id"] and not runs1[0]["links"]
+    assert sum(s["name"] == "gym.rollout" for s in trace1) == 1
     # run_from_config: gym.job under the caller's span, the rollouts under gym.job, one trace
     trace2 = traces[step2["trace_id"]]
-    (job,) = job_spans(spans)
+    (job,) = job_spans(trace2)
+    assert job["attributes"]["nemo.gym.job.entry"] == "run_from_config"
     assert job["trace_id"] == step2["trace_id"] and job["parent_span_id"] == step2["span_id"]
     assert job["attributes"]["nemo.gym.job.trace"] == "embedded"
     assert job["attributes"]["nemo.gym.job.rollouts.sent"] == 2

@@ -8,8 +8,11 @@ their own example trio from inside the actor (``RunHelper().start(...)`` with
 ``ray_head_node_address`` set to this cluster, its own head-server port, Gym's aiohttp
 limits raised) and collect rollouts with ``run_examples``:
 
-* shard ``shard-a`` (node 0): a batch with nothing upstream, then a batch with the
-  driver's span handed over in an explicit carrier (NeMo RL's decorator);
+* shard ``shard-a`` (node 0), an actor whose ``runtime_env`` replaces ``PYTHONPATH`` (no
+  ``opentelemetry-instrument`` sitecustomize in it: only the creation carrier prepares
+  it): a batch with nothing upstream, a batch with the driver's span handed over in an
+  explicit carrier (NeMo RL's decorator), a batch called inside a driver span carried by
+  our own Ray propagation alone;
 * shard ``shard-b`` (node 1): an embedder that set up its own tracer provider and the
   contrib aiohttp-client instrumentor in the actor first, and opens its own span around
   the batch, under the driver's span.
@@ -78,9 +81,13 @@ def run(request, tmp_path_factory):
         cluster = RayCluster(venv, root / "ray", env, num_cpus=1)
         with cluster.start(nodes=2):
             shards = []
-            for index, (name, embedder, runs) in enumerate((
-                ("shard-a", False, [{"n": N, "carrier": False}, {"n": N, "carrier": True}]),
-                ("shard-b", True, [{"n": N, "carrier": True}]),
+            replaced = root / "replaced-pythonpath"
+            replaced.mkdir()
+            for index, (name, embedder, runs, runtime_env) in enumerate((
+                ("shard-a", False, [{"n": N, "carrier": False}, {"n": N, "carrier": True},
+                                    {"n": N, "carrier": False, "span": True}],
+                 {"env_vars": {"PYTHONPATH": str(replaced)}}),
+                ("shard-b", True, [{"n": N, "carrier": True}], None),
             )):
                 trio = GymTrio(venv, version, root / name, policy.url)
                 trio.prepare()
@@ -94,7 +101,7 @@ def run(request, tmp_path_factory):
                 row = dict(trio.default_row(), agent_ref={"type": "responses_api_agents", "name": AGENT})
                 shards.append({"name": name, "node": f"node{index}", "workdir": str(trio.workdir),
                                "config": config, "embedder": embedder, "aiohttp": aiohttp, "runs": runs,
-                               "rows": [row] * N})
+                               "rows": [row] * N, "runtime_env": runtime_env})
             spec = root / "spec.json"
             spec.write_text(json.dumps({"shards": shards}))
             denv = {k: v for k, v in os.environ.items()
@@ -115,7 +122,7 @@ def run(request, tmp_path_factory):
                 assert result.returncode == 0 and lines, (
                     f"driver failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}\n"
                     + cluster.log_tail())
-                expected = 2 * N + N  # every rollout, both shards
+                expected = 3 * N + N  # every rollout, both shards
                 collector.sink.wait_for(
                     lambda spans: len([s for s in spans if s["name"] == "POST /run" and s["kind"] == "SERVER"]) >= expected,
                     timeout=120)
@@ -124,6 +131,7 @@ def run(request, tmp_path_factory):
             finally:
                 _kill_tree(spawned)
     return {"out": out, "spans": collector.sink.spans(), "daemons": daemons, "version": version, "aiohttp": aiohttp,
+            "replaced": str(replaced),
             "entry": f"nemo-gym/{ENVIRONMENT if version >= '0.7' else AGENT}", "servers": gym_services(version),
             "seconds": time.monotonic() - started}
 
@@ -174,12 +182,33 @@ def _assert_whole(run: dict, client: dict) -> None:
         assert by_id[i]["resource"]["nemo.gym.run.id"] == client["resource"]["nemo.gym.run.id"]
 
 
+def _span(run: dict, span_id: str) -> dict:
+    (found,) = [s for s in run["spans"] if s["span_id"] == span_id]
+    return found
+
+
+def _examples_job(job: dict, pid: int, sent: int, mode: str) -> None:
+    """A gym.job run_examples opened in the actor, with the counts it saw."""
+    assert job["name"] == "gym.job" and job["kind"] == "INTERNAL"
+    assert job["resource"]["process.pid"] == pid
+    attributes = job["attributes"]
+    assert attributes["nemo.gym.job.entry"] == "run_examples"
+    assert attributes["nemo.gym.job.trace"] == mode
+    assert attributes["nemo.gym.job.rollouts.sent"] == sent and attributes["nemo.gym.job.rollouts.failed"] == 0
+    assert "nemo.gym.job.num_repeats" not in attributes  # run_examples applies no repeats
+
+
 def test_the_actor_is_gym_orchestrator_with_actor_shard_and_node(run):
     shard = run["out"]["shards"]["shard-a"]
     where = shard["where"]
     assert shard["runs"][0]["rewards"] == [1.0] * N
+    # the runtime_env replaced PYTHONPATH: no sitecustomize ran in this actor; the creation
+    # carrier prepared it, and its servers got the sitecustomize back (they are traced below)
+    assert where["sitecustomize"] is None
+    entries = where["pythonpath"].split(os.pathsep)
+    assert run["replaced"] in entries and entries[0].endswith("/opentelemetry/instrumentation/auto_instrumentation")
     clients = _runs(run, "shard-a")
-    assert len(clients) == 2 * N  # both batches, one CLIENT span per rollout
+    assert len(clients) == 3 * N  # every batch, one CLIENT span per rollout
     first = clients[:N]
     for client in first:
         resource = client["resource"]
@@ -190,28 +219,58 @@ def test_the_actor_is_gym_orchestrator_with_actor_shard_and_node(run):
         assert resource["ray.actor.name"] == resource["nemo.gym.shard"] == "shard-a"
         assert resource["ray.node.id"] == where["node"]
         assert resource["nemo.gym.version"] == run["version"]
-        # Nothing upstream in the driver, but the actor method call is itself traced: our Ray
-        # propagation carries the driver's `ray.submit` into the actor, whose `ray.execute`
-        # span parents the batch's rollouts (one trace per actor call; re-rooting each
-        # rollout there as under gym.job is not done yet).
-        (execute,) = [s for s in run["spans"] if s["span_id"] == client["parent_span_id"]]
-        assert execute["name"].startswith("ray.execute ") and execute["kind"] == "CONSUMER"
-        assert execute["resource"]["process.pid"] == where["pid"]
-        (submit,) = [s for s in run["spans"] if s["span_id"] == execute["parent_span_id"]]
-        # in the driver, with nothing above it
-        assert submit["name"].startswith("ray.submit ") and submit["kind"] == "PRODUCER"
-        assert submit["parent_span_id"] is None and submit["resource"].get("process.pid") != where["pid"]
         _assert_whole(run, client)
-    assert len({c["parent_span_id"] for c in first}) == 1
+    # Nothing upstream in the driver but our own Ray propagation (ray.submit there,
+    # ray.execute in the actor): the job-traces rules apply.  Each rollout is a root of
+    # its own trace, linked to the batch's gym.job ...
+    assert all(c["parent_span_id"] is None for c in first)
+    assert len({c["trace_id"] for c in first}) == N
+    (link,) = {(link["trace_id"], link["span_id"]) for c in first for link in c["links"]}
+    assert all(len(c["links"]) == 1 and c["attributes"]["nemo.gym.job.id"] for c in first)
+    job = _span(run, link[1])
+    _examples_job(job, where["pid"], N, "per_rollout")
+    assert {c["attributes"]["nemo.gym.job.id"] for c in first} == {job["attributes"]["nemo.gym.job.id"]}
+    # ... which is a trace of its own, linked to the actor call that ran the batch
+    assert job["parent_span_id"] is None and job["trace_id"] not in {c["trace_id"] for c in first}
+    (execute_link,) = job["links"]
+    execute = _span(run, execute_link["span_id"])
+    assert execute["name"].startswith("ray.execute ") and execute["kind"] == "CONSUMER"
+    assert execute["name"].endswith("run_rollouts") and execute["resource"]["process.pid"] == where["pid"]
+    submit = _span(run, execute["parent_span_id"])
+    assert submit["name"].startswith("ray.submit ") and submit["kind"] == "PRODUCER"
+    assert submit["parent_span_id"] is None and service_of(submit) == "nemo-gym/driver"
 
 
 def test_a_span_the_driver_hands_to_the_actor_parents_the_rollouts(run):
+    # the driver's span in NeMo RL's own carrier: an embedder's span, it wins
     shard = run["out"]["shards"]["shard-a"]
     assert shard["runs"][1]["rewards"] == [1.0] * N
     trace_id, span_id = shard["runs"][1]["driver_span"]
-    (driver_span,) = [s for s in run["spans"] if s["span_id"] == span_id]
+    driver_span = _span(run, span_id)
     assert driver_span["name"] == "driver.step" and driver_span["trace_id"] == trace_id
-    under = [c for c in _runs(run, "shard-a") if c["parent_span_id"] == span_id]
+    (job,) = [s for s in run["spans"] if s["name"] == "gym.job" and s["parent_span_id"] == span_id]
+    _examples_job(job, shard["where"]["pid"], N, "embedded")
+    under = [c for c in _runs(run, "shard-a") if c["parent_span_id"] == job["span_id"]]
+    assert len(under) == N and {c["trace_id"] for c in under} == {trace_id}
+    assert not any(c["links"] for c in under)
+    for client in under:
+        _assert_whole(run, client)
+
+
+def test_a_driver_span_carried_by_our_ray_propagation_alone_parents_the_rollouts(run):
+    # no carrier of the embedder's: our ray.submit/ray.execute bring the driver's span
+    # into the actor, and that span (upstream of ours) is the embedder's
+    shard = run["out"]["shards"]["shard-a"]
+    assert shard["runs"][2]["rewards"] == [1.0] * N
+    trace_id, span_id = shard["runs"][2]["driver_span"]
+    (submit,) = [s for s in run["spans"] if s["parent_span_id"] == span_id]
+    assert submit["name"].startswith("ray.submit ") and submit["kind"] == "PRODUCER"
+    (execute,) = [s for s in run["spans"] if s["parent_span_id"] == submit["span_id"]]
+    assert execute["name"].startswith("ray.execute ") and execute["resource"]["process.pid"] == shard["where"]["pid"]
+    (job,) = [s for s in run["spans"] if s["parent_span_id"] == execute["span_id"]]
+    _examples_job(job, shard["where"]["pid"], N, "embedded")
+    assert not job["links"]
+    under = [c for c in _runs(run, "shard-a") if c["parent_span_id"] == job["span_id"]]
     assert len(under) == N and {c["trace_id"] for c in under} == {trace_id}
     for client in under:
         _assert_whole(run, client)
@@ -231,8 +290,11 @@ def test_an_embedders_provider_and_aiohttp_instrumentor_in_the_actor_are_adopted
     assert len(clients) == N
     actor = [s for s in run["spans"] if s["resource"].get("process.pid") == shard["where"]["pid"]]
     assert all(s["scope"] == "gym_autoinstr" for s in actor if s["kind"] == "CLIENT")
+    (job,) = [s for s in run["spans"] if s["name"] == "gym.job" and s["parent_span_id"] == outer["span_id"]]
+    _examples_job(job, shard["where"]["pid"], N, "embedded")
+    assert service_of(job) == EMBEDDER
     for client in clients:
-        assert client["parent_span_id"] == outer["span_id"]
+        assert client["parent_span_id"] == job["span_id"]
         # one provider in the actor: the embedder's, carrying our identity beside its name
         assert client["resource"] == outer["resource"]
         _assert_whole(run, client)

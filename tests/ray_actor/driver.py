@@ -8,8 +8,10 @@ For each shard in the spec, one actor (pinned to a node by a custom resource) st
 whole Gym fleet from inside itself (``RunHelper().start(GlobalConfigDictParserConfig(
 initial_global_config_dict=..., skip_load_from_cli=True))``, with ``ray_head_node_address``
 set to this cluster) and collects rollouts with ``RolloutCollectionHelper().run_examples``.
-A run may hand the actor the driver's span context in an explicit carrier, the way NeMo
-RL's decorator does; an ``embedder`` shard sets up its own tracer provider and the
+A run may call the actor inside a span the driver opened (``span``), and may hand the
+actor that span's context in an explicit carrier as well, the way NeMo RL's decorator does
+(``carrier``); a shard may give its actor a ``runtime_env`` (one that replaces
+``PYTHONPATH``: no ``opentelemetry-instrument`` sitecustomize in the actor); an ``embedder`` shard sets up its own tracer provider and the
 contrib aiohttp-client instrumentor in the actor before Gym starts, and opens its own span
 around each batch (NeMo RL's ``rl.gym.run_rollouts``).  Prints one ``DRIVER-RESULT`` JSON
 line.  Test scaffolding only: nothing here is gym-autoinstr.
@@ -29,6 +31,8 @@ from opentelemetry import propagate, trace
 class GymActor:
     def __init__(self, workdir: str, config: dict, embedder: bool, aiohttp: bool) -> None:
         os.chdir(workdir)
+        loaded = sys.modules.get("sitecustomize")
+        self.sitecustomize = getattr(loaded, "__file__", None)  # None: the runtime_env replaced PYTHONPATH
         self.embedder = embedder
         self.aiohttp_instrumented = False
         if embedder:
@@ -62,6 +66,7 @@ class GymActor:
         return {"pid": os.getpid(), "node": context.get_node_id(), "actor": context.get_actor_id(),
                 "servers": [p.pid for p in self.run_helper._processes.values()],
                 "provider": type(trace.get_tracer_provider()).__module__,
+                "sitecustomize": self.sitecustomize, "pythonpath": os.environ.get("PYTHONPATH", ""),
                 "aiohttp_instrumented": self.aiohttp_instrumented}
 
     async def run_rollouts(self, rows: list, carrier: "dict | None") -> list:
@@ -104,16 +109,21 @@ def main() -> None:
     out: dict = {"driver_pid": os.getpid(), "shards": {}}
     actors = {}
     for shard in spec["shards"]:
-        actors[shard["name"]] = GymActor.options(name=shard["name"], resources={shard["node"]: 0.01}).remote(
+        options = {"name": shard["name"], "resources": {shard["node"]: 0.01}}
+        if shard.get("runtime_env"):
+            options["runtime_env"] = shard["runtime_env"]
+        actors[shard["name"]] = GymActor.options(**options).remote(
             shard["workdir"], shard["config"], shard.get("embedder", False), shard.get("aiohttp", False))
     for shard in spec["shards"]:
         actor = actors[shard["name"]]
         result = {"where": ray.get(actor.where.remote(), timeout=600), "runs": []}
         for run in shard["runs"]:
-            if run["carrier"]:
+            if run["carrier"] or run.get("span"):
                 with tracer.start_as_current_span("driver.step") as span:
-                    carrier: dict = {}
-                    propagate.inject(carrier)
+                    carrier: "dict | None" = None
+                    if run["carrier"]:
+                        carrier = {}
+                        propagate.inject(carrier)
                     rewards = ray.get(actor.run_rollouts.remote(shard["rows"][: run["n"]], carrier), timeout=600)
                     ids = (format(span.get_span_context().trace_id, "032x"), format(span.get_span_context().span_id, "016x"))
             else:
