@@ -272,6 +272,11 @@ def _settings() -> dict:
 
 def _refs_task_id(result: Any) -> "str | None":
     first = result[0] if isinstance(result, list) and result else result
+    # Ray client mode: a ref's id arrives from the client server later; reading it now
+    # would wait for that round trip, so the submit span goes without it.
+    pending = getattr(first, "__dict__", {}).get("_id_future")
+    if pending is not None and not pending.done():
+        return None
     task_id = getattr(first, "task_id", None)
     if task_id is None:
         return None

@@ -220,3 +220,20 @@ def test_ray_get_in_client_mode_marks_the_callers_span_with_the_tasks_error_type
     assert by_name["caller.task"].attributes["error.type"] == "KeyError"
     assert "secret-canary" not in str(by_name["caller.task"].status.description or "")
     assert by_name["caller.timeout"].status.status_code.name == "UNSET"  # not a task's exception
+
+
+def test_a_ray_client_refs_pending_id_is_not_waited_for():
+    from concurrent.futures import Future
+
+    class Ref:  # the shape of Ray client's ClientObjectRef before the client server answered
+        def __init__(self, future):
+            self._id_future = future
+
+        def task_id(self):
+            self._id_future.result()  # what Ray's own accessor does: wait for the id
+            return bytes.fromhex("ab")
+
+    pending, known = Future(), Future()
+    known.set_result(b"id")
+    assert ray_tasks._refs_task_id(Ref(pending)) is None and not pending.done()
+    assert ray_tasks._refs_task_id([Ref(known)]) == "ab"  # answered already: read as usual

@@ -10,6 +10,11 @@ Gym server to gym-autoinstr) submits tasks in the shapes Gym's servers use
 worker whose interpreter cannot import gym-autoinstr.  Idle workers are reaped at once
 (``RAY_num_workers_soft_limit=0``) and the batch delay is a minute, so only the flush at
 a task's end can deliver a worker's spans.
+
+On the same cluster: Gym's real ``code_gen`` (0.4.0, joined through
+``ray_head_node_address``), a Gym server of our own whose verify calls long-lived actors
+(``tests/ray_scorer``), and that server again with every Gym process in Ray client mode
+(``ray://``, the head's client server).  Gym 0.7.0's ``code_gen`` starts a cluster of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.ray_cluster import RayCluster
 from tests.harness.traces import otel_env, rollout_traces, service_of, spans_since
-from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, PolicyModel, free_ports
+from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, GymTrioError, PolicyModel, free_ports
 
 pytestmark = pytest.mark.realgym
 
@@ -110,10 +115,13 @@ def _probe_spans(spans: list[dict], prefix: str) -> list[dict]:
 
 
 def _is_worker(process: psutil.Process) -> bool:
+    """A Ray worker: ``default_worker.py``, or retitled by Ray (``ray::IDLE``, ``ray::Scorer.score``)."""
     try:
-        return any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in process.cmdline()[:4])
+        cmdline = process.cmdline()
     except psutil.Error:
         return False
+    return bool(cmdline) and (cmdline[0].startswith("ray::")
+                              or any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in cmdline[:4]))
 
 
 def _named(spans: list[dict], prefix: str, function: str) -> list[dict]:
@@ -378,7 +386,7 @@ def test_code_gen_07_rollouts_continue_into_the_ray_worker_gym_started(code_gen_
 SCORER = "ray_scorer"
 SCORER_SERVICE = f"nemo-gym/{SCORER}"
 SCORER_WORKER = f"nemo-gym/{SCORER}/ray"
-SCORER_CALLS = {"Scorer.score": 1, "ThreadedScorer.meet": 2, "AsyncScorer.meet": 2}
+SCORER_CALLS = {"Scorer.score": 1, "ThreadedScorer.meet": 2, "AsyncScorer.meet": 2, "length": 1}
 
 
 def _scorer_rows(first: int, count: int) -> list[dict]:
@@ -479,10 +487,13 @@ def test_every_rollout_continues_from_the_servers_verify_into_its_long_lived_act
                 assert execute["resource"]["nemo.gym.process.role"] == "ray_worker"
                 assert execute["resource"]["ray.node.id"] == execute["attributes"]["ray.node.id"]
                 assert execute["resource"]["process.pid"] == execute["attributes"]["process.pid"] != scorer_run["server_pid"]
-                assert execute["attributes"]["ray.actor.id"] == submit["attributes"]["ray.actor.id"]
                 assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
                 assert execute["attributes"]["ray.task.wait.duration"] >= 0
                 assert execute["attributes"]["ray.task.function"] == f"scorer_actors.{method}"
+                if method == "length":  # the plain task: a worker, no actor
+                    assert "ray.actor.id" not in submit["attributes"] and "ray.actor.id" not in execute["attributes"]
+                    continue
+                assert execute["attributes"]["ray.actor.id"] == submit["attributes"]["ray.actor.id"]
                 where = (execute["attributes"]["ray.actor.id"], execute["attributes"]["process.pid"],
                          execute["attributes"]["ray.node.id"])
                 assert actor_of.setdefault(method.split(".")[0], where) == where
@@ -541,8 +552,8 @@ def test_long_lived_actors_deliver_while_they_run_and_lose_nothing_when_killed_a
     # The second batch was followed at once by Gym's shutdown, which killed the actors
     # (their owner exited); every call that had ended is in the collector.
     assert scorer_run["killed"]
-    assert len(scorer_run["executes"]) == _expected_executes(scorer_run["rows"]) == 44
-    assert len({s["span_id"] for s in scorer_run["executes"]}) == 44
+    assert len(scorer_run["executes"]) == _expected_executes(scorer_run["rows"]) == 52
+    assert len({s["span_id"] for s in scorer_run["executes"]}) == 52
 
 
 # --- Ray client mode: Gym joins the cluster through its ray:// client server -----------
@@ -559,11 +570,24 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
         return spans_since(spans, start_ns)
 
     with PolicyModel() as policy:
-        trio = GymTrio(venv, "0.4.0", workdir, policy.url, env=otel_env(collector, "http/protobuf"), instrument=True,
-                       resources=SCORER, extra_config={"ray_head_node_address": cluster.client_address})
+        for attempt in range(2):
+            trio = GymTrio(venv, "0.4.0", workdir / f"gym{attempt}", policy.url, env=otel_env(collector, "http/protobuf"),
+                           instrument=True, resources=SCORER,
+                           extra_config={"ray_head_node_address": cluster.client_address})
+            try:
+                trio.start()
+                break
+            except GymTrioError as error:
+                # Ray's client server picks each per-client server's port from 23000-23999 by
+                # probing, then starts it: on a machine shared with other Ray clusters
+                # (whose workers may use those ports) the start can lose the race. Once more.
+                if attempt or "Starting Ray client server failed" not in str(error):
+                    raise
         with trio:
             results = [trio.rollout(row, rollout_index=index) for index, row in enumerate(rows)]
             log = trio.log_text()
+            # Ray's daemons, the client server and its per-client drivers among them
+            daemons = {p.pid: " ".join(_cmdline(p)) for p in cluster.processes() if not _is_worker(p)}
             collector.sink.wait_for(lambda spans: len(_scorer_executes(this_run(spans))) >= _expected_executes(rows),
                                     timeout=60)
             collector.sink.wait_for(lambda spans: len(rollout_traces(this_run(spans), f"nemo-gym/{AGENT}")) >= 4,
@@ -571,7 +595,7 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
             time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
     spans = this_run(collector.sink.spans())
     return {"results": results, "rows": rows, "log": log, "seconds": time.monotonic() - started,
-            "traces": rollout_traces(spans, f"nemo-gym/{AGENT}")}
+            "traces": rollout_traces(spans, f"nemo-gym/{AGENT}"), "spans": spans, "daemons": daemons}
 
 
 def test_in_ray_client_mode_gym_works_and_actor_calls_are_traced_into_the_actor(client_mode_run):
@@ -587,18 +611,22 @@ def test_in_ray_client_mode_gym_works_and_actor_calls_are_traced_into_the_actor(
         (verify,) = [s for s in spans if s["name"] == "POST /verify" and s["kind"] == "SERVER"]
         executes = [s for s in spans if s["name"].startswith("ray.execute")]
         # the client's handle knows its actor's methods, not its class: the submit span
-        # says the method, the actor's own span the class too
+        # says the method, the actor's own span the class too (a task's: the function)
         for execute in executes:
             submit = by_id[execute["parent_span_id"]]
             assert submit["kind"] == "PRODUCER" and service_of(submit) == SCORER_SERVICE
-            assert submit["name"] == "ray.submit " + execute["name"].split(".")[-1]
+            assert submit["name"] == "ray.submit " + execute["name"].split(" ")[-1].split(".")[-1]
             assert _descends_from(submit, verify, by_id)
             assert execute["kind"] == "CONSUMER" and service_of(execute) == SCORER_WORKER
-            assert execute["attributes"]["ray.actor.id"] == submit["attributes"]["ray.actor.id"]
-            assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
+            assert execute["attributes"].get("ray.actor.id") == submit["attributes"].get("ray.actor.id")
+            # the client learns a task's id from the client server later: the submit span
+            # has it only when it was there already (never waited for)
+            assert submit["attributes"].get("ray.task.id", execute["attributes"]["ray.task.id"]) == \
+                execute["attributes"]["ray.task.id"]
             assert execute["attributes"]["ray.task.wait.duration"] >= 0
         assert sorted(s["name"] for s in executes if s["name"] != "ray.execute Scorer.fail") == [
-            "ray.execute AsyncScorer.meet"] * 2 + ["ray.execute Scorer.score"] + ["ray.execute ThreadedScorer.meet"] * 2
+            "ray.execute AsyncScorer.meet"] * 2 + ["ray.execute Scorer.score"] + ["ray.execute ThreadedScorer.meet"] * 2 + [
+            "ray.execute length"]
         fails = [s for s in executes if s["name"] == "ray.execute Scorer.fail"]
         for execute in fails:
             assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "KeyError"
@@ -606,3 +634,18 @@ def test_in_ray_client_mode_gym_works_and_actor_calls_are_traced_into_the_actor(
             assert caller["status"] == "ERROR" and caller["attributes"]["error.type"] == "KeyError"
     # the caller's span was marked where the exception surfaced: once at `await`, once at ray.get
     assert sum(1 for spans in traces.values() for s in spans if s["name"] == "ray.execute Scorer.fail") == 2
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_in_ray_client_mode_the_client_servers_drivers_export_nothing(client_mode_run):
+    spans, daemons = client_mode_run["spans"], client_mode_run["daemons"]
+    # one driver per connected Gym process ran on the head node, beside Ray's other daemons
+    assert [cmdline for cmdline in daemons.values() if "specific-server" in cmdline]
+    assert {service_of(s) for s in spans} <= {SCORER_SERVICE, SCORER_WORKER, *GYM_SERVICES}
+    assert not {s["resource"].get("process.pid") for s in spans} & set(daemons)

@@ -2,8 +2,8 @@
 Gym's actor-based servers (``longmt_eval``, ``wmt_translation``): the actors are created on
 the first ``/verify`` and kept for the server's whole life; every ``/verify`` calls them.
 
-Per request: one call to the plain actor, two overlapping calls each to the threaded
-and the async actor, and, when the row's ``verifier_metadata`` asks for it, a call that
+Per request: one call to the plain actor, one plain task, two overlapping calls each
+to the threaded and the async actor, and, when the row's ``verifier_metadata`` asks for it, a call that
 raises, waited for with ``await`` or ``ray.get`` (caught here: the rollout goes on with
 reward 0).  The answer it returns says
 where each call ran and under which trace context.
@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Optional
 
 import ray
 from pydantic import BaseModel, PrivateAttr
-from scorer_actors import AsyncScorer, Scorer, ThreadedScorer
+from scorer_actors import AsyncScorer, Scorer, ThreadedScorer, length
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -65,7 +65,7 @@ class RayScorerResourcesServer(SimpleResourcesServer):
     async def verify(self, body: RayScorerVerifyRequest) -> RayScorerVerifyResponse:
         actors = self._ensure_actors()
         secret = body.verifier_metadata.secret
-        calls = {"plain": await actors["plain"].score.remote(secret)}
+        calls = {"plain": await actors["plain"].score.remote(secret), "task": await length.remote(secret)}
         calls["threaded"] = await asyncio.gather(*(actors["threaded"].meet.remote(secret) for _ in range(2)))
         calls["async"] = await asyncio.gather(*(actors["async"].meet.remote(secret) for _ in range(2)))
         failed = None

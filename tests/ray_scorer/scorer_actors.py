@@ -1,4 +1,4 @@
-"""Long-lived Ray actors in the shapes Gym's actor-based servers use (``longmt_eval``'s and
+"""Long-lived Ray actors (and a plain task) in the shapes Gym's actor-based servers use (``longmt_eval``'s and
 ``wmt_translation``'s scorers, ``local_vllm_model``'s engine): a plain actor (one call at a
 time), a threaded one (``max_concurrency > 1``) and an async one.
 
@@ -25,6 +25,12 @@ def _where() -> dict:
     except ImportError:
         pass
     return current
+
+
+@ray.remote(num_cpus=0)
+def length(answer: str) -> dict:
+    """A plain task beside the actors (as code_gen's check_correctness_remote)."""
+    return {"length": len(answer), **_where()}
 
 
 @ray.remote(num_cpus=0, scheduling_strategy="SPREAD")
