@@ -41,8 +41,9 @@ before the connection (at import time, as Gym's servers do) is a ``RemoteFunctio
 ``ActorClass`` that Ray converts to its client stub at the first call; the stub pickles
 our wrapper, so the carrier rides along and the worker traces as usual (pointcut
 ``ray.client_call`` adds it to actor method calls, which in client mode never reach
-``ActorMethod._remote``).  One declared after the connection is a client stub from the
-start, without the carrier: it runs untraced, and one message says so and how to fix it.
+``ActorMethod._remote``).  A client stub made without the carrier (by Ray's client API
+directly, ``ray.util.client.ray.remote``) runs untraced, and one message says so and how to
+fix it.
 """
 
 from __future__ import annotations
@@ -437,9 +438,10 @@ def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any,
 # call, whose own advice added it).  The worker's side is the same wrapper as ever.
 
 CLIENT_UNTRACED_MESSAGE = (
-    "Ray client mode (ray://): %s was declared after ray.init connected, so it is a Ray client "
-    "stub that cannot carry the trace; its calls run untraced. Fix: declare remote functions "
-    "and actor classes at import time, before ray.init (as Gym's own servers do)."
+    "Ray client mode (ray://): %s is a Ray client stub made without gym-autoinstr's carrier (by "
+    "Ray's client API, or declared after ray.init connected), so its calls run untraced. Fix: "
+    "declare remote functions and actor classes with ray.remote at import time, before ray.init "
+    "(as Gym's own servers do)."
 )
 
 

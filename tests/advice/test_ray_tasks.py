@@ -176,7 +176,7 @@ def test_a_ray_client_stub_declared_after_connecting_runs_untraced_with_one_mess
     assert seen == [((1,), {}), ((2,), {})]
     said = [r.getMessage() for r in caplog.records if "Ray client mode" in r.getMessage()]
     assert len(said) == 1 and f"remote function {__name__}.plain" in said[0]
-    assert "declare remote functions and actor classes at import time" in said[0]
+    assert "declare remote functions and actor classes with ray.remote at import time, before ray.init" in said[0]
     assert spans.get_finished_spans() == ()
 
 
