@@ -233,6 +233,21 @@ POINTCUTS: tuple[Pointcut, ...] = (
         "a ray.execute span",
         parameters=("args", "kwargs"),
     ),
+    *(
+        Pointcut(
+            name=f"ray.client_call.{stub}",
+            module="ray.util.client.common",
+            attribute=f"{stub}.remote",
+            advice=ray_tasks.client_call_advice,
+            versions="any ray",
+            group=groups.RAY,
+            purpose="Ray client mode (ray://): ray.submit PRODUCER span and the trace context for a call through "
+            "Ray's client stub (an actor method, a remote function, after .options(...)); a stub declared after "
+            "the connection cannot carry it: one message",
+            optional=True,
+        )
+        for stub in ("ClientRemoteMethod", "ClientRemoteFunc", "OptionWrapper")
+    ),
     Pointcut(
         name="ray.get_error",
         module="ray.exceptions",
@@ -242,6 +257,17 @@ POINTCUTS: tuple[Pointcut, ...] = (
         group=groups.RAY,
         purpose="a Ray task's exception surfacing at ray.get marks the caller's current span ERROR with "
         "error.type of the task's exception",
+    ),
+    Pointcut(
+        name="ray.client_get_error",
+        module="ray.util.client.worker",
+        attribute="Worker.get",
+        advice=ray_tasks.client_get_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="Ray client mode (ray://): a task's exception surfacing at ray.get marks the caller's current "
+        "span as ray.get_error does in normal mode",
+        optional=True,
     ),
     Pointcut(
         name="ray.await_error",

@@ -33,8 +33,17 @@ passing, so ``.options(...)``, ``num_returns``, SPREAD scheduling and retries ar
 untouched, and a function's own parameters (positional-only, keyword-only,
 ``*args``/``**kwargs``) keep their meaning: the carrier is a keyword-only parameter added
 to the signature Ray checks calls against.  Not traced (the task runs as before):
-generators, cross-language functions, Ray client mode, a function that already has a
-parameter of the carrier's name (one warning), functions with an invocation decorator.
+generators, cross-language functions, a function that already has a parameter of the
+carrier's name (one warning), functions with an invocation decorator.
+
+Ray client mode (``ray.init("ray://...")``): a remote function or actor class declared
+before the connection (at import time, as Gym's servers do) is a ``RemoteFunction`` /
+``ActorClass`` that Ray converts to its client stub at the first call; the stub pickles
+our wrapper, so the carrier rides along and the worker traces as usual (pointcut
+``ray.client_call`` adds it to actor method calls, which in client mode never reach
+``ActorMethod._remote``).  A client stub made without the carrier (by Ray's client API
+directly, ``ray.util.client.ray.remote``) runs untraced, and one message says so and how to
+fix it.
 """
 
 from __future__ import annotations
@@ -89,15 +98,6 @@ def _with_call_kwargs(args: tuple, kwargs: dict, call_kwargs: dict) -> "tuple[tu
         kwargs["kwargs"] = call_kwargs
         return args, kwargs
     return (args[0], call_kwargs) + tuple(args[2:]), kwargs
-
-
-def _client_mode() -> bool:
-    try:
-        from ray._private.client_mode_hook import client_mode_should_convert
-
-        return bool(client_mode_should_convert())
-    except Exception:
-        return False
 
 
 def _function_name(function: Any) -> str:
@@ -274,6 +274,11 @@ def _settings() -> dict:
 
 def _refs_task_id(result: Any) -> "str | None":
     first = result[0] if isinstance(result, list) and result else result
+    # Ray client mode: a ref's id arrives from the client server later; reading it now
+    # would wait for that round trip, so the submit span goes without it.
+    pending = getattr(first, "__dict__", {}).get("_id_future")
+    if pending is not None and not pending.done():
+        return None
     task_id = getattr(first, "task_id", None)
     if task_id is None:
         return None
@@ -281,21 +286,25 @@ def _refs_task_id(result: Any) -> "str | None":
 
 
 def _prepare(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
-    if coexistence.native_telemetry_live() or _client_mode() or not _install(instance):
+    if coexistence.native_telemetry_live() or not _install(instance):
         return None
     function = instance._function
     name = _function_name(getattr(function, "__wrapped__", function))
     return _open_submission(f"ray.submit {getattr(function, '__qualname__', name)}", {FUNCTION: name}, args, kwargs)
 
 
-def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
-    _, call_kwargs = _call_parts(args, kwargs)
-    rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
-    span = tracer().start_span(
+def _submit_span(span_name: str, attributes: dict) -> Any:
+    return tracer().start_span(
         span_name,
         kind=SpanKind.PRODUCER,
         attributes={**attributes, "messaging.system": "ray", "messaging.operation.type": "send"},
     )
+
+
+def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
+    _, call_kwargs = _call_parts(args, kwargs)
+    rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
+    span = _submit_span(span_name, attributes)
     new_kwargs = dict(call_kwargs or {})
     new_kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
     args, kwargs = _with_call_kwargs(args, kwargs, new_kwargs)
@@ -409,7 +418,6 @@ def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any,
         instance.__dict__.get("_is_generator")
         or not any(getattr(parameter, "name", None) == CARRIER for parameter in signature)
         or coexistence.native_telemetry_live()
-        or _client_mode()
     ):
         return None
     handle = instance.__dict__.get("_actor")
@@ -421,6 +429,81 @@ def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any,
     if actor_id is not None:
         attributes[ACTOR_ID] = actor_id.hex()
     return _open_submission(f"ray.submit {method}", attributes, args, kwargs)
+
+
+# --- Ray client mode ----------------------------------------------------------------
+#
+# With ``ray.init("ray://...")`` a call goes through Ray's client stubs
+# (``ray.util.client.common``): ``ClientRemoteMethod.remote`` for an actor method,
+# ``ClientRemoteFunc.remote`` for a remote function declared after the connection, and
+# ``OptionWrapper.remote`` after ``.options(...)``.  A stub whose signature takes the
+# carrier (its actor class or function went through our advice before the connection)
+# gets it here, unless it has it already (a ``RemoteFunction`` converted at its first
+# call, whose own advice added it).  The worker's side is the same wrapper as ever.
+
+CLIENT_UNTRACED_MESSAGE = (
+    "Ray client mode (ray://): %s is a Ray client stub made without gym-autoinstr's carrier (by "
+    "Ray's client API, or declared after ray.init connected), so its calls run untraced. Fix: "
+    "declare remote functions and actor classes with ray.remote at import time, before ray.init "
+    "(as Gym's own servers do)."
+)
+
+
+def client_call_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ClientRemoteMethod.remote`` / ``ClientRemoteFunc.remote`` / ``OptionWrapper.remote``
+    (Ray client mode): a PRODUCER span and the carrier, when the stub takes it."""
+    if groups.RAY not in groups.ENABLED or CARRIER in kwargs:
+        return wrapped(*args, **kwargs)
+    try:
+        prepared = _prepare_client_call(instance, kwargs)
+    except Exception as error:
+        warn_once("ray:client-submit", "Ray client call not traced: %r", error)
+        prepared = None
+    if prepared is None:
+        return wrapped(*args, **kwargs)
+    span, kwargs = prepared
+    return _submit(wrapped, span, args, kwargs)
+
+
+def _prepare_client_call(instance: Any, kwargs: dict) -> "tuple[Any, dict] | None":
+    stub = instance.__dict__.get("_remote_stub", instance)  # OptionWrapper: the stub it wraps
+    kind = type(stub).__name__
+    if kind not in ("ClientRemoteMethod", "ClientRemoteFunc") or coexistence.native_telemetry_live():
+        return None
+    signature = stub.__dict__.get("_signature")
+    if signature is None or CARRIER not in signature.parameters:
+        if kind == "ClientRemoteFunc":
+            function = stub.__dict__.get("_func")
+            if not str(getattr(function, "__module__", "")).startswith("ray."):  # Ray's own helpers
+                warn_once(f"ray:client-stub:{_function_name(function)}", CLIENT_UNTRACED_MESSAGE,
+                          f"remote function {_function_name(function)}")
+        else:
+            # Methods we never wrap (dunders, static methods, generators) of an actor
+            # class that took the carrier are not news; a class none of whose methods did is.
+            handle = stub.__dict__.get("_actor_handle")
+            signatures = getattr(handle, "__dict__", {}).get("_method_signatures") or {}
+            if not any(CARRIER in getattr(s, "parameters", ()) for s in signatures.values()):
+                method = stub.__dict__.get("_method_name", "?")
+                warn_once("ray:client-stub:actor", CLIENT_UNTRACED_MESSAGE, f"the actor class of method {method!r}")
+        return None
+    if kind == "ClientRemoteFunc":
+        function = stub.__dict__.get("_func")
+        unwrapped = getattr(function, "__wrapped__", function)
+        attributes = {FUNCTION: _function_name(unwrapped)}
+        name = getattr(unwrapped, "__qualname__", "?")
+    else:
+        # The client's actor handle knows its methods, not its class's name.
+        name = stub.__dict__.get("_method_name", "?")
+        attributes = {FUNCTION: name}
+        try:
+            attributes[ACTOR_ID] = stub.__dict__["_actor_handle"].actor_ref.id.hex()
+        except Exception:
+            pass
+    rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
+    span = _submit_span(f"ray.submit {name}", attributes)
+    kwargs = dict(kwargs)
+    kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
+    return span, kwargs
 
 
 # --- the caller's side: a task's exception surfacing ------------------------------
@@ -464,6 +547,22 @@ def wrap_future_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     except Exception as error:
         warn_once("ray:await-error", "Ray task errors at `await ref` not recorded: %r", error)
     return wrapped(*args, **kwargs)
+
+
+def client_get_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Ray client mode's ``ray.get`` (``ray.util.client.worker.Worker.get``): the task's
+    exception, unpickled and re-raised here in the caller's thread, marks its current span
+    (``as_instanceof_cause`` ran on the client server, not here)."""
+    if groups.RAY not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    except Exception as error:
+        try:
+            _mark_caller(trace.get_current_span(), error)
+        except Exception as failure:
+            warn_once("ray:client-get-error", "Ray task error not recorded on the caller's span: %r", failure)
+        raise
 
 
 def _mark_on_task_error(span: Any, future: Any) -> None:

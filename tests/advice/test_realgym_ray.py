@@ -10,6 +10,11 @@ Gym server to gym-autoinstr) submits tasks in the shapes Gym's servers use
 worker whose interpreter cannot import gym-autoinstr.  Idle workers are reaped at once
 (``RAY_num_workers_soft_limit=0``) and the batch delay is a minute, so only the flush at
 a task's end can deliver a worker's spans.
+
+On the same cluster: Gym's real ``code_gen`` (0.4.0, joined through
+``ray_head_node_address``), a Gym server of our own whose verify calls long-lived actors
+(``tests/ray_scorer``), and that server again with every Gym process in Ray client mode
+(``ray://``, the head's client server).  Gym 0.7.0's ``code_gen`` starts a cluster of its own.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ import pytest
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.ray_cluster import RayCluster
-from tests.harness.traces import otel_env, rollout_traces, service_of
-from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, PolicyModel, free_ports
+from tests.harness.traces import otel_env, rollout_traces, service_of, spans_since
+from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, GymTrioError, PolicyModel, free_ports
 
 pytestmark = pytest.mark.realgym
 
@@ -39,6 +44,7 @@ CODE_GEN = "nemo-gym/code_gen"
 CODE_GEN_WORKER = "nemo-gym/code_gen/ray"
 GYM_SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, ENVIRONMENT, "orchestrator")}
 TRACED = ["double", "check_correctness", "raises", "positional_only", "star", "pair"]
+SCORER_SOURCE = pathlib.Path(__file__).resolve().parent.parent / "ray_scorer"
 
 
 def _run_probe(venv: pathlib.Path, cluster: RayCluster, env: dict, workdir: pathlib.Path) -> tuple[dict, str]:
@@ -68,9 +74,12 @@ def module_collector(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(venv, module_collector, tmp_path_factory):
-    """Two Ray nodes, shared by the module; idle workers reaped at once."""
+    """Two Ray nodes, shared by the module; idle workers reaped at once.  The head also
+    runs Ray's client server (``ray://``), whose drivers import the actor classes of
+    tests/ray_scorer from the cluster's PYTHONPATH (client mode ships no code)."""
     workdir = tmp_path_factory.mktemp("ray")
-    cluster = RayCluster(venv, workdir, otel_env(module_collector, "http/protobuf"), num_cpus=1, raylet_env={
+    env = dict(otel_env(module_collector, "http/protobuf"), PYTHONPATH=str(SCORER_SOURCE))
+    cluster = RayCluster(venv, workdir, env, num_cpus=1, client_server=True, raylet_env={
         "RAY_num_workers_soft_limit": "0", "RAY_idle_worker_killing_time_threshold_ms": "300"})
     with cluster.start(nodes=2):
         yield cluster
@@ -106,10 +115,13 @@ def _probe_spans(spans: list[dict], prefix: str) -> list[dict]:
 
 
 def _is_worker(process: psutil.Process) -> bool:
+    """A Ray worker: ``default_worker.py``, or retitled by Ray (``ray::IDLE``, ``ray::Scorer.score``)."""
     try:
-        return any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in process.cmdline()[:4])
+        cmdline = process.cmdline()
     except psutil.Error:
         return False
+    return bool(cmdline) and (cmdline[0].startswith("ray::")
+                              or any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in cmdline[:4]))
 
 
 def _named(spans: list[dict], prefix: str, function: str) -> list[dict]:
@@ -359,3 +371,281 @@ def test_code_gen_07_rollouts_continue_into_the_ray_worker_gym_started(code_gen_
     spans = code_gen_07_run["spans"]
     assert not {s["resource"].get("process.pid") for s in spans} & daemons
     assert {service_of(s) for s in spans} <= {CODE_GEN, CODE_GEN_WORKER, *GYM_SERVICES}
+
+
+# --- long-lived Ray actors called from a Gym server (tests/ray_scorer) -----------------
+#
+# A resources server in the style of Gym's actor-based verifiers, started by the real
+# `gym env start` and joined to the two-node cluster: its /verify creates (once) a plain,
+# a threaded (max_concurrency=4) and an async actor and calls them on every request;
+# odd rows also call a method that raises.  The batch delay is a minute everywhere, so
+# while the fleet runs only the flush at each actor call's end can deliver the actors'
+# spans; the second batch is followed at once by Gym's shutdown, whose servers' exit
+# kills the actors they own.
+
+SCORER = "ray_scorer"
+SCORER_SERVICE = f"nemo-gym/{SCORER}"
+SCORER_WORKER = f"nemo-gym/{SCORER}/ray"
+SCORER_CALLS = {"Scorer.score": 1, "ThreadedScorer.meet": 2, "AsyncScorer.meet": 2, "length": 1}
+
+
+def _scorer_rows(first: int, count: int) -> list[dict]:
+    from tests.harness.trio import RAY_SCORER_ROW
+
+    # odd rows also call a method that raises: awaited (index 1 mod 4) or ray.get (3 mod 4)
+    return [dict(RAY_SCORER_ROW, verifier_metadata={"fail": ("", "await", "", "get")[index % 4],
+                                                    "secret": f"secret-canary-{index}"})
+            for index in range(first, first + count)]
+
+
+def _scorer_executes(spans: list[dict]) -> list[dict]:
+    return [s for s in spans if s["name"].startswith("ray.execute") and service_of(s) == SCORER_WORKER]
+
+
+def _expected_executes(rows: list[dict]) -> int:
+    return sum(sum(SCORER_CALLS.values()) + bool(row["verifier_metadata"]["fail"]) for row in rows)
+
+
+@pytest.fixture(scope="module")
+def scorer_run(venv, module_collector, cluster, tmp_path_factory):
+    import concurrent.futures
+
+    started = time.monotonic()
+    collector, workdir = module_collector, tmp_path_factory.mktemp("scorer")
+    first, second = _scorer_rows(0, 4), _scorer_rows(4, 4)
+    env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
+    with PolicyModel() as policy:
+        trio = GymTrio(venv, "0.4.0", workdir, policy.url, env=env, instrument=True, resources=SCORER,
+                       extra_config={"ray_head_node_address": cluster.address})
+        with trio, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            server_pid = trio.server_processes()[SCORER].pid
+
+            def send(rows: list[dict], offset: int) -> list[dict]:
+                return list(pool.map(lambda item: trio.rollout(item[1], rollout_index=offset + item[0]),
+                                     enumerate(rows)))
+
+            results = send(first, 0)
+            actor_pids = {name: {call["pid"] for r in results for call in _calls(r, name)}
+                          for name in ("plain", "threaded", "async")}
+            arrived_while_running = collector.sink.wait_for(
+                lambda spans: len(_scorer_executes(spans)) >= _expected_executes(first), timeout=60)
+            alive_then = all(psutil.pid_exists(pid) for pids in actor_pids.values() for pid in pids)
+            results += send(second, len(first))
+        # Gym's shutdown: the server exits, Ray kills the actors it owned
+        total = _expected_executes(first + second)
+        collector.sink.wait_for(lambda spans: len(_scorer_executes(spans)) >= total, timeout=60)
+        collector.sink.wait_for(
+            lambda spans: len([s for s in spans if s["name"] == "POST /verify" and service_of(s) == SCORER_SERVICE])
+            >= len(results), timeout=60)
+    deadline = time.monotonic() + 60
+    all_pids = {pid for pids in actor_pids.values() for pid in pids}
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in all_pids):
+        time.sleep(0.5)
+    spans = collector.sink.spans()
+    scorer_traces = {s["trace_id"] for s in spans if service_of(s) == SCORER_SERVICE}
+    return {
+        "results": results, "rows": first + second, "server_pid": server_pid, "actor_pids": actor_pids,
+        "arrived_while_running": arrived_while_running, "alive_then": alive_then,
+        "killed": not any(psutil.pid_exists(pid) for pid in all_pids),
+        "traces": {t: ss for t, ss in rollout_traces(spans, f"nemo-gym/{AGENT}").items() if t in scorer_traces},
+        "executes": _scorer_executes(spans), "bodies": collector.sink.raw_bodies(),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _calls(result: dict, actor: str) -> list[dict]:
+    calls = result["calls"][actor]
+    return calls if isinstance(calls, list) else [calls]
+
+
+def _descends_from(span: dict, ancestor: dict, by_id: dict) -> bool:
+    while span.get("parent_span_id") in by_id:
+        span = by_id[span["parent_span_id"]]
+        if span["span_id"] == ancestor["span_id"]:
+            return True
+    return False
+
+
+def test_every_rollout_continues_from_the_servers_verify_into_its_long_lived_actors(scorer_run):
+    results, traces = scorer_run["results"], scorer_run["traces"]
+    assert len(results) == len(traces) == 8
+    actor_of = {}  # class -> (actor id, pid, node): one actor each, for the whole run
+    for spans in traces.values():
+        by_id = {s["span_id"]: s for s in spans}
+        (verify,) = [s for s in spans if s["name"] == "POST /verify" and s["kind"] == "SERVER"]
+        assert service_of(verify) == SCORER_SERVICE
+        for method, count in SCORER_CALLS.items():
+            submits = [s for s in spans if s["name"] == f"ray.submit {method}"]
+            assert len(submits) == count, method
+            for submit in submits:
+                assert submit["kind"] == "PRODUCER" and service_of(submit) == SCORER_SERVICE
+                assert _descends_from(submit, verify, by_id)
+                (execute,) = [s for s in spans if s["parent_span_id"] == submit["span_id"]]
+                assert execute["name"] == f"ray.execute {method}" and execute["kind"] == "CONSUMER"
+                assert service_of(execute) == SCORER_WORKER
+                assert execute["resource"]["nemo.gym.server.name"] == SCORER
+                assert execute["resource"]["nemo.gym.process.role"] == "ray_worker"
+                assert execute["resource"]["ray.node.id"] == execute["attributes"]["ray.node.id"]
+                assert execute["resource"]["process.pid"] == execute["attributes"]["process.pid"] != scorer_run["server_pid"]
+                assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
+                assert execute["attributes"]["ray.task.wait.duration"] >= 0
+                assert execute["attributes"]["ray.task.function"] == f"scorer_actors.{method}"
+                if method == "length":  # the plain task: a worker, no actor
+                    assert "ray.actor.id" not in submit["attributes"] and "ray.actor.id" not in execute["attributes"]
+                    continue
+                assert execute["attributes"]["ray.actor.id"] == submit["attributes"]["ray.actor.id"]
+                where = (execute["attributes"]["ray.actor.id"], execute["attributes"]["process.pid"],
+                         execute["attributes"]["ray.node.id"])
+                assert actor_of.setdefault(method.split(".")[0], where) == where
+    # three actors, each in a process of its own, where each says it ran
+    assert len({pid for _, pid, _ in actor_of.values()}) == 3
+    for name, actor in (("plain", "Scorer"), ("threaded", "ThreadedScorer"), ("async", "AsyncScorer")):
+        assert scorer_run["actor_pids"][name] == {actor_of[actor][1]}
+        assert {(c["pid"], c["node"]) for r in results for c in _calls(r, name)} == {actor_of[actor][1:]}
+
+
+def test_concurrent_calls_in_one_actor_process_each_run_under_their_own_context(scorer_run):
+    executes = {s["span_id"]: s for s in scorer_run["executes"]}
+    seen = set()
+    for result in scorer_run["results"]:
+        calls = [c for name in ("plain", "threaded", "async") for c in _calls(result, name)]
+        # the threaded and the async actor really ran two calls at once
+        assert all(c["met"] for name in ("threaded", "async") for c in _calls(result, name))
+        # what each call saw as its current span, before and after the other call started
+        # in the same process, is its own ray.execute span, in its own rollout's trace
+        assert all(c["same_inside"] for name in ("threaded", "async") for c in _calls(result, name))
+        assert len({c["trace_id"] for c in calls}) == 1
+        for call in calls:
+            span = executes[call["span_id"]]
+            assert span["trace_id"] == call["trace_id"] and span["attributes"]["process.pid"] == call["pid"]
+            seen.add(call["span_id"])
+    assert len(seen) == sum(len(_calls(r, name)) for r in scorer_run["results"] for name in ("plain", "threaded", "async"))
+    assert len({r["calls"]["plain"]["trace_id"] for r in scorer_run["results"]}) == 8
+
+
+def test_an_actor_method_that_raises_marks_the_actor_span_and_the_servers_span_where_it_surfaces(scorer_run):
+    failing = [row["verifier_metadata"]["fail"] for row in scorer_run["rows"]]
+    assert [r["failed"] for r in scorer_run["results"]] == ["KeyError" if fail else None for fail in failing]
+    marked = 0
+    for spans in scorer_run["traces"].values():
+        by_id = {s["span_id"]: s for s in spans}
+        submits = [s for s in spans if s["name"] == "ray.submit Scorer.fail"]
+        (verify,) = [s for s in spans if s["name"] == "POST /verify" and s["kind"] == "SERVER"]
+        if not submits:
+            assert verify["status"] != "ERROR"
+            continue
+        (submit,) = submits
+        (execute,) = [s for s in spans if s["parent_span_id"] == submit["span_id"]]
+        assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "KeyError"
+        caller = by_id[submit["parent_span_id"]]  # the span current in /verify at `await`
+        assert caller["status"] == "ERROR" and caller["attributes"]["error.type"] == "KeyError"
+        assert service_of(caller) == SCORER_SERVICE and (caller is verify or _descends_from(caller, verify, by_id))
+        marked += 1
+    assert marked == len([fail for fail in failing if fail]) == 4  # two at `await`, two at ray.get
+    assert not any(b"secret-canary" in body for body in scorer_run["bodies"])
+
+
+def test_long_lived_actors_deliver_while_they_run_and_lose_nothing_when_killed_at_shutdown(scorer_run):
+    # With a minute's batch delay, the first batch's actor spans arrived while the
+    # actors were alive: the flush at each call's end sent them.
+    assert scorer_run["arrived_while_running"] and scorer_run["alive_then"]
+    # The second batch was followed at once by Gym's shutdown, which killed the actors
+    # (their owner exited); every call that had ended is in the collector.
+    assert scorer_run["killed"]
+    assert len(scorer_run["executes"]) == _expected_executes(scorer_run["rows"]) == 52
+    assert len({s["span_id"] for s in scorer_run["executes"]}) == 52
+
+
+# --- Ray client mode: Gym joins the cluster through its ray:// client server -----------
+
+
+@pytest.fixture(scope="module")
+def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
+    """The same server, every Gym process connected with ``ray.init("ray://...")``."""
+    started, start_ns = time.monotonic(), time.time_ns()
+    collector, workdir = module_collector, tmp_path_factory.mktemp("scorer_client")
+    rows = _scorer_rows(100, 4)  # two that succeed, two whose verify also calls a raising method (await, get)
+
+    def this_run(spans: list[dict]) -> list[dict]:
+        return spans_since(spans, start_ns)
+
+    with PolicyModel() as policy:
+        for attempt in range(2):
+            trio = GymTrio(venv, "0.4.0", workdir / f"gym{attempt}", policy.url, env=otel_env(collector, "http/protobuf"),
+                           instrument=True, resources=SCORER,
+                           extra_config={"ray_head_node_address": cluster.client_address})
+            try:
+                trio.start()
+                break
+            except GymTrioError as error:
+                # Ray's client server picks each per-client server's port from 23000-23999 by
+                # probing, then starts it: on a machine shared with other Ray clusters
+                # (whose workers may use those ports) the start can lose the race. Once more.
+                if attempt or "Starting Ray client server failed" not in str(error):
+                    raise
+        with trio:
+            results = [trio.rollout(row, rollout_index=index) for index, row in enumerate(rows)]
+            log = trio.log_text()
+            # Ray's daemons, the client server and its per-client drivers among them
+            daemons = {p.pid: " ".join(_cmdline(p)) for p in cluster.processes() if not _is_worker(p)}
+            collector.sink.wait_for(lambda spans: len(_scorer_executes(this_run(spans))) >= _expected_executes(rows),
+                                    timeout=60)
+            collector.sink.wait_for(lambda spans: len(rollout_traces(this_run(spans), f"nemo-gym/{AGENT}")) >= 4,
+                                    timeout=30)
+            time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
+    spans = this_run(collector.sink.spans())
+    return {"results": results, "rows": rows, "log": log, "seconds": time.monotonic() - started,
+            "traces": rollout_traces(spans, f"nemo-gym/{AGENT}"), "spans": spans, "daemons": daemons}
+
+
+def test_in_ray_client_mode_gym_works_and_actor_calls_are_traced_into_the_actor(client_mode_run):
+    results, traces = client_mode_run["results"], client_mode_run["traces"]
+    # Gym's work is unchanged: every call answered, the raising one surfaced as before
+    assert [r["failed"] for r in results] == [None, "KeyError", None, "KeyError"]
+    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert all(c["met"] for r in results for name in ("threaded", "async") for c in _calls(r, name))
+    assert "ray://" in client_mode_run["log"]
+    assert len(traces) == 4
+    for spans in traces.values():
+        by_id = {s["span_id"]: s for s in spans}
+        (verify,) = [s for s in spans if s["name"] == "POST /verify" and s["kind"] == "SERVER"]
+        executes = [s for s in spans if s["name"].startswith("ray.execute")]
+        # the client's handle knows its actor's methods, not its class: the submit span
+        # says the method, the actor's own span the class too (a task's: the function)
+        for execute in executes:
+            submit = by_id[execute["parent_span_id"]]
+            assert submit["kind"] == "PRODUCER" and service_of(submit) == SCORER_SERVICE
+            assert submit["name"] == "ray.submit " + execute["name"].split(" ")[-1].split(".")[-1]
+            assert _descends_from(submit, verify, by_id)
+            assert execute["kind"] == "CONSUMER" and service_of(execute) == SCORER_WORKER
+            assert execute["attributes"].get("ray.actor.id") == submit["attributes"].get("ray.actor.id")
+            # the client learns a task's id from the client server later: the submit span
+            # has it only when it was there already (never waited for)
+            assert submit["attributes"].get("ray.task.id", execute["attributes"]["ray.task.id"]) == \
+                execute["attributes"]["ray.task.id"]
+            assert execute["attributes"]["ray.task.wait.duration"] >= 0
+        assert sorted(s["name"] for s in executes if s["name"] != "ray.execute Scorer.fail") == [
+            "ray.execute AsyncScorer.meet"] * 2 + ["ray.execute Scorer.score"] + ["ray.execute ThreadedScorer.meet"] * 2 + [
+            "ray.execute length"]
+        fails = [s for s in executes if s["name"] == "ray.execute Scorer.fail"]
+        for execute in fails:
+            assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "KeyError"
+            caller = by_id[by_id[execute["parent_span_id"]]["parent_span_id"]]
+            assert caller["status"] == "ERROR" and caller["attributes"]["error.type"] == "KeyError"
+    # the caller's span was marked where the exception surfaced: once at `await`, once at ray.get
+    assert sum(1 for spans in traces.values() for s in spans if s["name"] == "ray.execute Scorer.fail") == 2
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_in_ray_client_mode_the_client_servers_drivers_export_nothing(client_mode_run):
+    spans, daemons = client_mode_run["spans"], client_mode_run["daemons"]
+    # one driver per connected Gym process ran on the head node, beside Ray's other daemons
+    assert [cmdline for cmdline in daemons.values() if "specific-server" in cmdline]
+    assert {service_of(s) for s in spans} <= {SCORER_SERVICE, SCORER_WORKER, *GYM_SERVICES}
+    assert not {s["resource"].get("process.pid") for s in spans} & set(daemons)

@@ -24,7 +24,7 @@ from tests.harness.trio import free_ports
 
 class RayCluster:
     def __init__(self, venv: pathlib.Path, workdir: pathlib.Path, env: Mapping[str, str], *,
-                 raylet_env: Mapping[str, str] = (), num_cpus: int = 2) -> None:
+                 raylet_env: Mapping[str, str] = (), num_cpus: int = 2, client_server: bool = False) -> None:
         self.venv = pathlib.Path(venv)
         self.workdir = pathlib.Path(workdir)
         self.env = dict(env)
@@ -32,6 +32,8 @@ class RayCluster:
         self.num_cpus = num_cpus
         self.nodes: list[subprocess.Popen] = []
         self.gcs_port = 0
+        self.client_server = client_server  # the head also runs Ray's client server (ray://)
+        self.client_port = 0
         # A short temp dir: Ray's socket paths must fit in 107 bytes.
         self.temp_root = pathlib.Path("/tmp") / f"gar-ray-{os.getpid()}-{id(self) & 0xffff:x}"
 
@@ -39,12 +41,20 @@ class RayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.gcs_port}"
 
+    @property
+    def client_address(self) -> str:
+        """``ray://`` address of the head's client server (``client_server=True``)."""
+        return f"ray://127.0.0.1:{self.client_port}"
+
     def _environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_"))}
         env.update(self.env)
         env.update(self.raylet_env)
         env["RAY_AUTH_MODE"] = "disabled"
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        if self.client_server:
+            # a per-client server starting on a busy machine may take longer than Ray's 30 s
+            env.setdefault("RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S", "120")
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         return env
 
@@ -61,12 +71,16 @@ class RayCluster:
             f"--node-manager-port={ports[1]}", f"--object-manager-port={ports[2]}",
             f"--runtime-env-agent-port={ports[3]}", f"--dashboard-agent-grpc-port={ports[4]}",
             f"--dashboard-agent-listen-port={ports[5]}", f"--metrics-export-port={ports[6]}",
-            "--min-worker-port=20000", "--max-worker-port=29999",
+            # (the client server's own per-client servers take ports from 23000-23999)
+            f"--min-worker-port={24000 if self.client_server else 20000}", "--max-worker-port=29999",
             "--disable-usage-stats",
         ]
         if head:
             self.gcs_port = ports[0]
             command += ["--head", f"--port={ports[0]}", "--include-dashboard=false", f"--temp-dir={temp}"]
+            if self.client_server:
+                self.client_port = ports[7]
+                command += [f"--ray-client-server-port={ports[7]}"]
         else:
             command += [f"--address={self.address}"]
         log = open(self.workdir / f"ray-node-{index}.log", "wb")

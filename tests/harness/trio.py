@@ -59,6 +59,20 @@ RESOURCES_CONFIGS: dict[str, dict[str, Any]] = {
     # the row's unit tests in a Ray task (SPREAD, runtime_env replacing PYTHONPATH).
     "code_gen": {"domain": "coding", "verified": False, "description": "code_gen",
                  "num_processes": 4, "unit_test_timeout_secs": 30, "debug": False},
+    # A test server in the style of Gym's actor-based verifiers (tests/ray_scorer): its
+    # verify calls long-lived Ray actors (plain, threaded, async).
+    "ray_scorer": {"domain": "other", "verified": False, "description": "ray_scorer"},
+}
+# Resources servers that are not Gym's: their source directory, copied into the working
+# directory as resources_servers/<name> (where `gym env start` looks first).
+LOCAL_RESOURCES: dict[str, pathlib.Path] = {
+    "ray_scorer": pathlib.Path(__file__).resolve().parents[1] / "ray_scorer",
+}
+# A ray_scorer task row; `fail` ("await" or "get") makes its verify also call an actor
+# method that raises, and wait for it that way.
+RAY_SCORER_ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "Say something."}]},
+    "verifier_metadata": {"fail": "", "secret": ""},
 }
 # A code_gen task row the policy model's CODE_ANSWER solves.
 CODE_GEN_ROW = {
@@ -221,6 +235,10 @@ class GymTrio:
         cfg = self.build_config()
         # JSON is valid YAML; no PyYAML needed on the test side.
         self.config_path.write_text(json.dumps(cfg, indent=1) + "\n")
+        source = LOCAL_RESOURCES.get(self.resources)
+        if source is not None:
+            shutil.copytree(source, self.workdir / "resources_servers" / self.resources, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", ".venv"))
         if self.build_venvs:
             return  # Gym creates <type>/<name>/.venv itself
         for name, (typ, impl) in zip(self.server_names, self._server_dirs(cfg)):
@@ -400,6 +418,8 @@ class GymTrio:
     def default_row(self) -> dict:
         if self.resources == "code_gen":
             return copy.deepcopy(CODE_GEN_ROW)
+        if self.resources == "ray_scorer":
+            return copy.deepcopy(RAY_SCORER_ROW)
         data = (self.site_packages() / "resources_servers" / "example_single_tool_call"
                 / "data" / "example.jsonl")
         with open(data) as fh:
