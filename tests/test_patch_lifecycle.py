@@ -74,20 +74,32 @@ def test_import_then_instrument_rebinds_the_copies_already_made():
 def test_instrument_twice_wraps_once_and_uninstrument_restores_identity():
     out = run_case(
         """
-        import nemo_gym.server_utils as su, nemo_gym.openai_utils as ou, nemo_gym.global_config as gc
-        import uvicorn, aiohttp, fastapi.routing
+        import importlib
+        import nemo_gym.server_utils as su, nemo_gym.openai_utils as ou
+        from gym_autoinstr.pointcuts import POINTCUTS
+
+        def resolve(pointcut):
+            # The object a pointcut patches, as its owner holds it (a class's own
+            # __dict__ entry for a method), or None where this Gym / Ray lacks it.
+            try:
+                owner = importlib.import_module(pointcut.module)
+            except Exception:
+                return None
+            *path, name = pointcut.attribute.split(".")
+            for part in path:
+                owner = getattr(owner, part, None)
+                if owner is None:
+                    return None
+            holder = getattr(owner, "__dict__", {})
+            return holder.get(name) if isinstance(owner, type) else getattr(owner, name, None)
 
         def targets():
-            return {
-                "request": su.request, "copy": ou.request,
-                "run_webserver": su.SimpleServer.__dict__["run_webserver"],
-                "head": su.HeadServer.__dict__["setup_webserver"],
-                "uvicorn_run": uvicorn.run,
-                "aiohttp": aiohttp.ClientSession.__dict__["request"],
-                "add_api_route": fastapi.routing.APIRouter.__dict__["add_api_route"],
-                "parse": gc.GlobalConfigDictParser.__dict__["parse"],
-            }
-
+            found = {"copy_in_openai_utils": ou.request}
+            for pointcut in POINTCUTS:
+                target = resolve(pointcut)
+                if target is not None:
+                    found[pointcut.name] = target
+            return found
         originals = targets()
         instrumentor = GymInstrumentor()
         instrumentor.instrument()
@@ -102,6 +114,8 @@ def test_instrument_twice_wraps_once_and_uninstrument_restores_identity():
         """
     )["out"]
     assert out["double"] is False
+    # every pointcut row this Gym (and Ray) has, not a hand-kept list
+    assert {"egress", "ingress", "copy_in_openai_utils"} <= set(out["wrapped"]) and len(out["wrapped"]) > 15
     assert out["wrapped"] == {k: True for k in out["wrapped"]}  # each target really was patched
     assert out["restored"] == {k: True for k in out["restored"]}
     assert out["again"]["request"] and out["again"]["copy_in_openai_utils"] and out["again"]["run_webserver"]
