@@ -318,10 +318,17 @@ def test_ray_propagation_is_reported_with_the_ray_version_and_why_not(tmp_path):
     code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SPAN_GROUPS": "server"})
     import ray
 
+    from gym_autoinstr.pointcuts import RAY_WORKER_POINTCUTS
+
+    workers = report["ray"].pop("worker_pointcuts")
     assert report["ray"] == {"ray_version": ray.__version__, "active": False, "reason": "span group 'ray' is off"}
     assert any(p["subject"] == "ray" and "'ray'" in p["fix"] for p in problems(report, "info"))
+    # the rows a Ray actor applies when it becomes Gym's orchestrator: all present in this Gym
+    assert [row["name"] for row in workers] == [p.name for p in RAY_WORKER_POINTCUTS]
+    assert all(row["resolves"] for row in workers), workers
     code, text, _ = doctor(tmp_path, as_json=False)
     assert f"ray           {ray.__version__}: tasks traced into the workers" in text
+    assert "ray actors    Gym inside a Ray actor: " + ", ".join(f"{p.name} ok" for p in RAY_WORKER_POINTCUTS) in text
 
 
 def test_the_server_requirement_setting_replaces_the_local_path(tmp_path):

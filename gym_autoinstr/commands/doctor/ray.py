@@ -24,9 +24,34 @@ def _probe_remote_function() -> "str | None":
     return f"RemoteFunction lacks {', '.join(missing)}" if missing else None
 
 
+def worker_pointcuts() -> list[dict[str, Any]]:
+    """The rows a Ray worker applies once it runs Gym's orchestration (``RAY_WORKER_POINTCUTS``),
+    each with whether Gym here has the attribute it names (looked up, not patched)."""
+    import importlib
+
+    from ...pointcuts import RAY_WORKER_POINTCUTS
+
+    rows = []
+    for pointcut in RAY_WORKER_POINTCUTS:
+        reason = None
+        try:
+            owner: Any = importlib.import_module(pointcut.module)
+            for part in pointcut.attribute.split("."):
+                owner = getattr(owner, part)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}"
+        rows.append({"name": pointcut.name, "target": f"{pointcut.module}:{pointcut.attribute}",
+                     "versions": pointcut.versions, "resolves": reason is None, "reason": reason})
+    return rows
+
+
 def ray_propagation(environ: Mapping[str, str], report: list[dict[str, Any]], enabled: "list[str]") -> tuple[dict[str, Any], list[Problem]]:
-    section: dict[str, Any] = {"ray_version": None, "active": False, "reason": None}
+    section: dict[str, Any] = {"ray_version": None, "active": False, "reason": None, "worker_pointcuts": []}
     problems: list[Problem] = []
+    try:
+        section["worker_pointcuts"] = worker_pointcuts()
+    except Exception as error:  # the doctor reports; it never fails on its own checks
+        section["worker_pointcuts_error"] = repr(error)
     try:
         import ray
 

@@ -91,6 +91,12 @@ def render(diagnosis: dict[str, Any]) -> str:
         + (f"{ray_section.get('ray_version')}: tasks traced into the workers" if ray_section.get("active")
            else f"{ray_section.get('ray_version') or 'not installed'}: not traced ({ray_section.get('reason')})")
     )
+    worker_rows = ray_section.get("worker_pointcuts") or []
+    if worker_rows:
+        lines.append(
+            "ray actors    Gym inside a Ray actor: "
+            + ", ".join(f"{row['name']} {'ok' if row['resolves'] else 'absent'}" for row in worker_rows)
+        )
     lines.append("")
     for problem in diagnosis["problems"]:
         lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")
