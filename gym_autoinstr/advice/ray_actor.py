@@ -264,7 +264,7 @@ def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
 
 def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[tuple, dict]":
     from . import coexistence
-    from .ray_tasks import CARRIER, _call_parts, _client_mode, _with_call_kwargs
+    from .ray_tasks import CARRIER, _call_parts, _with_call_kwargs
 
     meta = getattr(instance, "__ray_metadata__", None)
     signatures = getattr(getattr(meta, "method_meta", None), "signatures", None) or {}
@@ -282,6 +282,17 @@ def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[t
     new_kwargs = dict(call_kwargs or {})
     new_kwargs[CARRIER] = {"context": headers, "rootless": rootless, "settings": _boot_settings()}
     return _with_call_kwargs(args, kwargs, new_kwargs)
+
+
+def _client_mode() -> bool:
+    """This process talks to Ray through Ray's client (``ray://``): actor creation then
+    goes through the client's stubs, which carry no creation carrier."""
+    try:
+        from ray._private.client_mode_hook import client_mode_should_convert
+
+        return bool(client_mode_should_convert())
+    except Exception:
+        return False
 
 
 def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
