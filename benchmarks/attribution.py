@@ -51,8 +51,8 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
-from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, log, machine,
-                            make_variants, rewarded, rollout_body, settle, start_trio)
+from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, finish, log, machine,
+                            make_variants, rewarded, rollout_body, settle, start_trio, tear_down)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -634,19 +634,8 @@ def main(argv: "list[str] | None" = None) -> int:
                     results["py_spy"][v.key] = spy_window(spy, probed[v.key], seconds, a.concurrency, body,
                                                           a.spy_rate, spy_dir)
     finally:
-        for v in variants:
-            if v.trio is not None:
-                v.trio.stop()
-        policy.stop()
-        collector.stop()
-        sink.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    results["elapsed_s"] = time.monotonic() - t_start
-    print(report(results))
-    print(f"(total {results['elapsed_s'] / 60:.1f} min)")
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        tear_down(variants, policy, collector, sink, scratch)
+    finish(results, t_start, report, a.json)
     return 0
 
 

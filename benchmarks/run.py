@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 from dataclasses import dataclass, field
 
 import psutil
@@ -392,6 +393,26 @@ def budget_table(results: dict) -> "list[str]":
     return out
 
 
+def tear_down(variants: list, policy: Any, collector: Any, sink: Any, scratch: pathlib.Path) -> None:
+    """Stop every trio, the policy model, the collector and the sink; remove the scratch dir."""
+    for v in variants:
+        if v.trio is not None:
+            v.trio.stop()
+    policy.stop()
+    collector.stop()
+    sink.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def finish(results: dict, t_start: float, render: Any, json_path: "pathlib.Path | None") -> None:
+    """Print the report and the run time; keep the raw results when asked."""
+    results["elapsed_s"] = time.monotonic() - t_start
+    print(render(results))
+    print(f"(total {results['elapsed_s'] / 60:.1f} min)")
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+
 def report(results: dict) -> str:
     variants = results["variants"]
     bare = variants[0]
@@ -624,20 +645,8 @@ def main(argv: "list[str] | None" = None) -> int:
                 log(f"burst failed: {error}")
                 results["burst_error"] = str(error)
     finally:
-        for v in variants:
-            if v.trio is not None:
-                v.trio.stop()
-        policy.stop()
-        collector.stop()
-        sink.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    results["elapsed_s"] = time.monotonic() - t_start
-    text = report(results)
-    print(text)
-    print(f"(total {results['elapsed_s'] / 60:.1f} min)")
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        tear_down(variants, policy, collector, sink, scratch)
+    finish(results, t_start, report, a.json)
     return 0
 
 
