@@ -153,7 +153,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         module="nemo_gym.rollout_collection",
         attribute="RolloutCollectionHelper.run_examples",
         advice=job.run_examples_advice,
-        versions="0.4.0+",
+        versions="0.2.0+",
         group=groups.JOB,
         purpose="gym.job per run_examples call (the entry an embedder such as NeMo RL's NemoGym actor calls); "
         "its rollouts root traces linked to it, or nested, as for job; none inside run_from_config's",
