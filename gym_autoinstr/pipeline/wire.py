@@ -273,22 +273,23 @@ def scope(instrumentation_scope: Any) -> bytes:
     return body + attributes(b"\x1a", getattr(instrumentation_scope, "attributes", None))
 
 
-def scope_spans(scope_bytes: bytes, schema_url: "str | None", spans: Sequence[bytes]) -> bytes:
-    """A ``ScopeSpans`` message: scope=1, spans=2, schema_url=3."""
-    body = [_field(b"\x0a", scope_bytes)]
-    for encoded in spans:
+def _container(head: bytes, items: Sequence[bytes], schema_url: "str | None") -> bytes:
+    """The body shared by ``ScopeSpans`` and ``ResourceSpans``: field 1 (the scope or
+    resource), field 2 repeated (spans or scope spans), field 3 the schema URL."""
+    body = [_field(b"\x0a", head)]
+    for encoded in items:
         body.append(_field(b"\x12", encoded))
     if schema_url:
         body.append(_string(b"\x1a", schema_url))
     return b"".join(body)
 
 
+def scope_spans(scope_bytes: bytes, schema_url: "str | None", spans: Sequence[bytes]) -> bytes:
+    """A ``ScopeSpans`` message: scope=1, spans=2, schema_url=3."""
+    return _container(scope_bytes, spans, schema_url)
+
+
 def export_request(resource_bytes: bytes, resource_schema_url: "str | None", scopes: Sequence[bytes]) -> bytes:
     """An ``ExportTraceServiceRequest`` with one ``ResourceSpans`` (resource=1,
     scope_spans=2, schema_url=3) holding the given ``ScopeSpans`` messages."""
-    body = [_field(b"\x0a", resource_bytes)]
-    for encoded in scopes:
-        body.append(_field(b"\x12", encoded))
-    if resource_schema_url:
-        body.append(_string(b"\x1a", resource_schema_url))
-    return _field(b"\x0a", b"".join(body))
+    return _field(b"\x0a", _container(resource_bytes, scopes, resource_schema_url))
