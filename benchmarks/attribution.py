@@ -505,9 +505,10 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--variants", default="default",
                     help="besides bare, comma-separated: default, off, sampled, per_rollout, all, generic "
                     "(default: default)")
-    ap.add_argument("--lever", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE...]",
-                    help="one more variant: ours, default, with these environment variables on top (repeatable), "
-                    "e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none'")
+    ap.add_argument("--lever", action="append", default=[], metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
+                    help="one more variant: ours, default (or BASE: default, sampled), with these environment "
+                    "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "
+                    "--lever 'dropped-no-metrics@sampled:OTEL_METRICS_EXPORTER=none'")
     ap.add_argument("--py-spy", action="store_true",
                     help="one more window per variant under py-spy (pip-installed into the runner venv if missing)")
     ap.add_argument("--spy-rate", type=int, default=200, help="py-spy samples per second")
@@ -539,7 +540,12 @@ def main(argv: "list[str] | None" = None) -> int:
     variants = make_variants(keys, venvs, otlp, extra_env=probe_env, instrument=False)
     for i, spec in enumerate(a.lever):
         label, _, assignments = spec.partition(":")
-        env = dict(make_variants(["default"], venvs, otlp, extra_env=probe_env, instrument=False)[1].env)
+        label, _, base_key = label.partition("@")
+        base_key = base_key or "default"
+        if base_key not in ("default", "sampled"):
+            raise SystemExit(f"--lever {spec!r}: the base after '@' is 'default' or 'sampled', not {base_key!r}")
+        base = make_variants([base_key], venvs, otlp, extra_env=probe_env, instrument=False)[1]
+        env = dict(base.env)
         for assignment in filter(None, (x.strip() for x in assignments.split(","))):
             name, eq, value = assignment.partition("=")
             if not eq or not name:
@@ -547,8 +553,9 @@ def main(argv: "list[str] | None" = None) -> int:
             env[name] = value
         key = f"lever{i + 1}"
         env["NEMO_GYM_OTEL_RUN_ID"] = f"bench-{key}"
-        variants.append(Variant(key, f"ours, default + {label or key}", venvs["ours"], False, env,
-                                index=len(variants), flush_s=float(env.get("OTEL_BSP_SCHEDULE_DELAY", 1000)) / 1e3))
+        variants.append(Variant(key, f"ours, {base_key} + {label or key}", venvs["ours"], False, env,
+                                index=len(variants), flush_s=float(env.get("OTEL_BSP_SCHEDULE_DELAY", 1000)) / 1e3,
+                                traceparent=base.traceparent))
     for v in variants:
         (scratch / "probe" / v.key).mkdir(parents=True)
         v.env["GYM_AUTOINSTR_BENCH_PROBE_DIR"] = str(scratch / "probe" / v.key)

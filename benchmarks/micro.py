@@ -11,6 +11,9 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   ``server`` group off and on, each also with metrics live (``+metrics``: in-flight
   count, ``http.server.request.duration`` and the seam's ``gym.verify.duration_ms``, on
   the real SDK meter provider: two histogram records per request);
+* "dropped" (egress, seam, ingress): "on", for a caller whose span the sampler dropped
+  (``traceparent`` flags ``00``; under the default parent-based sampler nothing is
+  recorded, and ``pipeline/sampling.py`` lets our advice skip the span altogether);
 * semaphore: a free ``asyncio.Semaphore`` acquired and released, as Gym's servers do
   around their limited work, bare and once ``pipeline/concurrency.py`` observes it
   (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
@@ -125,6 +128,15 @@ def main() -> None:
              "server": ("127.0.0.1", 8000), "headers": [(b"content-type", b"application/json"),
              (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]}
 
+    # The same request from a caller whose span the sampler dropped (flags 00).
+    dropped_scope = {**scope, "headers": [(b"content-type", b"application/json"),
+                     (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")]}
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    dropped_context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True, trace_flags=TraceFlags(0))))
+
     async def receive():
         return {"type": "http.request", "body": b"{}"}
 
@@ -165,11 +177,13 @@ def main() -> None:
             "unwrapped": lambda: _drive(request("POST", url, json=None)),
             "off": lambda: _drive(wrapped_request("POST", url, json=None)),
             "on": lambda: _drive(wrapped_request("POST", url, json=None)),
+            "dropped": lambda: _drive(wrapped_request("POST", url, json=None)),
         },
         "handler": {
             "unwrapped": lambda: _drive(verify(body)),
             "off": lambda: _drive(wrapped_verify(body)),
             "on": lambda: _drive(wrapped_verify(body)),
+            "dropped": lambda: _drive(wrapped_verify(body)),
         },
         "ingress": {
             "unwrapped": lambda: _drive(app(scope, receive, send)),
@@ -177,6 +191,8 @@ def main() -> None:
             "on": lambda: _drive(middleware(scope, receive, send)),
             "off+metrics": lambda: _drive(middleware(scope, receive, send)),
             "on+metrics": lambda: _drive(middleware(scope, receive, send)),
+            "dropped": lambda: _drive(middleware(dropped_scope, receive, send)),
+            "dropped+metrics": lambda: _drive(middleware(dropped_scope, receive, send)),
         },
         "semaphore": {
             "unwrapped": lambda: acquire_release(bare_semaphore),
@@ -188,7 +204,8 @@ def main() -> None:
         },
     }
     enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS,
-               "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS}
+               "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS,
+               "dropped": groups.ALL_GROUPS, "dropped+metrics": groups.ALL_GROUPS}
     samples: dict = {site: {v: [] for v in variants} for site, variants in cases.items()}
     for rep in range(reps):
         for site, variants in cases.items():
@@ -199,8 +216,15 @@ def main() -> None:
                 metrics.LIVE = variant.endswith("+metrics")
                 n = number if not variant.startswith("on") else max(1000, number // 10)
                 fn = variants[variant]
-                fn()
-                seconds = timeit.timeit(fn, number=n, timer=time.thread_time)
+                # "dropped": the caller's span is one the sampler dropped (the current
+                # span here; for the ingress, the request's traceparent says so)
+                token = otel_context.attach(dropped_context) if variant.startswith("dropped") else None
+                try:
+                    fn()
+                    seconds = timeit.timeit(fn, number=n, timer=time.thread_time)
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
                 samples[site][variant].append(seconds / n * 1e9)
     provider.force_flush()
     out = {"reps": reps, "number": number, "python": sys.version.split()[0], "sites": {}}

@@ -32,7 +32,7 @@ except ImportError:  # older APIs kept it in the instrumentation package
     from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 
 from . import coexistence, job
-from ..pipeline import groups, metrics, pool, propagation
+from ..pipeline import groups, metrics, pool, propagation, sampling
 from .._log import warn_once
 from ..pipeline.redaction import redact_url
 from ..pipeline.spans import mark_error, tracer
@@ -80,10 +80,16 @@ def current_rollout_id() -> "str | None":
 
 
 def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    # Plain function returning an awaitable: when the group is off, the caller awaits
-    # Gym's own coroutine directly (no extra coroutine frame per request).
+    # Plain function returning an awaitable: when the group is off, or the sampler dropped
+    # the caller's span, the caller awaits Gym's own coroutine directly (no extra
+    # coroutine frame per request).
     if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
         return wrapped(*args, **kwargs)
+    try:
+        if sampling.dropped_parent() is not None and not job.dispatching():
+            return _untraced_request(wrapped, args, kwargs)
+    except Exception as error:
+        warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     return _traced_request(wrapped, args, kwargs)
 
 
@@ -208,6 +214,20 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)
         _guarded("restoring the context", otel_context.detach, context_token)
+
+
+def _untraced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
+    """A request whose parent the sampler dropped (``sampling.dropped_parent``): no span,
+    the caller's own context injected so that the next hop learns the decision."""
+    call_kwargs = kwargs
+    try:
+        carrier: dict[str, str] = {}
+        propagation.inject_span(trace.get_current_span(), carrier)
+        if carrier:
+            call_kwargs = {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
+    except Exception as error:
+        warn_once("egress:inject", "trace context not injected (%r); the request is unaffected.", error)
+    return wrapped(*args, **call_kwargs)
 
 
 def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

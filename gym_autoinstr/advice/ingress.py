@@ -29,7 +29,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import startup
-from ..pipeline import concurrency, groups, logs, metrics, propagation, runtime
+from ..pipeline import concurrency, groups, logs, metrics, propagation, runtime, sampling
 from ..pipeline.spans import mark_startup
 from .._log import logger, warn_once
 from ..pipeline.flush import flush, flush_async
@@ -193,10 +193,26 @@ class GymServerMiddleware:
 
     async def _traced(self, scope: dict, receive: Any, send: Any) -> None:
         try:
-            span, token = self._start(scope)
+            carrier = _carrier(scope)
+            parent = propagation.extract(carrier) if carrier else otel_context.Context()
+            if carrier and sampling.dropped_parent(parent) is not None:
+                span, token = None, otel_context.attach(parent)
+            else:
+                span, token = self._start(scope, parent)
         except Exception as error:  # our half failed: serve the request untraced
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             await self.app(scope, receive, send)
+            return
+        if span is None:
+            # The caller's span was dropped by the sampler (pipeline/sampling.py): no span,
+            # only its context, so that this server's own calls carry the decision on.
+            try:
+                if metrics.LIVE:
+                    await self._measured(scope, receive, send)
+                else:
+                    await self.app(scope, receive, send)
+            finally:
+                otel_context.detach(token)
             return
         started = time.perf_counter()
         status_code: list[int] = []
@@ -236,10 +252,8 @@ class GymServerMiddleware:
                 otel_context.detach(token)
 
     @staticmethod
-    def _start(scope: dict) -> tuple[Any, object]:
+    def _start(scope: dict, parent: otel_context.Context) -> tuple[Any, object]:
         method = scope.get("method", "HTTP")
-        carrier = _carrier(scope)
-        parent = propagation.extract(carrier) if carrier else otel_context.Context()
         attributes: dict[str, Any] = {
             "http.request.method": method,
             "url.path": scope.get("path", ""),

@@ -247,6 +247,12 @@ def _record_counts(state: JobState) -> None:
     state.span.set_attribute(ROLLOUTS_FAILED, state.failed)
 
 
+def dispatching() -> bool:
+    """Our ``gym.job`` is the current span: a ``/run`` sent now would be a rollout."""
+    state = _current_job.get()
+    return state is not None and trace.get_current_span() is state.span
+
+
 def rollout_dispatch(url_full: str) -> "JobState | None":
     """The job a CLIENT span about to start dispatches a rollout for, if it is one: a
     ``/run`` request made while our own ``gym.job`` is the current span."""

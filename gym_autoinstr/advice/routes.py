@@ -51,7 +51,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, genai
-from ..pipeline import groups, metrics
+from ..pipeline import groups, metrics, sampling
 from .._log import warn_once
 from .egress import current_rollout_id
 from ..pipeline.spans import mark_error, tracer
@@ -186,7 +186,11 @@ def seam_metric(span_name: str, server_name: str) -> "metrics.SeamMetric | None"
 
 
 def _start(seam: Seam, args: tuple, kwargs: dict) -> "trace.Span | None":
+    """The seam's span, or None: the sampler dropped the request's span (the handler then
+    runs as it is), or starting it failed."""
     try:
+        if sampling.dropped_parent() is not None:
+            return None
         attributes: dict[str, Any] = {SERVER_NAME: seam.server_name}
         rollout_id = current_rollout_id()
         if not rollout_id:

@@ -46,3 +46,56 @@ def configured_sampler() -> Sampler:
     from opentelemetry.sdk.trace import sampling
 
     return JobKeepingSampler(sampling._get_from_env_or_default())
+
+
+# -- the dropped-parent fast path --------------------------------------------------------
+#
+# Under a parent-based sampler whose "parent not sampled" delegates are the static DROP
+# sampler (the SDK's default for every ``parentbased_*`` choice), a span whose parent is
+# valid and unsampled is never recorded, whatever its name, kind or attributes: the SDK
+# hands back a non-recording span with a fresh span id and the parent's flags.  Our
+# advice asks first, and for such a request skips building attributes, the sampler call,
+# the id and the context switch: the caller's context already carries the decision, and
+# injecting the parent's context tells the next hop the same thing.
+
+_follows: list = [None, False]  # [sampler last checked, whether it drops under an unsampled parent]
+
+
+FAST_PATH_ENV = "GYM_AUTOINSTR_DROPPED_FAST_PATH"
+
+
+def _drops_under_unsampled_parent(sampler: Any) -> bool:
+    import os
+
+    from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
+
+    if os.environ.get(FAST_PATH_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if isinstance(sampler, JobKeepingSampler):  # keeps only parentless job spans
+        sampler = sampler.delegate
+    if not isinstance(sampler, ParentBased):
+        return False
+
+    def drops(delegate: Any) -> bool:
+        return isinstance(delegate, StaticSampler) and getattr(delegate, "_decision", None) is Decision.DROP
+
+    return drops(getattr(sampler, "_remote_parent_not_sampled", None)) and drops(
+        getattr(sampler, "_local_parent_not_sampled", None))
+
+
+def dropped_parent(context: Any = None) -> "trace.SpanContext | None":
+    """The span context of the current (or ``context``'s) span when it is valid and not
+    sampled and the tracer's sampler drops every child of such a parent; else None."""
+    span_context = trace.get_current_span(context).get_span_context()
+    if span_context.trace_flags & 0x01 or not span_context.is_valid:
+        return None
+    from .spans import tracer
+
+    sampler = getattr(tracer(), "sampler", None)
+    if sampler is not _follows[0]:
+        try:
+            follows = _drops_under_unsampled_parent(sampler)
+        except Exception:
+            follows = False
+        _follows[0], _follows[1] = sampler, follows
+    return span_context if _follows[1] else None

@@ -142,3 +142,27 @@ def test_rollout_id_from_gyms_rollout_path(instrumented, spans):
         assert _call(f"{base}/ng-rollout/3-1/v1/responses", json={}) == 200
     (span,) = _client_spans(spans)
     assert span.attributes["nemo.gym.rollout.id"] == "3-1"
+
+
+def test_under_a_dropped_parent_no_span_and_the_parents_context_goes_on(instrumented, spans):
+    """The session provider's sampler is parent-based: a child of an unsampled parent is
+    never recorded, so egress starts none and passes the caller's own context on."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    parent = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
+                         trace_flags=TraceFlags(TraceFlags.DEFAULT))
+    app = _echo_app()
+    with serve(app) as base:
+        with trace.use_span(NonRecordingSpan(parent)):
+            status = _call(f"{base}/echo", json={}, headers={"x-caller": "yes"})
+        # and a sampled parent is traced as before
+        with trace.get_tracer("test").start_as_current_span("outer"):
+            _call(f"{base}/echo", json={})
+    assert status == 200
+    dropped, kept = app.state.seen
+    assert dropped["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    assert dropped["x-caller"] == "yes"
+    (span,) = _client_spans(spans)  # the sampled call's only
+    assert kept["traceparent"].split("-")[2] == f"{span.context.span_id:016x}"
+    assert int(kept["traceparent"].split("-")[3], 16) & 1

@@ -122,7 +122,8 @@ def _post(url: str, body) -> tuple[int, bytes]:
 
 
 def _named(spans, prefix: str = "gym."):
-    return [s for s in spans.get_finished_spans() if s.name.startswith(prefix)]
+    # seam spans (a server's one-off start-up span is not one)
+    return [s for s in spans.get_finished_spans() if s.name.startswith(prefix) and s.name != "gym.server.startup"]
 
 
 def _route(app: FastAPI, path: str):
@@ -310,3 +311,20 @@ def test_non_gym_apps_are_untouched(instrumented, spans):
     with serve(plain) as base:
         assert _post(base + "/verify", {"question": "q"})[0] == 200
     assert _named(spans) == []
+
+
+def test_a_request_the_sampler_dropped_gets_no_seam_span(instrumented, spans):
+    server = _resources()
+    app = server.setup_webserver()
+    instrument_app(app, server.config.name)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{}"
+    with serve(app) as base:
+        for flags in ("00", "01"):
+            request = urllib.request.Request(base + "/verify", data=json.dumps({"question": "q"}).encode(), method="POST")
+            request.add_header("Content-Type", "application/json")
+            request.add_header("traceparent", traceparent.format(flags))
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200
+    (seam,) = _named(spans)  # the sampled request's only
+    assert seam.name == "gym.verify" and format(seam.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert [s.kind for s in spans.get_finished_spans() if s.name != "gym.server.startup"].count(SpanKind.SERVER) == 1

@@ -50,3 +50,45 @@ def test_ratio_one_half_keeps_about_half_of_the_roots(monkeypatch):
             pass
     kept = len(exporter.get_finished_spans())
     assert 120 <= kept <= 280, kept  # Binomial(400, 0.5): outside is ~1e-16
+
+
+def _under(span_context, call):
+    from opentelemetry.trace import NonRecordingSpan
+
+    with trace.use_span(NonRecordingSpan(span_context)):
+        return call()
+
+
+def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sampler(monkeypatch):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from gym_autoinstr.pipeline import spans
+
+    unsampled = SpanContext(7, 9, is_remote=True, trace_flags=TraceFlags(0))
+    sampled = SpanContext(7, 9, is_remote=True, trace_flags=TraceFlags(1))
+    invalid = SpanContext(0, 0, is_remote=False)
+
+    class FakeTracer:
+        sampler = None
+
+    fake = FakeTracer()
+    monkeypatch.setattr(spans, "tracer", lambda: fake)
+    for sampler, follows in [
+        (sampling.JobKeepingSampler(ParentBased(TraceIdRatioBased(0.0))), True),
+        (ParentBased(ALWAYS_ON), True),
+        (ALWAYS_ON, False),  # not parent-based: a new decision at every hop
+        (TraceIdRatioBased(0.5), False),
+        (ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON), False),
+        (ParentBased(ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON), False),
+        (None, False),  # a tracer without a sampler (not the SDK's)
+    ]:
+        fake.sampler = sampler
+        expected = unsampled if follows else None
+        assert _under(unsampled, sampling.dropped_parent) == expected, sampler
+        assert sampling.dropped_parent(trace.set_span_in_context(trace.NonRecordingSpan(unsampled))) == expected
+        assert _under(sampled, sampling.dropped_parent) is None
+        assert _under(invalid, sampling.dropped_parent) is None
+    fake.sampler = ParentBased(ALWAYS_ON)
+    monkeypatch.setenv(sampling.FAST_PATH_ENV, "0")  # the switch, read when the sampler is checked
+    assert _under(unsampled, sampling.dropped_parent) is None
