@@ -62,7 +62,6 @@ def main() -> None:
 
     from opentelemetry import metrics as otel_metrics
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from gym_autoinstr.advice import egress, ray_tasks, routes
     from gym_autoinstr.pipeline import groups, metrics
@@ -89,9 +88,30 @@ def main() -> None:
     trace.set_tracer_provider(provider)
     from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
 
-    # as our configurator builds it (no exemplars unless OTEL_METRICS_EXEMPLAR_FILTER says so)
-    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()],
-                                                  exemplar_filter=AlwaysOffExemplarFilter()))
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
+
+    from gym_autoinstr.pipeline import histograms
+
+    class DiscardMetrics(MetricExporter):
+        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis=10_000):
+            return True
+
+        def shutdown(self, timeout_millis=30_000, **kwargs):
+            pass
+
+    # as our configurator builds it: no exemplars unless OTEL_METRICS_EXEMPLAR_FILTER says
+    # so, and the request histograms aggregated by histograms.py (GYM_AUTOINSTR_FAST_HISTOGRAMS=0:
+    # the SDK's)
+    exporter = DiscardMetrics()
+    if histograms.qualifies(exporter):
+        exporter = histograms.MergingExporter(exporter)
+    metric_reader = PeriodicExportingMetricReader(exporter, export_interval_millis=10**9)
+    meter_provider = MeterProvider(metric_readers=[metric_reader], exemplar_filter=AlwaysOffExemplarFilter())
+    otel_metrics.set_meter_provider(meter_provider)
+    histograms.bind(meter_provider, [metric_reader])
     metrics.activate()
 
     class Response:

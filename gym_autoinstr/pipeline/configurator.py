@@ -231,6 +231,10 @@ def metric_readers(who: "identity.ProcessIdentity | None" = None) -> list[Any]:
             warn_once(f"metrics-exporter-error:{name}", "metric exporter %r could not be created: %r", name, error)
             continue
         if exporter is not None:
+            from . import histograms
+
+            if histograms.qualifies(exporter):  # request histograms aggregated by us, merged at export
+                exporter = histograms.MergingExporter(exporter)
             readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
     return readers
 
@@ -253,9 +257,11 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
                 options["exemplar_filter"] = AlwaysOffExemplarFilter()
             except ImportError:
                 pass
-        metrics.set_meter_provider(
-            MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
-        )
+        from . import histograms
+
+        provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
+        metrics.set_meter_provider(provider)
+        histograms.bind(metrics.get_meter_provider(), readers)
         STATE["metrics"] = gym_metrics.activate()
         if STATE["metrics"]:
             runtime.start(who)

@@ -35,6 +35,7 @@ from opentelemetry import metrics
 
 from .._log import warn_once
 from ..version import __version__
+from . import histograms
 
 # True once `activate()` ran with a real meter provider: every recorder checks it first.
 LIVE = False
@@ -68,6 +69,16 @@ def meter() -> Any:
     return metrics.get_meter_provider().get_meter("gym_autoinstr", __version__)
 
 
+def _histogram(m: Any, provider: Any, name: str, unit: str, description: str, boundaries: Any) -> Any:
+    return histograms.histogram(m, provider, name, unit, description, boundaries)
+
+
+def histogram(name: str, unit: str, description: str, boundaries: Any) -> Any:
+    """A histogram of ours on the current meter provider: aggregated in ``histograms.py``
+    when the provider is the one our configurator built for it, else the SDK's."""
+    return _histogram(meter(), metrics.get_meter_provider(), name, unit, description, boundaries)
+
+
 def activate() -> bool:
     """Create the instruments on the current meter provider; ``LIVE`` if it is a real one."""
     global LIVE
@@ -78,39 +89,32 @@ def activate() -> bool:
     m = provider.get_meter("gym_autoinstr", __version__)
     with _lock:
         _instruments.clear()
-        _instruments["duration"] = m.create_histogram(
-            "http.server.request.duration", unit="s", description="Duration of HTTP server requests.",
-            explicit_bucket_boundaries_advisory=list(HTTP_BOUNDARIES_S),
-        )
+        _instruments["duration"] = _histogram(
+            m, provider, "http.server.request.duration", "s",
+            "Duration of HTTP server requests.", HTTP_BOUNDARIES_S)
         _instruments["servers"] = m.create_gauge(
             "gym.servers.active", unit="{server}", description="Gym servers up in this run (orchestrator)."
         )
-        _instruments["rollout"] = m.create_histogram(
-            "gym.rollout.duration_ms", unit="ms", description="Duration of one rollout (agent /run), failures included.",
-            explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS),
-        )
-        _instruments["verify"] = m.create_histogram(
-            "gym.verify.duration_ms", unit="ms", description="Duration of one verification (resources /verify).",
-            explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS),
-        )
-        _instruments["model"] = m.create_histogram(
-            "gym.model.call_duration_ms", unit="ms", description="Duration of one model-server dialect call.",
-            explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS),
-        )
-        _instruments["ttfb"] = m.create_histogram(
-            "gym.model.time_to_first_byte_ms", unit="ms", description="Time to the first response byte of one model-server call.",
-            explicit_bucket_boundaries_advisory=list(TTFB_BOUNDARIES_MS),
-        )
+        _instruments["rollout"] = _histogram(
+            m, provider, "gym.rollout.duration_ms", "ms",
+            "Duration of one rollout (agent /run), failures included.", DURATION_BOUNDARIES_MS)
+        _instruments["verify"] = _histogram(
+            m, provider, "gym.verify.duration_ms", "ms",
+            "Duration of one verification (resources /verify).", DURATION_BOUNDARIES_MS)
+        _instruments["model"] = _histogram(
+            m, provider, "gym.model.call_duration_ms", "ms",
+            "Duration of one model-server dialect call.", DURATION_BOUNDARIES_MS)
+        _instruments["ttfb"] = _histogram(
+            m, provider, "gym.model.time_to_first_byte_ms", "ms",
+            "Time to the first response byte of one model-server call.", TTFB_BOUNDARIES_MS)
         _instruments["sandbox.active"] = m.create_up_down_counter(
             "gym.sandbox.active", unit="{sandbox}", description="Sandboxes started and not yet stopped, by provider.")
-        _instruments["sandbox.start"] = m.create_histogram(
-            "gym.sandbox.startup_duration_ms", unit="ms", description="Duration of one sandbox start, failures included.",
-            explicit_bucket_boundaries_advisory=list(SANDBOX_BOUNDARIES_MS),
-        )
-        _instruments["sandbox.exec"] = m.create_histogram(
-            "gym.sandbox.exec_duration_ms", unit="ms", description="Duration of one command run in a sandbox, failures included.",
-            explicit_bucket_boundaries_advisory=list(SANDBOX_BOUNDARIES_MS),
-        )
+        _instruments["sandbox.start"] = _histogram(
+            m, provider, "gym.sandbox.startup_duration_ms", "ms",
+            "Duration of one sandbox start, failures included.", SANDBOX_BOUNDARIES_MS)
+        _instruments["sandbox.exec"] = _histogram(
+            m, provider, "gym.sandbox.exec_duration_ms", "ms",
+            "Duration of one command run in a sandbox, failures included.", SANDBOX_BOUNDARIES_MS)
         _sandbox_attributes.clear()
         m.create_observable_gauge(
             "gym.server.requests.in_flight", callbacks=[_observe_in_flight], unit="{request}",

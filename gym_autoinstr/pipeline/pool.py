@@ -176,11 +176,9 @@ def trace_config() -> Any:
     import aiohttp
 
     if _state["trace_config"] is None:
-        _state["histogram"] = metrics.meter().create_histogram(
-            "gym.http.connection_pool.queue_duration_ms", unit="ms",
-            description="Time one queued connection acquisition waited for an aiohttp pool slot.",
-            explicit_bucket_boundaries_advisory=list(BOUNDARIES_MS),
-        )
+        _state["histogram"] = metrics.histogram(
+            "gym.http.connection_pool.queue_duration_ms", "ms",
+            "Time one queued connection acquisition waited for an aiohttp pool slot.", BOUNDARIES_MS)
         meter = metrics.meter()
         _state["retries"] = meter.create_counter(
             "gym.http.retry_total", unit="{retry}", description="Outbound HTTP requests Gym sent again after a failed attempt, by reason.")

@@ -48,10 +48,8 @@ def start(who: Any = None) -> None:
     _state["started"] = True
     meter = metrics.meter()
     try:
-        _state["lag"] = meter.create_histogram(
-            "gym.event_loop.lag_ms", unit="ms", description="How late a sleeping coroutine woke on the event loop.",
-            explicit_bucket_boundaries_advisory=list(LAG_BOUNDARIES_MS),
-        )
+        _state["lag"] = metrics.histogram(
+            "gym.event_loop.lag_ms", "ms", "How late a sleeping coroutine woke on the event loop.", LAG_BOUNDARIES_MS)
         _start_gc(meter)
     except Exception as error:
         warn_once("runtime-metrics", "event-loop and GC metrics are off: %r", error)
@@ -94,10 +92,8 @@ async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:
 
 
 def _start_gc(meter: Any) -> None:
-    _state["pause"] = meter.create_histogram(
-        "gym.gc.pause_duration_ms", unit="ms", description="Duration of one garbage collection (the process is paused).",
-        explicit_bucket_boundaries_advisory=list(GC_BOUNDARIES_MS),
-    )
+    _state["pause"] = metrics.histogram(
+        "gym.gc.pause_duration_ms", "ms", "Duration of one garbage collection (the process is paused).", GC_BOUNDARIES_MS)
     started = [0.0]
     clock = time.perf_counter
     pauses = _pauses

@@ -1,0 +1,221 @@
+"""Histograms recorded on Gym's request path, aggregated here and exported with the SDK's.
+
+The SDK's ``Histogram.record`` re-validates the attributes, builds a measurement, hashes
+the attribute set, and walks the reader storages on every call: 7-9 µs of the request's
+thread, and a Gym server records one to three per request.  Our recorders always pass
+the same few pre-built attribute dicts with plain values, so that work buys nothing.
+
+When every metric reader of the provider our configurator built exports through a
+``MergingExporter`` (the configurator wraps each exporter it makes), ``histogram()``
+hands out a ``FastHistogram`` instead: ``record`` is a dict lookup, a ``bisect`` and
+four additions under a lock.  At each export the exporter takes a snapshot of every
+fast histogram and adds it to the SDK's batch as the SDK itself would write it (same
+name, unit, description, scope, bucket bounds, count, sum, min, max, cumulative start
+time), so every exporter (OTLP, the run directory, console) sees one batch.
+
+The SDK's reader calls its exporter only when its own batch has data; in our processes
+it always has (the runtime's GC counters, ``runtime.py``, are observed at every
+collection), so every collection carries the fast histograms too.
+
+The SDK's own instruments are used instead, unchanged, whenever that equivalence could
+not hold: a reader exports histograms as DELTA
+(``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``), exemplars are asked for
+(``OTEL_METRICS_EXEMPLAR_FILTER``), the meter provider is not ours (an embedder's), or
+``GYM_AUTOINSTR_FAST_HISTOGRAMS=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from bisect import bisect_left
+from typing import Any, Sequence
+
+from .._log import warn_once
+
+ENV = "GYM_AUTOINSTR_FAST_HISTOGRAMS"
+# The SDK's default cardinality limit: attribute sets beyond it share one overflow point.
+MAX_ATTRIBUTE_SETS = 2000
+_OVERFLOW = (("otel.metric.overflow", True),)
+_NO_ATTRIBUTES: frozenset = frozenset()
+
+_state: dict[str, Any] = {"provider": None, "histograms": [], "lock": threading.Lock()}
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _Point:
+    __slots__ = ("start", "count", "sum", "min", "max", "buckets")
+
+    def __init__(self, size: int) -> None:
+        self.start = time.time_ns()
+        self.count = 0
+        self.sum = 0.0
+        self.min = float("inf")
+        self.max = float("-inf")
+        self.buckets = [0] * size
+
+
+class FastHistogram:
+    """An explicit-bucket histogram with the SDK's semantics for one instrument."""
+
+    def __init__(self, name: str, unit: str, description: str, boundaries: Sequence[float]) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.boundaries = tuple(float(b) for b in boundaries)
+        self._points: dict[Any, _Point] = {}
+        self._lock = threading.Lock()
+
+    def record(self, amount: float, attributes: "dict | None" = None, context: Any = None) -> None:
+        if amount < 0:  # the SDK drops them too
+            warn_once(f"histogram-negative:{self.name}", "%s: negative value dropped", self.name)
+            return
+        try:
+            key = frozenset(attributes.items()) if attributes else _NO_ATTRIBUTES
+        except TypeError:  # a list value: not one of ours
+            warn_once(f"histogram-attributes:{self.name}", "%s: unhashable attributes, value dropped", self.name)
+            return
+        with self._lock:
+            point = self._points.get(key)
+            if point is None:
+                if len(self._points) >= MAX_ATTRIBUTE_SETS:
+                    key = frozenset(_OVERFLOW)
+                    point = self._points.get(key)
+                if point is None:
+                    point = self._points[key] = _Point(len(self.boundaries) + 1)
+            point.count += 1
+            point.sum += amount
+            if amount < point.min:
+                point.min = amount
+            if amount > point.max:
+                point.max = amount
+            point.buckets[bisect_left(self.boundaries, amount)] += 1
+
+    def metric(self, now: int) -> Any:
+        """This instrument's cumulative data as an SDK ``Metric`` (None before any record)."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
+
+        with self._lock:
+            snapshot = [(dict(key), p.start, p.count, p.sum, p.min, p.max, list(p.buckets)) for key, p in self._points.items()]
+        if not snapshot:
+            return None
+        # (SDKs before exemplars have no such field)
+        extra = {"exemplars": []} if "exemplars" in getattr(HistogramDataPoint, "__dataclass_fields__", ()) else {}
+        points = [
+            HistogramDataPoint(attributes=attributes, start_time_unix_nano=start, time_unix_nano=now, count=count,
+                               sum=total, bucket_counts=buckets, explicit_bounds=self.boundaries, min=low, max=high,
+                               **extra)
+            for attributes, start, count, total, low, high, buckets in snapshot
+        ]
+        return Metric(name=self.name, description=self.description, unit=self.unit,
+                      data=Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE))
+
+
+def active(provider: Any) -> bool:
+    """Fast histograms serve ``provider`` (bound by the configurator when it qualifies)."""
+    return provider is not None and provider is _state["provider"]
+
+
+def histogram(meter: Any, provider: Any, name: str, unit: str, description: str, boundaries: Sequence[float]) -> Any:
+    """A fast histogram when ``provider`` is the one bound here, else the SDK's."""
+    if active(provider):
+        with _state["lock"]:
+            for existing in _state["histograms"]:
+                if existing.name == name:
+                    return existing
+            made = FastHistogram(name, unit, description, boundaries)
+            _state["histograms"].append(made)
+            return made
+    return meter.create_histogram(name, unit=unit, description=description,
+                                  explicit_bucket_boundaries_advisory=list(boundaries))
+
+
+def qualifies(exporter: Any) -> bool:
+    """``exporter`` takes histograms as the fast ones write them: cumulative, explicit
+    buckets (the SDK's default aggregation), and no exemplars were asked for."""
+    from opentelemetry.sdk.metrics import Histogram
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
+
+    if not enabled_by_env() or os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "").strip():
+        return False
+    temporality = (getattr(exporter, "_preferred_temporality", None) or {}).get(Histogram)
+    aggregation = (getattr(exporter, "_preferred_aggregation", None) or {}).get(Histogram)
+    explicit = type(aggregation) is ExplicitBucketHistogramAggregation and (
+        getattr(aggregation, "_boundaries", 0) is None and getattr(aggregation, "_record_min_max", False) is True)
+    return temporality in (None, AggregationTemporality.CUMULATIVE) and (
+        aggregation is None or type(aggregation) is DefaultAggregation or explicit)
+
+
+def bind(provider: Any, readers: Sequence[Any]) -> bool:
+    """Serve ``provider`` with fast histograms if every reader exports through a
+    ``MergingExporter``; returns whether it does."""
+    ok = bool(readers) and all(isinstance(getattr(r, "_exporter", None), MergingExporter) for r in readers)
+    with _state["lock"]:
+        _state["provider"] = provider if ok else None
+        _state["histograms"] = []
+    return ok
+
+
+def unbind() -> None:
+    with _state["lock"]:
+        _state["provider"] = None
+        _state["histograms"] = []
+
+
+def _merged(metrics_data: Any) -> Any:
+    """``metrics_data`` with the fast histograms added to the ``gym_autoinstr`` scope."""
+    from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from ..version import __version__
+
+    now = time.time_ns()
+    extra = [m for m in (h.metric(now) for h in list(_state["histograms"])) if m is not None]
+    if not extra or not metrics_data.resource_metrics:
+        return metrics_data
+    first, *rest = metrics_data.resource_metrics
+    scopes = list(first.scope_metrics)
+    for i, scope_metrics in enumerate(scopes):
+        if scope_metrics.scope.name == "gym_autoinstr":
+            scopes[i] = ScopeMetrics(scope=scope_metrics.scope, metrics=[*scope_metrics.metrics, *extra],
+                                     schema_url=scope_metrics.schema_url)
+            break
+    else:
+        scopes.append(ScopeMetrics(scope=InstrumentationScope("gym_autoinstr", __version__), metrics=extra,
+                                   schema_url=""))
+    merged = ResourceMetrics(resource=first.resource, scope_metrics=scopes, schema_url=first.schema_url)
+    return MetricsData(resource_metrics=[merged, *rest])
+
+
+def _base() -> type:
+    from opentelemetry.sdk.metrics.export import MetricExporter
+
+    return MetricExporter
+
+
+class MergingExporter(_base()):
+    """Passes each batch to ``inner`` with the fast histograms' data added."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                         preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+        self.inner = inner
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        try:
+            if _state["histograms"]:
+                metrics_data = _merged(metrics_data)
+        except Exception as error:
+            warn_once("histograms-merge", "request histograms left out of this export: %r", error)
+        return self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
