@@ -190,6 +190,27 @@ POINTCUTS: tuple[Pointcut, ...] = (
         optional=True,
     ),
     Pointcut(
+        name="sandbox.create_retry.opensandbox",
+        module="nemo_gym.sandbox.providers.opensandbox.provider",
+        attribute="_log_create_retry",
+        advice=sandbox.create_retry_advice,
+        versions="0.4.0+",
+        group=None,  # metrics only
+        purpose="metrics: gym.sandbox.create_retry_total, one per create attempt the provider retries "
+        "(tenacity's before_sleep, looked up in the module at each create)",
+        optional=True,
+    ),
+    Pointcut(
+        name="sandbox.create_retry.daytona",
+        module="nemo_gym.sandbox.providers.daytona.provider",
+        attribute="_log_create_retry",
+        advice=sandbox.create_retry_advice,
+        versions="0.5.0+",
+        group=None,  # metrics only
+        purpose="metrics: gym.sandbox.create_retry_total, one per create attempt the provider retries",
+        optional=True,
+    ),
+    Pointcut(
         name="ray.task",
         module="ray.remote_function",
         attribute="RemoteFunction._remote",

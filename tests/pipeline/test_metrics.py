@@ -353,3 +353,36 @@ def test_sandbox_active_start_and_exec_durations_by_provider(instrumented, reade
     assert by_provider("gym.sandbox.active") == 0  # started once, stopped once
     (metric, _), *_ = points(reader, "gym.sandbox.exec_duration_ms")
     assert metric.unit == "ms"
+
+
+def test_sandbox_create_retries_counted_by_provider_and_not_where_gym_records_them(instrumented, reader):
+    """Gym's real OpenSandbox provider module's ``_log_create_retry`` (tenacity's
+    ``before_sleep``; driven by a real retry loop in ``test_realgym_sandbox.py``): one count
+    per call, by provider; none of the sandbox metrics where Gym's own telemetry is live."""
+    from types import SimpleNamespace
+
+    from gym_autoinstr.advice import coexistence
+    from nemo_gym.sandbox.providers.opensandbox import provider as opensandbox
+    from tests.advice.test_sandbox import _session
+
+    def count(name: str, provider: str) -> int:
+        return sum(getattr(p, "count", None) if hasattr(p, "count") else p.value
+                   for _, p in points(reader, name) if dict(p.attributes) == {"nemo.gym.sandbox.provider": provider})
+
+    retry_state = SimpleNamespace(outcome=None, next_action=None, attempt_number=1)  # tenacity's RetryCallState fields read
+    before = count("gym.sandbox.create_retry_total", "opensandbox")
+    opensandbox._log_create_retry(retry_state)
+    opensandbox._log_create_retry(retry_state)
+    assert count("gym.sandbox.create_retry_total", "opensandbox") - before == 2
+    (metric, _), *_ = points(reader, "gym.sandbox.create_retry_total")
+    assert metric.unit == "{retry}"
+
+    starts = count("gym.sandbox.startup_duration_ms", "local-process")
+    coexistence.set_native_live_for_tests(True)
+    try:
+        opensandbox._log_create_retry(retry_state)
+        run_async(_session())
+    finally:
+        coexistence.set_native_live_for_tests(False)
+    assert count("gym.sandbox.create_retry_total", "opensandbox") - before == 2
+    assert count("gym.sandbox.startup_duration_ms", "local-process") == starts
