@@ -80,6 +80,16 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="SERVER-span middleware on the app before it starts; flush when serving ends",
     ),
     Pointcut(
+        name="ingress.limits",
+        module="nemo_gym.server_utils",
+        attribute="SimpleServer.set_ulimit",
+        advice=ingress.server_limits_advice,
+        versions="0.2.0+",
+        group=None,  # metrics only
+        purpose="metrics: observe the asyncio semaphores of the Gym server run_webserver built, where it serves "
+        "(the single process, or each uvicorn worker)",
+    ),
+    Pointcut(
         name="ingress.head_server",
         module="nemo_gym.server_utils",
         attribute="HeadServer.setup_webserver",
