@@ -188,6 +188,7 @@ class _ExamplesJob:
         self.state = state
         self.context = trace.set_span_in_context(state.span)
         self.pending: set[object] = set()
+        self.generator_ref: Any = None
         self.exhausted = False
         self.ended = False
 
@@ -231,7 +232,8 @@ class _ExamplesJob:
 
     def iterate(self, iterator: Any) -> Iterator[Any]:
         generator = self._iterate(iterator)
-        weakref.finalize(generator, self.done_iterating)  # dropped, even before its first next
+        # dropped, even before its first next (a generator never started runs no finally)
+        self.generator_ref = weakref.ref(generator, lambda _ref: self.done_iterating())
         return generator
 
     def _iterate(self, iterator: Any) -> Iterator[Any]:
@@ -260,11 +262,12 @@ class _ExamplesJob:
     def _awaited_in_job(self, item: Any) -> Any:
         if not hasattr(item, "__await__"):
             return item
-        key = object()
-        self.pending.add(key)
         if asyncio.isfuture(item):  # already running in a task of its own: keep the object
+            key = object()
+            self.pending.add(key)
             item.add_done_callback(lambda _future: self.settle(key))
             return item
+        ref: list[Any] = []
 
         async def in_job() -> Any:
             token = self.enter()
@@ -272,10 +275,13 @@ class _ExamplesJob:
                 return await item
             finally:
                 self.leave(token)
-                self.settle(key)
+                self.settle(ref[0])
 
         coroutine = in_job()
-        weakref.finalize(coroutine, self.settle, key)  # dropped unawaited
+        # the pending entry is a weak reference whose callback settles it if the coroutine
+        # is dropped unawaited (a coroutine never started runs no finally)
+        ref.append(weakref.ref(coroutine, self.settle))
+        self.pending.add(ref[0])
         return coroutine
 
 
