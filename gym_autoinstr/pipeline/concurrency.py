@@ -63,7 +63,10 @@ WAIT_BOUNDARIES_MS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5
 _sites: list[tuple[Any, dict[str, str], list[int]]] = []
 # (weak server, server name): looked at again at every collection
 _servers: list[tuple[Any, str]] = []
+# Guards _sites and _servers; held only around our own bookkeeping, never around a call
+# into the SDK (a collection calls our gauges with the SDK's lock held, and they take this).
 _lock = threading.Lock()
+_start_lock = threading.Lock()
 _state: dict[str, Any] = {"histogram": None, "rescanned": 0.0}
 _subclasses: dict[type, type] = {}
 _ATTRIBUTES = "_gym_autoinstr_concurrency"
@@ -221,8 +224,9 @@ def watch_server(server: Any, server_name: str) -> int:
     if not metrics.LIVE:
         return 0
     try:
-        with _lock:
+        with _start_lock:  # never under _lock: the SDK calls our gauges under a lock of its own
             _start()  # the gauges exist from now on: their collections look at the server again
+        with _lock:
             if not any(ref() is server for ref, _ in _servers):
                 _servers.append((_reference(server), server_name))
         return _observe(server, server_name)
