@@ -18,6 +18,10 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   around their limited work, bare and once ``pipeline/concurrency.py`` observes it
   (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
   base path after one ``locked()`` test);
+* job rollout: one rollout awaitable of ``run_examples`` (a coroutine that returns at
+  once) awaited bare, and as the ``job.examples`` advice yields it (``on``: wrapped to be
+  awaited inside the job, tracked until settled or dropped); once per rollout, in the
+  orchestrator;
 * ray submit: a method of ``RemoteFunction._remote``'s shape, called as ``.remote()``
   calls it (``self._remote(args=..., kwargs=..., **options)``), unwrapped and wrapped as
   the ``ray.task`` pointcut wraps it with the ``ray`` group off (what a ``.remote()``
@@ -191,6 +195,17 @@ def main() -> None:
         _drive(semaphore.acquire())
         semaphore.release()
 
+    # -- job rollout (advice/job.py) --
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
+
+    from gym_autoinstr.advice import job
+
+    examples_job = job._ExamplesJob(job.JobState(span=NonRecordingSpan(INVALID_SPAN_CONTEXT), job_id="bench",
+                                                 reroot=False))
+
+    async def one_rollout():
+        return None
+
     url = "http://127.0.0.1:8000/verify"
     cases = {
         "request": {
@@ -217,6 +232,10 @@ def main() -> None:
         "semaphore": {
             "unwrapped": lambda: acquire_release(bare_semaphore),
             "off+metrics": lambda: acquire_release(observed_semaphore),
+        },
+        "job_rollout": {
+            "unwrapped": lambda: _drive(one_rollout()),
+            "on": lambda: _drive(examples_job._awaited_in_job(one_rollout())),
         },
         "ray_submit": {
             "unwrapped": lambda: plain_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),

@@ -466,7 +466,8 @@ def report(results: dict) -> str:
         lines.append("| site | unwrapped | group off | group on | group off, metrics on | group on, metrics on |")
         lines.append("|---|---|---|---|---|---|")
         names = {"request": "egress: wrapped `request`", "handler": "route seam: wrapped handler",
-                 "ingress": "ingress: ASGI middleware", "semaphore": "Gym semaphore: free acquire + release"}
+                 "ingress": "ingress: ASGI middleware", "semaphore": "Gym semaphore: free acquire + release",
+                 "job_rollout": "run_examples job: one rollout awaitable"}
         for site, row in micro["sites"].items():
             cells = [f"{row['unwrapped']['ns_min']:.0f}"]
             for variant in ("off", "on", "off+metrics", "on+metrics"):

@@ -80,6 +80,16 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="SERVER-span middleware on the app before it starts; flush when serving ends",
     ),
     Pointcut(
+        name="ingress.limits",
+        module="nemo_gym.server_utils",
+        attribute="SimpleServer.set_ulimit",
+        advice=ingress.server_limits_advice,
+        versions="0.2.0+",
+        group=None,  # metrics only
+        purpose="metrics: observe the asyncio semaphores of the Gym server run_webserver built, where it serves "
+        "(the single process, or each uvicorn worker)",
+    ),
+    Pointcut(
         name="ingress.head_server",
         module="nemo_gym.server_utils",
         attribute="HeadServer.setup_webserver",
@@ -187,6 +197,27 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.4.0+",
         group=groups.SANDBOX,
         purpose="gym.sandbox.stop of a running sandbox",
+        optional=True,
+    ),
+    Pointcut(
+        name="sandbox.create_retry.opensandbox",
+        module="nemo_gym.sandbox.providers.opensandbox.provider",
+        attribute="_log_create_retry",
+        advice=sandbox.create_retry_advice,
+        versions="0.4.0+",
+        group=None,  # metrics only
+        purpose="metrics: gym.sandbox.create_retry_total, one per create attempt the provider retries "
+        "(tenacity's before_sleep, looked up in the module at each create)",
+        optional=True,
+    ),
+    Pointcut(
+        name="sandbox.create_retry.daytona",
+        module="nemo_gym.sandbox.providers.daytona.provider",
+        attribute="_log_create_retry",
+        advice=sandbox.create_retry_advice,
+        versions="0.5.0+",
+        group=None,  # metrics only
+        purpose="metrics: gym.sandbox.create_retry_total, one per create attempt the provider retries",
         optional=True,
     ),
     Pointcut(

@@ -119,11 +119,14 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
     """``num_workers: 2`` on Gym 0.7's relay (the one example server that supports
     workers): the main process serves nothing; each worker re-imports the entrypoint and
     re-enters run_webserver.  With a long batch delay, only the workers' own exit flush
-    can deliver their spans."""
+    can deliver their spans.  The relay's admission limit (``max_concurrent_episodes``,
+    an asyncio semaphore each worker's server makes) is observed in each worker, not in
+    the idle main process."""
     version = "0.7.0"
-    env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
+    env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_METRIC_EXPORT_INTERVAL="500")
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                   env=env, extra_config={ENVIRONMENT: {"num_workers": 2}})
+                   env=env, extra_config={ENVIRONMENT: {"num_workers": 2, "max_concurrent_episodes": 2,
+                                                        "queue_timeout_seconds": 60}})
     with trio:
         relay_processes = trio.all_server_processes()[ENVIRONMENT]
         results = trio.rollouts(12, concurrency=6)
@@ -143,6 +146,17 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
         parent = by_id[span["parent_span_id"]]
         assert parent["kind"] == "CLIENT" and service_of(parent) == relay
         assert by_id[parent["parent_span_id"]] in runs
+    # the admission limit, from both workers (two processes, never a third: the main one)
+    points = [p for p in metric_points(collector.sink) if p["service"] == relay]
+    site = {"nemo.gym.concurrency.site": "LegacyAgentEnvironmentServer._admission", "nemo.gym.server.name": ENVIRONMENT}
+    limits = [p for p in points if p["name"] == "gym.concurrency.limit" and p["attributes"] == site]
+    assert {p["value"] for p in limits} == {2}, sorted({p["name"] for p in points})
+    assert len({p["instance"] for p in limits}) == 2
+    assert {s["resource"]["service.instance.id"] for s in runs} <= {p["instance"] for p in limits}
+    for instance in {p["instance"] for p in limits}:  # each worker's last reading: nothing held
+        last = max((p for p in points if p["name"] == "gym.concurrency.active" and p["instance"] == instance),
+                   key=lambda p: p["time"])
+        assert last["value"] == 0
 
 
 def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, policy_model):

@@ -49,6 +49,11 @@ def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
         merged = dict(headers)
         merged.update(carrier)
         return merged
+    if isinstance(headers, (list, tuple)):  # (name, value) pairs: httpx's multi_items(), as 0.7's sandbox transport sends
+        names = {key.lower() for key in carrier}
+        pairs = [pair for pair in headers if str(pair[0]).lower() not in names]
+        pairs.extend(carrier.items())
+        return pairs
     copy = getattr(headers, "copy", None)
     if callable(copy):  # multidict.CIMultiDict and friends
         merged = copy()

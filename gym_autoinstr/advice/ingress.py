@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextvars
 import os
-import sys
 import time
 from typing import Any
 
@@ -377,7 +376,6 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     if not _in_run_webserver.get():
         return wrapped(*args, **kwargs)
     app = kwargs.get("app", args[0] if args else None)
-    _watch_concurrency_limits()
     if app is not None and not isinstance(app, str):
         try:
             instrument_app(app, os.environ.get("NEMO_GYM_CONFIG_PATH", ""))
@@ -389,24 +387,27 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
         flush(reason="uvicorn exit")
 
 
-def _watch_concurrency_limits() -> None:
-    """The Gym server ``run_webserver`` built (its local ``server``, two frames up): observe
-    its semaphores (``pipeline/concurrency.py``) before it serves."""
-    if not metrics.LIVE:
-        return
-    try:
-        frame = sys._getframe(2)
-        for _ in range(6):
-            if frame is None:
-                return
-            if frame.f_code.co_name == "run_webserver":
-                server = frame.f_locals.get("server")
-                if server is not None:
-                    concurrency.watch_server(server, os.environ.get("NEMO_GYM_CONFIG_PATH", "") or type(server).__name__)
-                return
-            frame = frame.f_back
-    except Exception as error:
-        warn_once("ingress-concurrency", "Gym's concurrency limits are not observed: %r", error)
+def server_limits_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """After ``SimpleServer.set_ulimit``, which ``run_webserver`` calls on the server it
+    built, before serving, in every release and in every uvicorn worker: observe the
+    server's semaphores (``pipeline/concurrency.py``) where it will serve."""
+    result = wrapped(*args, **kwargs)
+    if metrics.LIVE:
+        try:
+            if _serves_here(instance):
+                concurrency.watch_server(instance, os.environ.get("NEMO_GYM_CONFIG_PATH", "") or type(instance).__name__)
+        except Exception as error:
+            warn_once("ingress-concurrency", "Gym's concurrency limits are not observed: %r", error)
+    return result
+
+
+def _serves_here(server: Any) -> bool:
+    """False in the main process of a ``num_workers > 1`` server: it only supervises the
+    uvicorn workers, each of which builds (and watches) a server of its own."""
+    workers = getattr(getattr(server, "config", None), "num_workers", None)
+    if not isinstance(workers, int) or workers <= 1:
+        return True
+    return os.environ.get("IS_NEMO_GYM_FASTAPI_WORKER") == "1"  # Gym's worker flag (0.2.0+)
 
 
 def head_server_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -34,8 +34,10 @@ always nests), so only ours is read.  ``gym.job`` ends with the counts it saw:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
+import weakref
 from dataclasses import dataclass, field
 import contextvars
 from typing import Any, Iterator
@@ -171,13 +173,22 @@ class _ExamplesJob:
     awaitables whose rollout tasks start later: 0.4.0 inside the call, 0.7.0 at the first
     ``next`` (or, with ``max_resident_tasks``, when the first awaitable is awaited).  So the
     job is current inside the call, around every ``next`` and around every await of an
-    awaitable it yielded; it ends when the iterator is exhausted (or closed, or collected)
-    and every awaitable it yielded has finished."""
+    awaitable it yielded.
+
+    It ends once the iterator is done with and every awaitable it yielded is settled.
+    Done with: exhausted, raised (the job is marked ERROR with the exception's type),
+    closed (Gym's iterator is closed too, where it can be), or dropped, even unstarted
+    (a finalizer notices).  Settled: a coroutine awaited to its end (or its error or
+    cancellation), or dropped unawaited (a finalizer); a future or task is passed through
+    unchanged and settles when it is done.  Several jobs may be open at once, each with
+    its own state; the job's context is attached and detached within one step of the
+    caller, so jobs never see each other's."""
 
     def __init__(self, state: JobState) -> None:
         self.state = state
         self.context = trace.set_span_in_context(state.span)
-        self.outstanding = 0
+        self.pending: set[object] = set()
+        self.generator_ref: Any = None
         self.exhausted = False
         self.ended = False
 
@@ -196,19 +207,36 @@ class _ExamplesJob:
         if self.ended:
             return
         self.ended = True
-        _record_counts(self.state)
-        self.state.span.end()
-        # A Ray actor may be killed without an exit flush: the batch leaves now, and
-        # nothing waits for it.
-        from ..pipeline.flush import request_flush
+        try:
+            _record_counts(self.state)
+            self.state.span.end()
+            # A Ray actor may be killed without an exit flush: the batch leaves now, and
+            # nothing waits for it.
+            from ..pipeline.flush import request_flush
 
-        request_flush()
+            request_flush()
+        except Exception as error:  # also runs from finalizers: never raise there
+            warn_once("job:end", "gym.job not ended cleanly: %r", error)
 
     def _maybe_end(self) -> None:
-        if self.exhausted and self.outstanding <= 0:
+        if self.exhausted and not self.pending:
             self.end()
 
+    def done_iterating(self) -> None:
+        self.exhausted = True
+        self._maybe_end()
+
+    def settle(self, key: object) -> None:
+        self.pending.discard(key)
+        self._maybe_end()
+
     def iterate(self, iterator: Any) -> Iterator[Any]:
+        generator = self._iterate(iterator)
+        # dropped, even before its first next (a generator never started runs no finally)
+        self.generator_ref = weakref.ref(generator, lambda _ref: self.done_iterating())
+        return generator
+
+    def _iterate(self, iterator: Any) -> Iterator[Any]:
         try:
             while True:
                 token = self.enter()
@@ -216,17 +244,30 @@ class _ExamplesJob:
                     item = next(iterator)
                 except StopIteration:
                     return
+                except Exception as error:
+                    mark_error(self.state.span, error)
+                    raise
                 finally:
                     self.leave(token)
                 yield self._awaited_in_job(item)
         finally:
-            self.exhausted = True
-            self._maybe_end()
+            close = getattr(iterator, "close", None)  # closed early: Gym's generator closes too
+            if callable(close):
+                try:
+                    close()
+                except Exception as error:
+                    warn_once("job:close", "closing run_examples' iterator raised %r", error)
+            self.done_iterating()
 
     def _awaited_in_job(self, item: Any) -> Any:
         if not hasattr(item, "__await__"):
             return item
-        self.outstanding += 1
+        if asyncio.isfuture(item):  # already running in a task of its own: keep the object
+            key = object()
+            self.pending.add(key)
+            item.add_done_callback(lambda _future: self.settle(key))
+            return item
+        ref: list[Any] = []
 
         async def in_job() -> Any:
             token = self.enter()
@@ -234,10 +275,14 @@ class _ExamplesJob:
                 return await item
             finally:
                 self.leave(token)
-                self.outstanding -= 1
-                self._maybe_end()
+                self.settle(ref[0])
 
-        return in_job()
+        coroutine = in_job()
+        # the pending entry is a weak reference whose callback settles it if the coroutine
+        # is dropped unawaited (a coroutine never started runs no finally)
+        ref.append(weakref.ref(coroutine, self.settle))
+        self.pending.add(ref[0])
+        return coroutine
 
 
 def _record_counts(state: JobState) -> None:

@@ -11,9 +11,21 @@ content, and cwd, env, stdout and stderr can hold anything: none of them is ever
 Metrics (whatever the span groups, when metrics are live): ``gym.sandbox.active``
 (up-down counter: +1 when a start succeeds, -1 when a running sandbox is stopped),
 ``gym.sandbox.startup_duration_ms`` and ``gym.sandbox.exec_duration_ms`` (histograms,
-failures included), all by ``nemo.gym.sandbox.provider``.  Gym's
-``gym.sandbox.create_retry_total`` is not recorded: each provider retries its creates in
-its own private loop, behind ``provider.create``, with no common seam to count them at.
+failures included), and ``gym.sandbox.create_retry_total`` (counter), all by
+``nemo.gym.sandbox.provider``.
+
+Create retries.  The providers that retry their creates (opensandbox from 0.4.0, daytona
+from 0.5.0) do it with tenacity, passing their module-level ``_log_create_retry`` as
+``before_sleep``: it runs once per failed attempt that will be tried again.  The retry
+policy is built inside ``create`` on every call, so the name is looked up in the
+provider's module at that moment and a patch of the module attribute is seen (no name
+copies to chase).  The provider is the module's package name, as Gym's own call site in
+0.7.0 spells it (``opensandbox``, ``daytona``).
+
+Gym 0.7.0 records every one of these metrics itself through ``nemo_gym.telemetry`` (inert
+without a working nemo-lens).  Where Gym's own telemetry is live
+(``coexistence.native_telemetry_live``) we record none of them, so nothing is counted
+twice; Gym then records them under its own sandbox span-group switch.
 """
 
 from __future__ import annotations
@@ -48,6 +60,10 @@ def _sandbox_id(sandbox: Any) -> "str | None":
 
 def _enabled() -> bool:
     return groups.SANDBOX in groups.ENABLED and not coexistence.native_telemetry_live()
+
+
+def _metrics_live() -> bool:
+    return metrics.LIVE and not coexistence.native_telemetry_live()
 
 
 def _open(name: str, sandbox: Any) -> "trace.Span | None":
@@ -85,7 +101,7 @@ async def _measured(kind: str, sandbox: Any, call: Any) -> Any:
 
 
 async def start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if metrics.LIVE:
+    if _metrics_live():
         return await _measured("start", instance, lambda: _start(wrapped, instance, args, kwargs))
     return await _start(wrapped, instance, args, kwargs)
 
@@ -103,7 +119,7 @@ async def _start(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 async def exec_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if metrics.LIVE:
+    if _metrics_live():
         return await _measured("exec", instance, lambda: _exec(wrapped, instance, args, kwargs))
     return await _exec(wrapped, instance, args, kwargs)
 
@@ -126,7 +142,7 @@ async def _exec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 async def stop_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     # Only a stop that closes a running sandbox is work worth a span.
     running = getattr(instance, "_handle", None) is not None and not getattr(instance, "_stopped", True)
-    if running and metrics.LIVE:
+    if running and _metrics_live():
         try:
             metrics.record_sandbox("stop", _provider_name(instance), 0.0, True)
         except Exception as error:
@@ -134,3 +150,26 @@ async def stop_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
     if not running or not _enabled():
         return await wrapped(*args, **kwargs)
     return await _traced("gym.sandbox.stop", instance, lambda: wrapped(*args, **kwargs))
+
+
+_PROVIDERS_PACKAGE = "nemo_gym.sandbox.providers."
+
+
+def _retrying_provider(wrapped: Any) -> str:
+    """``opensandbox`` for ``nemo_gym.sandbox.providers.opensandbox.provider``."""
+    module = getattr(wrapped, "__module__", None) or ""
+    if module.startswith(_PROVIDERS_PACKAGE):
+        return module[len(_PROVIDERS_PACKAGE):].split(".", 1)[0]
+    return module.rsplit(".", 1)[-1] or "unknown"
+
+
+def create_retry_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Around a provider's ``_log_create_retry`` (tenacity's ``before_sleep``): Gym logs the
+    retry, then one ``gym.sandbox.create_retry_total`` by provider."""
+    result = wrapped(*args, **kwargs)
+    if _metrics_live():
+        try:
+            metrics.record_sandbox_create_retry(_retrying_provider(wrapped))
+        except Exception as error:
+            warn_once("sandbox-metrics:create_retry", "sandbox create retry not counted: %r", error)
+    return result

@@ -1,31 +1,50 @@
 """The concurrency limits Gym's servers enforce with asyncio semaphores, by site.
 
-Gym's servers cap their own work with ``asyncio.Semaphore`` objects they create at
-construction and keep on the server (the model server's ``max_concurrent_requests``,
-0.7's environment ``max_concurrent_episodes``, the verifiers' ``num_processes``, the
-agents' ``concurrency``, ...).  When a server starts serving (``run_webserver``), the
-semaphores on it (attributes and pydantic private attributes, one level deep) are found
-once and observed from then on; a site is ``<server class>.<attribute>``.
+Gym's servers cap their own work with ``asyncio.Semaphore`` objects they keep on the
+server (the model server's ``max_concurrent_requests``, 0.7's environment
+``max_concurrent_episodes``, the verifiers' ``num_processes``, the agents'
+``concurrency``, ...).  A server is watched from the moment it is about to serve: in
+``run_webserver`` of every process that serves (the single process, or each uvicorn
+worker of a ``num_workers > 1`` server; not the main process of such a server, which
+only supervises; ``advice/ingress.py``).  Its semaphores (attributes and pydantic
+private attributes, one level deep; ``BoundedSemaphore`` and subclasses included) are
+observed from then on, and the server is looked at again at every metrics collection,
+so a semaphore it makes or replaces later is observed from the next collection (a
+replacement takes over its site).  A site is ``<server class>.<attribute>``.
 
 * ``gym.concurrency.limit``, ``.active`` (held), ``.available`` and ``.queue_depth``
   (waiting): observable gauges by ``nemo.gym.concurrency.site`` and
   ``nemo.gym.server.name``, read off the semaphore at collection time;
 * ``gym.concurrency.queue_wait_duration_ms`` (histogram): how long one acquisition waited,
-  recorded only for acquisitions that had to wait.
+  recorded only for acquisitions that had to wait (also when cancelled or timed out while
+  waiting: that time was spent queued).
 
 To time waits without a cost on the free path, each found semaphore's class is swapped
 for a subclass whose ``acquire`` tests for a free slot and no waiters and then returns
-the base class's own coroutine; only a waiting acquisition goes through a timing coroutine.
-``isinstance`` still holds, nothing else changes; ``restore()`` swaps the classes back.
-A free acquire-and-release costs about 0.3 us more than on a bare semaphore (``semaphore``
-in ``benchmarks/micro.py``), beside work a Gym limit guards that takes milliseconds.
-The limit is the semaphore's value when found (the server has not served a request yet).
-Semaphores made later, or kept deeper than the server's own attributes, are not seen.
+the base class's own coroutine; only an acquisition that finds the semaphore locked
+goes through a timing coroutine.  ``isinstance``, ``locked()``, ``release()``, the
+semaphore's loop binding and ``asyncio.iscoroutinefunction(acquire)`` are unchanged; a
+copy or a pickle of it is a plain semaphore of the original class (nothing of ours
+travels); ``restore()`` swaps the classes back.  A free acquire-and-release costs about
+0.3 us more than on a bare semaphore (``semaphore`` in ``benchmarks/micro.py``), beside
+work a Gym limit guards that takes milliseconds.  The re-reading of a server's
+attributes happens at collection time (every export interval), never per request.
+
+The limit: a ``BoundedSemaphore``'s bound; for a plain ``Semaphore`` (which does not
+keep its initial value) the free slots when it was found, raised to the most free slots
+seen at any later collection.  A server is found before it serves, so its limits are
+exact; a semaphore made later may be found in use, and then its limit shows low until
+a collection sees it idle.  Not observed: semaphores kept deeper than the server's own
+attributes (in a dict, a list, a helper object such as a sandbox provider), local
+variables (Gym's collection driver's ``num_samples_in_parallel``), semaphores of objects
+that are not a Gym server about to serve, and ``threading.Semaphore``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copyreg
+import inspect
 import threading
 import time
 import weakref
@@ -40,12 +59,19 @@ SITE = "nemo.gym.concurrency.site"
 WAIT_BOUNDARIES_MS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
                       300_000, 1_800_000)
 
-# (weak semaphore, attributes, limit)
-_sites: list[tuple[Any, dict[str, str], int]] = []
+# (weak semaphore, attributes, [limit]); the limit cell can rise at collection time.
+_sites: list[tuple[Any, dict[str, str], list[int]]] = []
+# (weak server, server name): looked at again at every collection
+_servers: list[tuple[Any, str]] = []
+# Guards _sites and _servers; held only around our own bookkeeping, never around a call
+# into the SDK (a collection calls our gauges with the SDK's lock held, and they take this).
 _lock = threading.Lock()
-_state: dict[str, Any] = {"histogram": None}
+_start_lock = threading.Lock()
+_state: dict[str, Any] = {"histogram": None, "rescanned": 0.0}
 _subclasses: dict[type, type] = {}
 _ATTRIBUTES = "_gym_autoinstr_concurrency"
+_BASE = "_gym_autoinstr_base"
+RESCAN_SECONDS = 1.0  # at most one look at the servers per collection (four gauges read them)
 
 
 def _observed_class(base: type) -> type:
@@ -61,31 +87,66 @@ def _observed_class(base: type) -> type:
             return acquire(self)
         return _timed(self, acquire)
 
-    cls = type(base.__name__, (base,), {"acquire": observed_acquire, "__module__": base.__module__,
-                                        "__qualname__": base.__qualname__, "_gym_autoinstr_base": base})
+    _mark_coroutine_function(observed_acquire)
+
+    def __reduce_ex__(self: Any, protocol: int) -> Any:
+        # Copies and pickles are of the original class, without our site attributes:
+        # the class name resolves to the base (our subclass has the base's qualname,
+        # so pickle's lookup by name would otherwise fail), and nothing of ours travels.
+        state = {k: v for k, v in self.__dict__.items() if k != _ATTRIBUTES}
+        return copyreg._reconstructor, (base, object, None), state
+
+    cls = type(base.__name__, (base,), {"acquire": observed_acquire, "__reduce_ex__": __reduce_ex__,
+                                        "__module__": base.__module__, "__qualname__": base.__qualname__,
+                                        _BASE: base})
     _subclasses[base] = cls
     return cls
 
 
+def _mark_coroutine_function(function: Any) -> None:
+    """``acquire`` stays a coroutine function to ``inspect`` and ``asyncio`` (it returns one)."""
+    mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
+    if mark is not None:
+        mark(function)
+    marker = getattr(asyncio.coroutines, "_is_coroutine", None)  # what asyncio.iscoroutinefunction reads before 3.12
+    if marker is not None:
+        function._is_coroutine = marker
+
+
 async def _timed(semaphore: Any, acquire: Any) -> Any:
+    if not semaphore.locked():  # only cancelled waiters were queued: base acquire takes it at once
+        return await acquire(semaphore)
     started = time.perf_counter()
     try:
         return await acquire(semaphore)
     finally:
         histogram = _state["histogram"]
-        if histogram is not None:
+        attributes = getattr(semaphore, _ATTRIBUTES, None)
+        if histogram is not None and attributes is not None:
             try:
-                histogram.record((time.perf_counter() - started) * 1000.0, getattr(semaphore, _ATTRIBUTES))
+                histogram.record((time.perf_counter() - started) * 1000.0, attributes)
             except Exception as error:
                 warn_once("concurrency:record", "semaphore wait not recorded: %r", error)
 
 
 def _candidates(server: Any) -> list[tuple[str, Any]]:
+    """The not yet observed asyncio semaphores on a server's own attributes, each once."""
     found = list(getattr(server, "__dict__", {}).items())
     private = getattr(server, "__pydantic_private__", None)
     if isinstance(private, dict):
         found += list(private.items())
-    return [(name, value) for name, value in found if type(value) in (asyncio.Semaphore, asyncio.BoundedSemaphore)]
+    seen: set[int] = set()
+    candidates = []
+    for name, value in found:
+        if isinstance(value, asyncio.Semaphore) and _BASE not in type(value).__dict__ and id(value) not in seen:
+            seen.add(id(value))
+            candidates.append((name, value))
+    return candidates
+
+
+def _limit_of(semaphore: Any) -> int:
+    bound = getattr(semaphore, "_bound_value", None)  # BoundedSemaphore
+    return int(bound) if isinstance(bound, int) else max(int(semaphore._value), 0)
 
 
 def _start() -> None:
@@ -111,35 +172,74 @@ def _start() -> None:
 
 def _observer(read: Any) -> Any:
     def observe(_options: Any) -> list[Any]:
+        _rescan()
         points = []
         for ref, attributes, limit in list(_sites):
             semaphore = ref()
             if semaphore is not None:
-                points.append(otel_metrics.Observation(read(semaphore, limit), attributes))
+                free = semaphore._value
+                if free > limit[0] and not hasattr(semaphore, "_bound_value"):
+                    limit[0] = free
+                points.append(otel_metrics.Observation(read(semaphore, limit[0]), attributes))
         return points
 
     return observe
 
 
+def _rescan() -> None:
+    """Semaphores the watched servers made or replaced since: observed from now on."""
+    now = time.monotonic()
+    if now - _state["rescanned"] < RESCAN_SECONDS:
+        return
+    _state["rescanned"] = now
+    try:
+        for ref, name in list(_servers):
+            server = ref()
+            if server is not None:
+                _observe(server, name)
+    except Exception as error:
+        warn_once("concurrency:rescan", "Gym's later concurrency limits are not observed: %r", error)
+
+
+def _observe(server: Any, server_name: str) -> int:
+    found = _candidates(server)
+    if not found:
+        return 0
+    with _lock:
+        for attribute, semaphore in found:
+            if _BASE in type(semaphore).__dict__:  # another thread was first
+                continue
+            attributes = {SITE: f"{type(server).__name__}.{attribute}", metrics.SERVER_NAME: server_name}
+            # a semaphore that replaces another at the same site takes its place
+            _sites[:] = [site for site in _sites if site[1] != attributes]
+            setattr(semaphore, _ATTRIBUTES, attributes)
+            _sites.append((weakref.ref(semaphore), attributes, [_limit_of(semaphore)]))
+            semaphore.__class__ = _observed_class(type(semaphore))
+    return len(found)
+
+
 def watch_server(server: Any, server_name: str) -> int:
-    """Find and observe the semaphores on a Gym server about to serve; how many were found."""
+    """Observe the semaphores of a Gym server about to serve, now and at every later
+    collection; how many were found now."""
     if not metrics.LIVE:
         return 0
     try:
-        found = _candidates(server)
-        if not found:
-            return 0
+        with _start_lock:  # never under _lock: the SDK calls our gauges under a lock of its own
+            _start()  # the gauges exist from now on: their collections look at the server again
         with _lock:
-            _start()
-            for attribute, semaphore in found:
-                attributes = {SITE: f"{type(server).__name__}.{attribute}", metrics.SERVER_NAME: server_name}
-                setattr(semaphore, _ATTRIBUTES, attributes)
-                _sites.append((weakref.ref(semaphore), attributes, int(semaphore._value)))
-                semaphore.__class__ = _observed_class(type(semaphore))
-        return len(found)
+            if not any(ref() is server for ref, _ in _servers):
+                _servers.append((_reference(server), server_name))
+        return _observe(server, server_name)
     except Exception as error:
         warn_once("concurrency:watch", "Gym's concurrency limits are not observed: %r", error)
         return 0
+
+
+def _reference(server: Any) -> Any:
+    try:
+        return weakref.ref(server)
+    except TypeError:  # not weakly referenceable: a server lives as long as its process anyway
+        return lambda: server
 
 
 def restore() -> None:
@@ -147,8 +247,11 @@ def restore() -> None:
     with _lock:
         for ref, _, _ in _sites:
             semaphore = ref()
-            base = getattr(type(semaphore), "_gym_autoinstr_base", None) if semaphore is not None else None
+            base = type(semaphore).__dict__.get(_BASE) if semaphore is not None else None
             if base is not None:
                 semaphore.__class__ = base
+                semaphore.__dict__.pop(_ATTRIBUTES, None)
         _sites.clear()
+        _servers.clear()
         _state["histogram"] = None
+        _state["rescanned"] = 0.0

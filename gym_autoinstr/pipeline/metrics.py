@@ -19,7 +19,7 @@ Per request, from the ingress middleware (every Gym server):
   ``nemo.gym.model.dialect`` and ``nemo.gym.server.name``).
 
 Sandboxes (``advice/sandbox.py``): ``gym.sandbox.active``, ``gym.sandbox.startup_duration_ms``,
-``gym.sandbox.exec_duration_ms`` by ``nemo.gym.sandbox.provider``.
+``gym.sandbox.exec_duration_ms``, ``gym.sandbox.create_retry_total`` by ``nemo.gym.sandbox.provider``.
 
 Runtime (``runtime.py``), Gym's client (``pool.py``), Gym's semaphores
 (``concurrency.py``) and the orchestrator's ``gym.servers.active`` live beside.
@@ -115,6 +115,8 @@ def activate() -> bool:
         _instruments["sandbox.exec"] = _histogram(
             m, provider, "gym.sandbox.exec_duration_ms", "ms",
             "Duration of one command run in a sandbox, failures included.", SANDBOX_BOUNDARIES_MS)
+        _instruments["sandbox.create_retry"] = m.create_counter(
+            "gym.sandbox.create_retry_total", unit="{retry}", description="Sandbox-create attempts a provider retried.")
         _sandbox_attributes.clear()
         m.create_observable_gauge(
             "gym.server.requests.in_flight", callbacks=[_observe_in_flight], unit="{request}",
@@ -190,13 +192,23 @@ def record_request(
 _sandbox_attributes: dict[str, dict[str, str]] = {}
 
 
-def record_sandbox(kind: str, provider: str, ms: float, ok: bool) -> None:
-    """A sandbox ``start``, ``exec`` or ``stop`` (caller checked ``LIVE``)."""
+def _sandbox_attributes_of(provider: str) -> dict[str, str]:
     attributes = _sandbox_attributes.get(provider)
     if attributes is None:
         if len(_sandbox_attributes) > 64:  # providers are a handful; never grow without end
             _sandbox_attributes.clear()
         attributes = _sandbox_attributes[provider] = {SANDBOX_PROVIDER: provider}
+    return attributes
+
+
+def record_sandbox_create_retry(provider: str) -> None:
+    """One sandbox-create attempt a provider retried (caller checked ``LIVE``)."""
+    _instruments["sandbox.create_retry"].add(1, _sandbox_attributes_of(provider))
+
+
+def record_sandbox(kind: str, provider: str, ms: float, ok: bool) -> None:
+    """A sandbox ``start``, ``exec`` or ``stop`` (caller checked ``LIVE``)."""
+    attributes = _sandbox_attributes_of(provider)
     if kind == "stop":
         _instruments["sandbox.active"].add(-1, attributes)
         return

@@ -69,6 +69,20 @@ def test_caller_headers_are_not_mutated(instrumented, spans):
     assert "traceparent" in app.state.seen[0]
 
 
+def test_headers_given_as_name_value_pairs_get_the_context_too(instrumented, spans):
+    """Gym 0.7's sandbox HTTP transport sends httpx's ``multi_items()``: a list of pairs
+    (an old traceparent among them is replaced, the caller's list is left alone)."""
+    app = _echo_app()
+    headers = [("x-caller", "pairs"), ("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01")]
+    with serve(app) as base:
+        assert _call(f"{base}/echo", headers=headers, data=b"{}") == 200
+    (span,) = _client_spans(spans)
+    (received,) = app.state.seen
+    assert received["x-caller"] == "pairs"
+    assert int(received["traceparent"].split("-")[2], 16) == span.context.span_id
+    assert headers[1][1].startswith("00-111")
+
+
 def test_client_span_is_child_of_the_current_span(instrumented, spans):
     from opentelemetry import trace
 

@@ -215,3 +215,126 @@ def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spa
     assert nested.parent.span_id == outer.get_span_context().span_id and nested.attributes[job.JOB_TRACE] == "embedded"
     (under,) = [r for r in _runs(finished) if not r.links]
     assert under.parent.span_id == nested.context.span_id
+
+
+# -- run_examples' iterator bookkeeping: every way a caller can be done with it --------------
+
+
+def _job_spans(spans):
+    return _by_name(spans.get_finished_spans(), "gym.job")
+
+
+def test_an_iterator_dropped_before_its_first_next_still_ends_its_job(instrumented, spans, monkeypatch):
+    import gc
+
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    iterator = job.run_examples_advice(lambda rows: iter(rows), None, ([],), {})
+    assert not _job_spans(spans)
+    del iterator
+    gc.collect()
+    (job_span,) = _job_spans(spans)
+    assert job_span.attributes[job.ROLLOUTS_SENT] == 0 and job_span.status.is_ok
+
+
+def test_an_error_from_gyms_iterator_marks_and_ends_the_job(instrumented, spans, monkeypatch):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+
+    def run_examples(rows):
+        def rows_checked():  # 0.7.0 validates rows at the first next
+            raise KeyError("agent_ref")
+            yield
+
+        return rows_checked()
+
+    with pytest.raises(KeyError):
+        list(job.run_examples_advice(run_examples, None, ([{}],), {}))
+    (job_span,) = _job_spans(spans)
+    assert job_span.status.status_code.name == "ERROR" and job_span.attributes["error.type"] == "KeyError"
+
+
+def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_awaited_rollout(instrumented, spans, monkeypatch):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    closed, kept = [], []
+    with serve(_agent_app()) as base:
+        started = _examples(base, [])
+
+        def run_examples(rows):
+            def gyms():
+                try:
+                    yield from started(rows)
+                finally:
+                    closed.append(True)
+
+            kept.append(gyms())  # referenced elsewhere too (as tqdm keeps 0.4.0's): only a close closes it
+            return kept[-1]
+
+        async def caller():
+            iterator = job.run_examples_advice(run_examples, None, ([{}, {}, {}],), {})
+            first = next(iterator)
+            iterator.close()
+            assert closed == [True] and not _job_spans(spans)  # a yielded rollout is still pending
+            return await first
+
+        assert run_async(caller()) == {"reward": 1.0}
+    (job_span,) = _job_spans(spans)
+    assert job_span.attributes[job.ROLLOUTS_SENT] == 3  # 0.7.0-like: all three tasks started at the first next
+    assert all(r.end_time <= job_span.end_time for r in _runs(spans.get_finished_spans()))
+
+
+def test_a_rollout_awaitable_dropped_unawaited_does_not_keep_the_job_open(instrumented, spans, monkeypatch):
+    import gc
+    import warnings
+
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+
+    async def one_rollout():
+        return {"reward": 1.0}
+
+    iterator = job.run_examples_advice(lambda rows: (one_rollout() for _ in rows), None, ([{}, {}],), {})
+    awaitables = list(iterator)
+    assert not _job_spans(spans)
+    assert run_async(awaitables[0]) == {"reward": 1.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "never awaited", as without us
+        del awaitables, iterator
+        gc.collect()
+    assert len(_job_spans(spans)) == 1
+
+
+def test_tasks_pass_through_unchanged_and_settle_when_done(instrumented, spans, monkeypatch):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+
+    async def caller():
+        async def rollout(n):
+            await asyncio.sleep(0.01 * n)
+            return n
+
+        tasks = [asyncio.ensure_future(rollout(n)) for n in (1, 2)]
+        yielded = list(job.run_examples_advice(lambda rows: iter(tasks), None, ([{}, {}],), {}))
+        assert [a is b for a, b in zip(yielded, tasks)] == [True, True]
+        assert not _job_spans(spans)
+        return [await t for t in yielded]
+
+    assert run_async(caller()) == [1, 2]
+    assert len(_job_spans(spans)) == 1
+
+
+def test_concurrent_jobs_count_and_link_only_their_own_rollouts(instrumented, spans, monkeypatch):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    with serve(_agent_app()) as base:
+        run_examples = _examples(base, [])
+
+        async def caller():
+            first = job.run_examples_advice(run_examples, None, ([{}, {}],), {})
+            second = job.run_examples_advice(run_examples, None, ([{}, {}, {}],), {})
+            # interleaved: a next of one, then of the other, all awaited together
+            awaitables = [next(first), next(second)] + list(first) + list(second)
+            return await asyncio.gather(*awaitables)
+
+        assert run_async(caller()) == [{"reward": 1.0}] * 5
+    finished = spans.get_finished_spans()
+    jobs = {s.attributes[job.ROLLOUTS_SENT]: s for s in _by_name(finished, "gym.job")}
+    assert sorted(jobs) == [2, 3]
+    for sent, job_span in jobs.items():
+        linked = [r for r in _runs(finished) if [l.context for l in r.links] == [job_span.context]]
+        assert len(linked) == sent and all(r.end_time <= job_span.end_time for r in linked)

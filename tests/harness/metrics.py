@@ -9,17 +9,19 @@ from tests.harness.collector import _attrs
 
 def metric_points(sink) -> list[dict]:
     """Every data point received, flattened: ``{"name", "unit", "kind", "service",
-    "attributes", "value" (a histogram's count), "sum", "max", "time"}``."""
+    "instance" (``service.instance.id``: one per process), "attributes", "value" (a
+    histogram's count), "sum", "max", "time"}``."""
     points = []
     for request in sink.metrics_requests():
         for resource_metrics in request.resource_metrics:
-            service = _attrs(resource_metrics.resource.attributes).get("service.name")
+            resource = _attrs(resource_metrics.resource.attributes)
+            service, instance = resource.get("service.name"), resource.get("service.instance.id")
             for scope_metrics in resource_metrics.scope_metrics:
                 for metric in scope_metrics.metrics:
                     kind = metric.WhichOneof("data")
                     for point in getattr(metric, kind).data_points:
                         points.append({
-                            "name": metric.name, "unit": metric.unit, "kind": kind, "service": service,
+                            "name": metric.name, "unit": metric.unit, "kind": kind, "service": service, "instance": instance,
                             "attributes": _attrs(point.attributes),
                             "value": point.count if kind == "histogram" else (point.as_int or point.as_double),
                             "sum": getattr(point, "sum", None), "max": getattr(point, "max", None),

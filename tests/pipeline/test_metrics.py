@@ -353,3 +353,187 @@ def test_sandbox_active_start_and_exec_durations_by_provider(instrumented, reade
     assert by_provider("gym.sandbox.active") == 0  # started once, stopped once
     (metric, _), *_ = points(reader, "gym.sandbox.exec_duration_ms")
     assert metric.unit == "ms"
+
+
+def test_sandbox_create_retries_counted_by_provider_and_not_where_gym_records_them(instrumented, reader):
+    """Gym's real OpenSandbox provider module's ``_log_create_retry`` (tenacity's
+    ``before_sleep``; driven by a real retry loop in ``test_realgym_sandbox.py``): one count
+    per call, by provider; none of the sandbox metrics where Gym's own telemetry is live."""
+    from types import SimpleNamespace
+
+    from gym_autoinstr.advice import coexistence
+    from nemo_gym.sandbox.providers.opensandbox import provider as opensandbox
+    from tests.advice.test_sandbox import _session
+
+    def count(name: str, provider: str) -> int:
+        return sum(getattr(p, "count", None) if hasattr(p, "count") else p.value
+                   for _, p in points(reader, name) if dict(p.attributes) == {"nemo.gym.sandbox.provider": provider})
+
+    retry_state = SimpleNamespace(outcome=None, next_action=None, attempt_number=1)  # tenacity's RetryCallState fields read
+    before = count("gym.sandbox.create_retry_total", "opensandbox")
+    opensandbox._log_create_retry(retry_state)
+    opensandbox._log_create_retry(retry_state)
+    assert count("gym.sandbox.create_retry_total", "opensandbox") - before == 2
+    (metric, _), *_ = points(reader, "gym.sandbox.create_retry_total")
+    assert metric.unit == "{retry}"
+
+    starts = count("gym.sandbox.startup_duration_ms", "local-process")
+    coexistence.set_native_live_for_tests(True)
+    try:
+        opensandbox._log_create_retry(retry_state)
+        run_async(_session())
+    finally:
+        coexistence.set_native_live_for_tests(False)
+    assert count("gym.sandbox.create_retry_total", "opensandbox") - before == 2
+    assert count("gym.sandbox.startup_duration_ms", "local-process") == starts
+
+
+def _site_points(reader, name: str, site: dict) -> list:
+    return [p for _, p in points(reader, name) if dict(p.attributes) == site]
+
+
+def test_semaphores_a_server_makes_later_are_observed_from_the_next_collection(instrumented, reader, monkeypatch):
+    """A real Gym resources server watched with no semaphore; it makes one after it
+    started serving (held at that moment), and replaces it later: each is observed from
+    the next collection, the in-use one with the limit it shows once seen idle."""
+    from gym_autoinstr.pipeline import concurrency
+    from nemo_gym.base_resources_server import BaseResourcesServerConfig, SimpleResourcesServer
+    from tests.advice.test_routes import _client, _config
+
+    monkeypatch.setattr(concurrency, "RESCAN_SECONDS", 0.0)
+
+    class Lazy(SimpleResourcesServer):
+        async def verify(self, body):
+            return {}
+
+    server = Lazy(config=_config(BaseResourcesServerConfig, "lazy_resources"), server_client=_client())
+    assert concurrency.watch_server(server, "lazy_resources") == 0
+    site = {concurrency.SITE: "Lazy._judges", metrics.SERVER_NAME: "lazy_resources"}
+    assert not _site_points(reader, "gym.concurrency.limit", site)
+
+    async def made_while_serving():
+        server._judges = asyncio.Semaphore(3)
+        await server._judges.acquire()  # one judge call already running when it is found
+        first = {n: _site_points(reader, n, site)[0].value for n in ("gym.concurrency.limit", "gym.concurrency.active")}
+        server._judges.release()
+        waited = []
+        async with server._judges:
+            async with server._judges:
+                async with server._judges:
+                    waiter = asyncio.ensure_future(server._judges.acquire())
+                    await asyncio.sleep(0.02)
+                    waited.append(_site_points(reader, "gym.concurrency.queue_depth", site)[0].value)
+            await waiter
+            server._judges.release()
+        return first, waited
+
+    first, waited = run_async(made_while_serving())
+    assert first == {"gym.concurrency.limit": 2, "gym.concurrency.active": 0}  # found in use: a lower bound
+    assert waited == [1]
+    assert _site_points(reader, "gym.concurrency.limit", site)[0].value == 3  # seen idle: the real limit
+    (wait,) = _site_points(reader, "gym.concurrency.queue_wait_duration_ms", site)
+    assert wait.count == 1 and wait.max >= 15
+    replaced = server._judges
+    server._judges = asyncio.BoundedSemaphore(5)  # replaced: the new one takes the site, limit its bound
+    assert [p.value for p in _site_points(reader, "gym.concurrency.limit", site)] == [5]
+    assert type(replaced).__mro__[1] is asyncio.Semaphore  # the old one, still referenced, still observed class
+    concurrency.restore()
+    assert type(server._judges) is asyncio.BoundedSemaphore
+
+
+def test_an_observed_semaphore_behaves_as_its_own_class(instrumented, reader):
+    """The class swap keeps what code can see of a semaphore: subclasses and their own
+    acquire, BoundedSemaphore's over-release error, locked(), a semaphore reached through
+    two attributes (one site, one wait per acquisition), a coroutine-function acquire,
+    copies and pickles of the original class without our attributes, and an acquisition
+    that only passes cancelled waiters is not a wait."""
+    import copy
+    import inspect
+    import pickle
+
+    from gym_autoinstr.pipeline import concurrency
+
+    class Counting(asyncio.Semaphore):
+        acquired = 0
+
+        async def acquire(self):
+            Counting.acquired += 1
+            return await super().acquire()
+
+    class Holder:
+        def __init__(self):
+            self.shared = asyncio.Semaphore(1)
+            self.alias = self.shared
+            self.bounded = asyncio.BoundedSemaphore(2)
+            self.counting = Counting(1)
+
+    holder = Holder()
+    assert concurrency.watch_server(holder, "holder") == 3
+    shared_site = {concurrency.SITE: "Holder.shared", metrics.SERVER_NAME: "holder"}
+    assert not _site_points(reader, "gym.concurrency.limit", {**shared_site, concurrency.SITE: "Holder.alias"})
+    assert type(holder.counting).__mro__[1] is Counting and isinstance(holder.bounded, asyncio.BoundedSemaphore)
+    assert inspect.iscoroutinefunction(holder.shared.acquire) and asyncio.iscoroutinefunction(holder.shared.acquire)
+
+    async def exercise():
+        async with holder.counting:
+            pass
+        await holder.bounded.acquire()
+        holder.bounded.release()
+        try:
+            holder.bounded.release()
+            raise AssertionError("over-release accepted")
+        except ValueError:
+            pass
+        async with holder.shared:
+            assert holder.alias.locked()
+            waiter = asyncio.ensure_future(holder.alias.acquire())
+            await asyncio.sleep(0.01)
+        await waiter
+        holder.shared.release()
+        # a waiter cancelled (its wait is recorded), still queued when the slot frees:
+        # the next acquisition passes it without waiting, and is not recorded
+        async with holder.shared:
+            cancelled = asyncio.ensure_future(holder.shared.acquire())
+            await asyncio.sleep(0)
+            cancelled.cancel()
+        assert holder.shared._waiters and not holder.shared.locked()
+        await holder.shared.acquire()
+        holder.shared.release()
+        await asyncio.gather(cancelled, return_exceptions=True)
+
+    run_async(exercise())
+    assert Counting.acquired == 1
+    (wait,) = _site_points(reader, "gym.concurrency.queue_wait_duration_ms", shared_site)
+    assert wait.count == 2  # the alias's wait and the cancelled one
+    for clone in (copy.copy(holder.shared), copy.deepcopy(holder.bounded), pickle.loads(pickle.dumps(holder.bounded))):
+        assert type(clone) in (asyncio.Semaphore, asyncio.BoundedSemaphore)
+        assert not hasattr(clone, "_gym_autoinstr_concurrency")
+    assert type(copy.copy(holder.counting)) is Counting  # a local class: copied, not pickled
+    concurrency.restore()
+    assert (type(holder.shared), type(holder.bounded), type(holder.counting)) == (
+        asyncio.Semaphore, asyncio.BoundedSemaphore, Counting)
+    assert not hasattr(holder.shared, "_gym_autoinstr_concurrency")
+
+
+def test_only_the_processes_that_serve_watch_a_servers_limits(instrumented, reader, monkeypatch):
+    """``set_ulimit`` runs in run_webserver in every process: the main process of a
+    ``num_workers: 2`` server only supervises, each worker serves."""
+    from types import SimpleNamespace
+
+    from gym_autoinstr.advice import ingress
+    from gym_autoinstr.pipeline import concurrency
+
+    def limits_of(workers: int) -> list:
+        server = SimpleNamespace(config=SimpleNamespace(num_workers=workers), limit=asyncio.Semaphore(4))
+        ingress.server_limits_advice(lambda: None, server, (), {})
+        site = {concurrency.SITE: "SimpleNamespace.limit", metrics.SERVER_NAME: "pool_server"}
+        found = [p.value for p in _site_points(reader, "gym.concurrency.limit", site)]
+        concurrency.restore()
+        return found
+
+    monkeypatch.setenv("NEMO_GYM_CONFIG_PATH", "pool_server")
+    monkeypatch.delenv("IS_NEMO_GYM_FASTAPI_WORKER", raising=False)
+    assert limits_of(1) == [4]
+    assert limits_of(2) == []  # the supervising main process
+    monkeypatch.setenv("IS_NEMO_GYM_FASTAPI_WORKER", "1")
+    assert limits_of(2) == [4]  # a worker
