@@ -261,7 +261,9 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
 
         provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
         metrics.set_meter_provider(provider)
-        histograms.bind(metrics.get_meter_provider(), readers)
+        # ours only: if another provider is already global (an embedder's), its readers
+        # never see our merged histograms, so the SDK's instruments serve it
+        histograms.bind(provider, readers)
         STATE["metrics"] = gym_metrics.activate()
         if STATE["metrics"]:
             runtime.start(who)
