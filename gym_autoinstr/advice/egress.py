@@ -182,14 +182,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             _guarded("ending the span", span.end)
         warn_once("egress:start", "egress tracing skipped (%r); the request is unaffected.", error)
         return await wrapped(*args, **kwargs)
-    call_kwargs = kwargs
-    try:
-        carrier: dict[str, str] = {}
-        propagation.inject_span(span, carrier)
-        if carrier:
-            call_kwargs = {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
-    except Exception as error:
-        warn_once("egress:inject", "trace context not injected (%r); the request is unaffected.", error)
+    call_kwargs = _with_context(span, kwargs)
     attempts = [0]
     attempts_token = _attempts.set(attempts)
     try:
@@ -224,15 +217,20 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
 def _untraced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     """A request whose parent the sampler dropped (``sampling.dropped_parent``): no span,
     the caller's own context injected so that the next hop learns the decision."""
-    call_kwargs = kwargs
+    return wrapped(*args, **_with_context(trace.get_current_span(), kwargs))
+
+
+def _with_context(span: Any, kwargs: dict) -> dict:
+    """``kwargs`` with ``span``'s context injected into a copy of the caller's headers
+    (the caller's own ``kwargs`` if nothing was injected or injecting failed)."""
     try:
         carrier: dict[str, str] = {}
-        propagation.inject_span(trace.get_current_span(), carrier)
+        propagation.inject_span(span, carrier)
         if carrier:
-            call_kwargs = {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
+            return {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
     except Exception as error:
         warn_once("egress:inject", "trace context not injected (%r); the request is unaffected.", error)
-    return wrapped(*args, **call_kwargs)
+    return kwargs
 
 
 def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

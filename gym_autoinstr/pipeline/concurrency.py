@@ -155,11 +155,9 @@ def _start() -> None:
         return
     _state["provider"] = provider
     meter = metrics.meter()
-    _state["histogram"] = meter.create_histogram(
-        "gym.concurrency.queue_wait_duration_ms", unit="ms",
-        description="Time one acquisition of a Gym concurrency limit (asyncio semaphore) waited.",
-        explicit_bucket_boundaries_advisory=list(WAIT_BOUNDARIES_MS),
-    )
+    _state["histogram"] = metrics.histogram(
+        "gym.concurrency.queue_wait_duration_ms", "ms",
+        "Time one acquisition of a Gym concurrency limit (asyncio semaphore) waited.", WAIT_BOUNDARIES_MS)
     for name, read, description in (
         ("gym.concurrency.limit", lambda s, limit: limit, "Size of a Gym concurrency limit."),
         ("gym.concurrency.active", lambda s, limit: max(limit - s._value, 0), "Holders of a Gym concurrency limit."),

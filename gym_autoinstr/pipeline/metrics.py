@@ -59,6 +59,21 @@ TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_0
 # The semantic conventions' advice for http.server.request.duration, extended to Gym's minutes.
 HTTP_BOUNDARIES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 120, 300, 600)
 
+# key, name, unit, description, bucket boundaries
+_HISTOGRAMS = (
+    ("duration", "http.server.request.duration", "s", "Duration of HTTP server requests.", HTTP_BOUNDARIES_S),
+    ("rollout", "gym.rollout.duration_ms", "ms", "Duration of one rollout (agent /run), failures included.",
+     DURATION_BOUNDARIES_MS),
+    ("verify", "gym.verify.duration_ms", "ms", "Duration of one verification (resources /verify).", DURATION_BOUNDARIES_MS),
+    ("model", "gym.model.call_duration_ms", "ms", "Duration of one model-server dialect call.", DURATION_BOUNDARIES_MS),
+    ("ttfb", "gym.model.time_to_first_byte_ms", "ms", "Time to the first response byte of one model-server call.",
+     TTFB_BOUNDARIES_MS),
+    ("sandbox.start", "gym.sandbox.startup_duration_ms", "ms", "Duration of one sandbox start, failures included.",
+     SANDBOX_BOUNDARIES_MS),
+    ("sandbox.exec", "gym.sandbox.exec_duration_ms", "ms", "Duration of one command run in a sandbox, failures included.",
+     SANDBOX_BOUNDARIES_MS),
+)
+
 _instruments: dict[str, Any] = {}
 _lock = threading.Lock()
 # server name -> [requests in flight]; read by the observable gauge at collection time.
@@ -69,14 +84,10 @@ def meter() -> Any:
     return metrics.get_meter_provider().get_meter("gym_autoinstr", __version__)
 
 
-def _histogram(m: Any, provider: Any, name: str, unit: str, description: str, boundaries: Any) -> Any:
-    return histograms.histogram(m, provider, name, unit, description, boundaries)
-
-
 def histogram(name: str, unit: str, description: str, boundaries: Any) -> Any:
     """A histogram of ours on the current meter provider: aggregated in ``histograms.py``
     when the provider is the one our configurator built for it, else the SDK's."""
-    return _histogram(meter(), metrics.get_meter_provider(), name, unit, description, boundaries)
+    return histograms.histogram(meter(), metrics.get_meter_provider(), name, unit, description, boundaries)
 
 
 def activate() -> bool:
@@ -89,32 +100,13 @@ def activate() -> bool:
     m = provider.get_meter("gym_autoinstr", __version__)
     with _lock:
         _instruments.clear()
-        _instruments["duration"] = _histogram(
-            m, provider, "http.server.request.duration", "s",
-            "Duration of HTTP server requests.", HTTP_BOUNDARIES_S)
+        for key, name, unit, description, boundaries in _HISTOGRAMS:
+            _instruments[key] = histograms.histogram(m, provider, name, unit, description, boundaries)
         _instruments["servers"] = m.create_gauge(
             "gym.servers.active", unit="{server}", description="Gym servers up in this run (orchestrator)."
         )
-        _instruments["rollout"] = _histogram(
-            m, provider, "gym.rollout.duration_ms", "ms",
-            "Duration of one rollout (agent /run), failures included.", DURATION_BOUNDARIES_MS)
-        _instruments["verify"] = _histogram(
-            m, provider, "gym.verify.duration_ms", "ms",
-            "Duration of one verification (resources /verify).", DURATION_BOUNDARIES_MS)
-        _instruments["model"] = _histogram(
-            m, provider, "gym.model.call_duration_ms", "ms",
-            "Duration of one model-server dialect call.", DURATION_BOUNDARIES_MS)
-        _instruments["ttfb"] = _histogram(
-            m, provider, "gym.model.time_to_first_byte_ms", "ms",
-            "Time to the first response byte of one model-server call.", TTFB_BOUNDARIES_MS)
         _instruments["sandbox.active"] = m.create_up_down_counter(
             "gym.sandbox.active", unit="{sandbox}", description="Sandboxes started and not yet stopped, by provider.")
-        _instruments["sandbox.start"] = _histogram(
-            m, provider, "gym.sandbox.startup_duration_ms", "ms",
-            "Duration of one sandbox start, failures included.", SANDBOX_BOUNDARIES_MS)
-        _instruments["sandbox.exec"] = _histogram(
-            m, provider, "gym.sandbox.exec_duration_ms", "ms",
-            "Duration of one command run in a sandbox, failures included.", SANDBOX_BOUNDARIES_MS)
         _instruments["sandbox.create_retry"] = m.create_counter(
             "gym.sandbox.create_retry_total", unit="{retry}", description="Sandbox-create attempts a provider retried.")
         _sandbox_attributes.clear()
