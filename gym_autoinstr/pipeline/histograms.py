@@ -21,8 +21,7 @@ The SDK's own instruments are used instead, unchanged, whenever that equivalence
 not hold: a reader exports histograms as DELTA
 (``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``), exemplars are asked for
 (``OTEL_METRICS_EXEMPLAR_FILTER``), the meter provider is not ours (an embedder's), or
-``GYM_AUTOINSTR_FAST_HISTOGRAMS`` is not set to ``1`` (opt-in for now, see
-``enabled_by_env``).
+``GYM_AUTOINSTR_FAST_HISTOGRAMS=0``.
 """
 
 from __future__ import annotations
@@ -45,10 +44,7 @@ _state: dict[str, Any] = {"provider": None, "histograms": [], "lock": threading.
 
 
 def enabled_by_env() -> bool:
-    # Opt-in for now: with it on, a real `gym env start` orchestrator (embedded file
-    # default, Ray cluster spun up by Gym) did not exit within 30 s of SIGINT
-    # (tests/test_realgym_secrets.py); the cause is not found yet.
-    return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class _Point:

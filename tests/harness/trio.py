@@ -337,12 +337,36 @@ class GymTrio:
                     raise GymTrioError(f"Gym servers not ready after {timeout:.0f}s:\n" + self.log_tail())
                 self._track()
                 time.sleep(0.25)
+            self._await_instance_listing(m.end())
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
         self._track()
         return self
+
+    def _await_instance_listing(self, after: int, timeout: float = 60) -> None:
+        """Wait until Gym has printed its server-instance listing after "servers ready".
+
+        Gym prints "All N / N servers ready!" and then lists the instances
+        (``display_server_instance_info``, whose first ``pprint`` imports pygments: a
+        second or more) before ``run_forever``.  Only ``run_forever`` turns SIGINT into
+        a shutdown of the servers; a SIGINT that lands in the listing leaves them to be
+        killed unflushed, so a stop() right after readiness is not the user's Ctrl-C on a
+        running Gym.  The listing ends with a third row of 100 '#'.  A Gym that prints no
+        listing (none within 3 s) is not waited for.
+        """
+        rule = "#" * 100
+        start = time.monotonic()
+        while True:
+            tail = self.log_text()[after:]
+            if "No server instances to display." in tail or tail.count(rule) >= 3:
+                time.sleep(0.2)  # from the last print into run_forever's try
+                return
+            waited = time.monotonic() - start
+            if (waited > 3 and "Server Instances" not in tail) or waited > timeout or self.proc.poll() is not None:
+                return
+            time.sleep(0.1)
 
     # ------------------------------------------------------------------ logs
 

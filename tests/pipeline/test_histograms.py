@@ -138,13 +138,9 @@ def test_negative_values_dropped_and_attribute_sets_bounded(monkeypatch):
 ])
 def test_the_sdks_histograms_whenever_ours_could_not_match(monkeypatch, env):
     monkeypatch.delenv(histograms.ENV, raising=False)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Exporter
-
-    assert not histograms.qualifies(Exporter())  # off unless asked for
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    monkeypatch.setenv(histograms.ENV, "1")  # opt-in
-    assert histograms.qualifies(OTLPMetricExporter())
+    assert histograms.qualifies(OTLPMetricExporter())  # on by default
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert not histograms.qualifies(OTLPMetricExporter())
