@@ -19,12 +19,22 @@ The same ``TraceConfig`` gives, at no cost on a request that succeeds first time
   ``server_utils.request`` retries a failed attempt by sending the same request again
   from the same task, so a failure is remembered in the task's context and the next
   attempt at that method and URL counts as one retry.  The success path pays one
-  context-variable read and a ``None`` test in ``on_request_start``.
+  context-variable read and a ``None`` test.
+
+Where the installed aiohttp has them (3.10 and later), these come from hooks on the
+session's own ``_request`` and its connector's ``_wait_for_available_connection`` and
+``_create_connection``, set on those two objects only: a ``TraceConfig``, even an empty
+one, costs about 14 µs per request (aiohttp builds a trace context, rebuilds the URL and
+sends a signal at each step of every request), the hooks about 1 µs.  A pool wait is
+then one record per acquisition, the whole wait.  Other aiohttp versions, or
+``GYM_AUTOINSTR_AIOHTTP_HOOKS=0``, get the ``TraceConfig``.
 """
 
 from __future__ import annotations
 
 import contextvars
+import inspect
+import os
 import sys
 import time
 from typing import Any
@@ -111,10 +121,14 @@ def retry_reason(error: BaseException) -> str:
 
 
 def _count_retry(failed: "tuple[str, Any, str]", params: Any) -> None:
+    _count_retry_of(failed, params.method, params.url)
+
+
+def _count_retry_of(failed: "tuple[str, Any, str]", method: Any, url: Any) -> None:
     _failed.set(None)
     try:
-        method, url, reason = failed
-        if method != params.method or url != params.url or _state["retries"] is None:
+        failed_method, failed_url, reason = failed
+        if failed_method != method or failed_url != url or _state["retries"] is None:
             return  # the failed request was not sent again: another request of this task
         key = (reason, _internal(url))
         attributes = _RETRIES.get(key)
@@ -126,19 +140,28 @@ def _count_retry(failed: "tuple[str, Any, str]", params: Any) -> None:
 
 
 async def _on_request_exception(session: Any, context: Any, params: Any) -> None:
+    _failed_attempt(params.method, params.url, params.url, params.exception)
+
+
+def _failed_attempt(method: Any, key: Any, url: Any, error: BaseException) -> None:
+    """An attempt at ``method`` ``key`` (``url``: where it went) ended in ``error``."""
     try:
-        reason = retry_reason(params.exception)
+        reason = retry_reason(error)
         if reason == "timeout" and _state["timeouts"] is not None:
-            _state["timeouts"].add(1, _TIMEOUTS[_internal(params.url)])
-        _failed.set((params.method, params.url, reason))
-    except Exception as error:
-        warn_once("pool:exception", "HTTP failure not counted: %r", error)
+            _state["timeouts"].add(1, _TIMEOUTS[_internal(url)])
+        _failed.set((method, key, reason))
+    except Exception as failure:
+        warn_once("pool:exception", "HTTP failure not counted: %r", failure)
 
 
 async def _on_connection_created(session: Any, context: Any, params: Any) -> None:
+    url = getattr(context, "gym_url", None)
+    _connection_opened(getattr(url, "host", None), getattr(url, "port", None))
+
+
+def _connection_opened(host: Any, port: Any) -> None:
     try:
-        url = getattr(context, "gym_url", None)
-        name = destination_attributes(getattr(url, "host", None), getattr(url, "port", None))[DESTINATION]
+        name = destination_attributes(host, port)[DESTINATION]
         cell = _connects.get(name)
         if cell is None:
             if len(_connects) >= 256:  # destinations are a handful of servers and endpoints
@@ -161,21 +184,23 @@ async def _on_queued_start(session: Any, context: Any, params: Any) -> None:
 
 async def _on_queued_end(session: Any, context: Any, params: Any) -> None:
     started = getattr(context, "gym_queued", None)
+    if started is not None:
+        url = getattr(context, "gym_url", None)
+        _waited(started, getattr(url, "host", None), getattr(url, "port", None))
+
+
+def _waited(started: float, host: Any, port: Any) -> None:
     histogram = _state["histogram"]
-    if started is None or histogram is None:
+    if histogram is None:
         return
     try:
-        url = getattr(context, "gym_url", None)
-        attributes = destination_attributes(getattr(url, "host", None), getattr(url, "port", None))
-        histogram.record((time.perf_counter() - started) * 1000.0, attributes)
+        histogram.record((time.perf_counter() - started) * 1000.0, destination_attributes(host, port))
     except Exception as error:
         warn_once("pool:record", "connection-pool wait not recorded: %r", error)
 
 
-def trace_config() -> Any:
-    import aiohttp
-
-    if _state["trace_config"] is None:
+def _instruments() -> None:
+    if _state["histogram"] is None:
         _state["histogram"] = metrics.histogram(
             "gym.http.connection_pool.queue_duration_ms", "ms",
             "Time one queued connection acquisition waited for an aiohttp pool slot.", BOUNDARIES_MS)
@@ -187,6 +212,13 @@ def trace_config() -> Any:
         meter.create_observable_counter(
             "gym.http.connection_pool.connect_total", callbacks=[_observe_connects], unit="{connection}",
             description="Connections Gym's aiohttp client opened, by destination server.")
+
+
+def trace_config() -> Any:
+    import aiohttp
+
+    if _state["trace_config"] is None:
+        _instruments()
         config = aiohttp.TraceConfig()
         config.on_request_start.append(_on_request_start)
         config.on_request_exception.append(_on_request_exception)
@@ -198,8 +230,83 @@ def trace_config() -> Any:
     return _state["trace_config"]
 
 
+HOOKS_ENV = "GYM_AUTOINSTR_AIOHTTP_HOOKS"
+# (owner attribute, the parameters it must take) for each hook
+_HOOKED = (("_request", ("method", "str_or_url")),
+           ("_wait_for_available_connection", ("key", "traces")),
+           ("_create_connection", ("req", "traces", "timeout")))
+
+
+def _hookable(session: Any) -> bool:
+    if os.environ.get(HOOKS_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    connector = getattr(session, "connector", None)
+    for name, parameters in _HOOKED:
+        method = getattr(session if name == "_request" else connector, name, None)
+        if not inspect.iscoroutinefunction(method):
+            return False
+        try:
+            names = list(inspect.signature(method).parameters)
+        except (TypeError, ValueError):
+            return False
+        if names[:len(parameters)] != list(parameters):
+            return False
+    return True
+
+
+def _hook(session: Any) -> None:
+    """Observe ``session`` through hooks on it and its connector (see the module doc)."""
+    connector = session.connector
+    if getattr(session, "__dict__", {}).get("_request") is not None:
+        return  # hooked already
+    request = session._request
+    wait = connector._wait_for_available_connection
+    create = connector._create_connection
+
+    async def _request(method: Any, str_or_url: Any, *args: Any, **kwargs: Any) -> Any:
+        failed = _failed.get()
+        if failed is not None:
+            _count_retry_of(failed, str(method).upper(), str(str_or_url))
+        try:
+            return await request(method, str_or_url, *args, **kwargs)
+        except BaseException as error:
+            _failed_attempt(str(method).upper(), str(str_or_url), _url(str_or_url), error)
+            raise
+
+    async def _wait_for_available_connection(key: Any, traces: Any) -> None:
+        started = time.perf_counter()
+        await wait(key, traces)
+        _waited(started, getattr(key, "host", None), getattr(key, "port", None))
+
+    async def _create_connection(req: Any, traces: Any, timeout: Any) -> Any:
+        made = await create(req, traces, timeout)
+        url = getattr(req, "url", None)
+        _connection_opened(getattr(url, "host", None), getattr(url, "port", None))
+        return made
+
+    # Instance attributes, past ClientSession's debug-mode __setattr__ warning: other
+    # sessions and connectors in the process are not touched.
+    object.__setattr__(connector, "_wait_for_available_connection", _wait_for_available_connection)
+    object.__setattr__(connector, "_create_connection", _create_connection)
+    object.__setattr__(session, "_request", _request)
+
+
+def _url(str_or_url: Any) -> Any:
+    try:
+        from yarl import URL
+
+        return URL(str(str_or_url))
+    except Exception:
+        return None
+
+
 def attach(session: Any) -> bool:
-    """Add our TraceConfig to an existing session (aiohttp reads the list per request)."""
+    """Observe Gym's client session: hooks where this aiohttp allows, else our TraceConfig
+    (aiohttp reads the session's list per request)."""
+    if _hookable(session):
+        _instruments()
+        _hook(session)
+        return True
     configs = getattr(session, "_trace_configs", None)
     if not isinstance(configs, list):
         warn_once("pool:attach", "this aiohttp version keeps no trace-config list on its session; pool-wait metrics are off.")

@@ -162,9 +162,25 @@ def test_process_metrics(reader):
     assert memory.value > 10 * 1024 * 1024  # bytes of this interpreter
 
 
-def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch):
+# Gym's client is observed through hooks on the session and its connector, or, on
+# another aiohttp or with GYM_AUTOINSTR_AIOHTTP_HOOKS=0, through a TraceConfig: both
+# must give the same numbers.
+MECHANISMS = pytest.mark.parametrize("hooks", ["1", "0"], ids=["hooks", "trace-config"])
+
+
+def _check_mechanism(session, hooks: str) -> None:
+    from gym_autoinstr.pipeline import pool
+
+    hooked = "_request" in vars(session)
+    assert hooked == (hooks == "1")
+    assert (pool.trace_config() in session._trace_configs) == (hooks == "0")
+
+
+@MECHANISMS
+def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch, hooks):
     """Gym's real client with a one-connection pool; three concurrent calls to a slow
     server: two wait for the slot, recorded under the server's name from Gym's config."""
+    monkeypatch.setenv(pool.HOOKS_ENV, hooks)
     from omegaconf import OmegaConf
     from nemo_gym import global_config, server_utils
 
@@ -191,6 +207,7 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch)
                 server_utils.set_global_aiohttp_client, None,
                 (server_utils.GlobalAIOHTTPAsyncClientConfig(global_aiohttp_connector_limit=1, global_aiohttp_connector_limit_per_host=1),), {},
             )
+            _check_mechanism(session, hooks)
             try:
                 async def one():
                     response = await server_utils.request("POST", f"{base}/slow", json={})
@@ -235,10 +252,12 @@ class _Flaky:
             writer.close()
 
 
-def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, monkeypatch):
+@MECHANISMS
+def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, monkeypatch, hooks):
     """Gym's real ``server_utils.request`` on Gym's real client: a dropped connection and a
     timed-out attempt are each retried by Gym; each retry is counted by Gym's reason, the
     timeout once, and a request that succeeds first time counts nothing."""
+    monkeypatch.setenv(pool.HOOKS_ENV, hooks)
     import aiohttp
     from nemo_gym import server_utils
 
@@ -261,6 +280,7 @@ def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, mon
         server_utils._GLOBAL_AIOHTTP_CLIENT = None
         session = egress.global_client_advice(server_utils.set_global_aiohttp_client, None,
                                               (server_utils.GlobalAIOHTTPAsyncClientConfig(),), {})
+        _check_mechanism(session, hooks)
         try:
             statuses = []
             for _ in range(2):
