@@ -28,6 +28,14 @@ The window's CPU is read once its spans have all reached the sink (the export of
 tail is counted), less the trio's idle CPU over that wait.  Everything is per rollout,
 median over windows; a delta is the median of per-repetition differences to bare.
 
+With ``--together`` every variant is loaded at once in each window (one closed-loop
+load generator per trio, on threads of the benchmark), so that all of them run under
+the same machine conditions: on a shared host the CPU a rollout costs drifts by a few
+ms from one window to the next, and with variants taking turns that drift lands in the
+differences; loaded together, it is shared.  The trios then compete for the cores,
+which costs each of them some CPU per rollout (switches, caches): compare the ratios,
+not the absolute ms, with a run that takes turns.
+
 With ``--py-spy`` (py-spy installed into the runner venv on first use), one more window
 per variant is sampled with ``py-spy record --nonblocking`` on every server, and each
 sample is charged to the innermost frame that belongs to a third-party package or this
@@ -317,6 +325,29 @@ def spy_window(spy: str, probed: Probed, seconds: float, concurrency: int, body:
 # ------------------------------------------------------------------ report
 
 
+def together_window(variants: list, probed: dict, idle: dict, sink: "CountingSink", body: bytes, seconds: float,
+                    concurrency: int, windows: dict) -> None:
+    """One window with every variant loaded at the same time (``--together``)."""
+    before = {v.key: probed[v.key].snapshot() for v in variants}
+    with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
+        futures = {v.key: pool.submit(run_load, v.trio.run_url, body, 10**6, concurrency,
+                                      tag=v.load_tag(PHASE_WINDOW), check=rewarded, duration=seconds)
+                   for v in variants}
+        loads = {k: f.result() for k, f in futures.items()}
+    ended = time.monotonic()
+    for v in variants:  # every trio's spans of this window at the sink before any CPU is read
+        settle(v, sink, PHASE_WINDOW)
+    waited = time.monotonic() - ended
+    after = {v.key: probed[v.key].snapshot() for v in variants}
+    for v in variants:
+        result = loads[v.key]
+        if result.errors:
+            raise RuntimeError(f"{v.label}: {result.errors}/{result.n} rollouts failed: "
+                               f"{result.first_error}\n" + v.trio.log_tail(30))
+        d = subtract_idle(delta(before[v.key], after[v.key]), idle[v.key], waited)
+        windows[v.key].append({"n": result.n, "seconds": result.seconds, "settle_s": waited, "delta": d})
+
+
 def _med(values):
     return statistics.median(values) if values else float("nan")
 
@@ -338,8 +369,10 @@ def report(results: dict) -> str:
     m = results["machine"]
     lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB; Gym {results['gym']} on Python "
                  f"{m['python_gym']}; load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}")
+    how = ("all variants loaded at once in each window (--together)" if results.get("together")
+           else "variants interleaved")
     lines.append(f"attribution: {results['reps']} windows of {results['seconds']:g} s per variant at concurrency "
-                 f"{results['concurrency']}, instant policy model, variants interleaved; ms per rollout, median over "
+                 f"{results['concurrency']}, instant policy model, {how}; ms per rollout, median over "
                  "windows; delta: median of per-window differences to bare")
     lines.append("")
 
@@ -378,6 +411,16 @@ def report(results: dict) -> str:
     if "default" in per_variant and "sampled" in per_variant:
         ratios = [(s - b) / (t - b) for s, t, b in zip(per_variant["sampled"], per_variant["default"], base) if t > b]
         lines.append(f"A sampled-out rollout's overhead over a traced one's (target <= 0.20), per window: {_spread(ratios)}")
+    # Pooled: every window's CPU over every window's rollouts, per variant (a window's
+    # drift weighs by its rollouts instead of deciding a median).
+    pooled = {k: sum(total(w["delta"]) for w in windows[k]) * 1e3 / max(1, sum(w["n"] for w in windows[k]))
+              for k in keys}
+    over = {k: pooled[k] - pooled["bare"] for k in keys}
+    text = ", ".join(f"{labels[k]} {pooled['bare'] / pooled[k]:.3f} ({_sign(over[k], '{:.2f}')} ms)"
+                     for k in keys if k != "bare" and pooled[k] > 0)
+    lines.append(f"Pooled over all windows (all CPU over all rollouts; capacity ratio to bare, overhead per rollout): {text}")
+    if "default" in pooled and "sampled" in pooled and over["default"] > 0:
+        lines.append(f"Pooled, a sampled-out rollout's overhead over a traced one's: {over['sampled'] / over['default']:.3f}")
     lines.append("")
 
     lines.append("Garbage collection per rollout, all three servers (collections; pause ms of CPU; pause ms wall):")
@@ -509,6 +552,9 @@ def main(argv: "list[str] | None" = None) -> int:
                     help="one more variant: ours, default (or BASE: default, sampled), with these environment "
                     "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "
                     "--lever 'dropped-no-metrics@sampled:OTEL_METRICS_EXPORTER=none'")
+    ap.add_argument("--together", action="store_true",
+                    help="load every variant at once in each window (the same machine conditions for all; "
+                    "see the module doc)")
     ap.add_argument("--py-spy", action="store_true",
                     help="one more window per variant under py-spy (pip-installed into the runner venv if missing)")
     ap.add_argument("--spy-rate", type=int, default=200, help="py-spy samples per second")
@@ -591,7 +637,14 @@ def main(argv: "list[str] | None" = None) -> int:
         runs_before = {v.key: sink.run_counts(v.run_id) for v in variants}
 
         windows: dict = {v.key: [] for v in variants}
+        results["together"] = a.together
         for rep in range(reps):
+            if a.together:
+                together_window(variants, probed, idle, sink, body, seconds, a.concurrency, windows)
+                log(f"window {rep + 1}/{reps} (together): ms/rollout " + ", ".join(
+                    f"{k}={sum(r['process'] for r in w[-1]['delta'].values()) * 1e3 / w[-1]['n']:.2f}"
+                    for k, w in windows.items()))
+                continue
             order = variants[rep % len(variants):] + variants[:rep % len(variants)]
             for v in order:
                 p = probed[v.key]
