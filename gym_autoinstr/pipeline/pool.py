@@ -24,9 +24,10 @@ The same ``TraceConfig`` gives, at no cost on a request that succeeds first time
 Where the installed aiohttp has them (checked by name and signature; 3.14 does), these
 come from hooks on the session's own ``_request`` and its connector's
 ``_wait_for_available_connection`` and ``_create_connection``, set on those two objects
-only: a ``TraceConfig``, even an empty one, costs about 15 µs per request (aiohttp builds a trace context, rebuilds the URL and
-sends a signal at each step of every request), the hooks about 1 µs.  A pool wait is
-then one record per acquisition, the whole wait.  Other aiohttp versions, or
+only: a ``TraceConfig``, even an empty one, costs about 15 µs per request (aiohttp
+builds a trace context, rebuilds the URL and sends a signal at each step of every
+request), the hooks about 1 µs.  A pool wait is then one record per acquisition, the
+whole wait.  Other aiohttp versions, or
 ``GYM_AUTOINSTR_AIOHTTP_HOOKS=0``, get the ``TraceConfig``.
 """
 
