@@ -34,6 +34,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
 
 from . import wire
+from .._env import switched_off
 from .._log import logger, warn_once
 
 
@@ -314,7 +315,7 @@ def make_processor(exporter: Any, wrap: Callable[[Any], Any], **settings: Any) -
     """Our encoding processor in front of a known OTLP exporter, the SDK's
     ``BatchSpanProcessor`` in front of anything else."""
     try:
-        fast = os.environ.get("GYM_AUTOINSTR_ENCODE_ON_END", "1").strip().lower() not in ("0", "false", "no", "off")
+        fast = not switched_off("GYM_AUTOINSTR_ENCODE_ON_END")
         if fast and accepts_encoded(exporter):
             return EncodingSpanProcessor(wrap(exporter), **settings)
     except Exception as error:

@@ -15,8 +15,8 @@ done when the collector is switched off.
 from __future__ import annotations
 
 import gc
-import os
 
+from .._env import switched_off
 from .._log import logger
 
 _done = {"frozen": 0}
@@ -24,7 +24,7 @@ _done = {"frozen": 0}
 
 def freeze_startup_heap() -> int:
     """Freeze what is alive now (once per process); returns how many objects were frozen."""
-    if _done["frozen"] or os.environ.get("GYM_AUTOINSTR_GC_FREEZE", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _done["frozen"] or switched_off("GYM_AUTOINSTR_GC_FREEZE"):
         return 0
     if not gc.isenabled():
         return 0

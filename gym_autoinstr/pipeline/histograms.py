@@ -32,6 +32,7 @@ import time
 from bisect import bisect_left
 from typing import Any, Sequence
 
+from .._env import switched_off
 from .._log import warn_once
 
 ENV = "GYM_AUTOINSTR_FAST_HISTOGRAMS"
@@ -44,7 +45,7 @@ _state: dict[str, Any] = {"provider": None, "histograms": [], "lock": threading.
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not switched_off(ENV)
 
 
 class _Point:

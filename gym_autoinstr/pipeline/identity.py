@@ -12,6 +12,7 @@ import os
 import sys
 import uuid
 from dataclasses import dataclass
+from .._env import switched_off
 
 # What the orchestrator sets so that every process it starts shares one run id.
 RUN_ID_VARIABLE = "GYM_AUTOINSTR_RUN_ID"
@@ -115,7 +116,7 @@ def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: 
 def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
     environ = os.environ if environ is None else environ
     base = environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAMESPACE
-    if environ.get("GYM_AUTOINSTR_SERVICE_NAME_SUFFIX", "true").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off("GYM_AUTOINSTR_SERVICE_NAME_SUFFIX", environ):
         return f"{base}/ray" if identity.role == "ray_worker" else base
     if identity.role == "ray_worker":
         return f"{base}/{identity.name}/ray"

@@ -35,6 +35,7 @@ except ImportError:
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
+from .._env import switched_off
 from .._log import logger
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -282,7 +283,7 @@ def _clean_value(key: str, value: Any) -> Any:
 
 
 def enabled() -> bool:
-    if os.environ.get("GYM_AUTOINSTR_LEAN_SPANS", "1").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off("GYM_AUTOINSTR_LEAN_SPANS"):
         return False
     if os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true":
         return False

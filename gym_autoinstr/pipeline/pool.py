@@ -27,19 +27,19 @@ come from hooks on the session's own ``_request`` and its connector's
 only: a ``TraceConfig``, even an empty one, costs about 15 µs per request (aiohttp
 builds a trace context, rebuilds the URL and sends a signal at each step of every
 request), the hooks about 1 µs.  A pool wait is then one record per acquisition, the
-whole wait.  Other aiohttp versions, or
-``GYM_AUTOINSTR_AIOHTTP_HOOKS=0``, get the ``TraceConfig``.
+whole wait.  Other aiohttp versions, or ``GYM_AUTOINSTR_AIOHTTP_HOOKS=0``, get the
+``TraceConfig``.
 """
 
 from __future__ import annotations
 
 import contextvars
 import inspect
-import os
 import sys
 import time
 from typing import Any
 
+from .._env import switched_off
 from .._log import warn_once
 from . import metrics
 
@@ -239,7 +239,7 @@ _HOOKED = (("_request", ("method", "str_or_url")),
 
 
 def _hookable(session: Any) -> bool:
-    if os.environ.get(HOOKS_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off(HOOKS_ENV):
         return False
     connector = getattr(session, "connector", None)
     for name, parameters in _HOOKED:

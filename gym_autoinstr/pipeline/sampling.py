@@ -16,6 +16,8 @@ from typing import Any, Optional, Sequence
 from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
+from .._env import switched_off
+
 JOB_SPAN_NAME = "gym.job"
 
 
@@ -65,11 +67,9 @@ FAST_PATH_ENV = "GYM_AUTOINSTR_DROPPED_FAST_PATH"
 
 
 def _drops_under_unsampled_parent(sampler: Any) -> bool:
-    import os
-
     from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
 
-    if os.environ.get(FAST_PATH_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off(FAST_PATH_ENV):
         return False
     if isinstance(sampler, JobKeepingSampler):  # keeps only parentless job spans
         sampler = sampler.delegate
