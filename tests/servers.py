@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -11,11 +10,11 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from tests.harness.ports import reserve_port
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return reserve_port()
 
 
 @contextmanager

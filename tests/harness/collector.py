@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from tests.harness.ports import reserve_port
+
 __all__ = ["OtlpSink", "Collector", "CollectorError", "find_rotel_agent", "free_port"]
 
 
@@ -47,10 +49,8 @@ _STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port free on ``host`` now, outside the range other processes bind port 0 from."""
+    return reserve_port(host)
 
 
 def _port_open(host: str, port: int, timeout: float = 0.2) -> bool:

@@ -36,7 +36,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -46,6 +45,8 @@ import uuid
 from typing import Any, Mapping
 
 import psutil
+
+from tests.harness.ports import reserve_ports
 
 RESOURCES = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
@@ -91,18 +92,8 @@ def _vtuple(version: str) -> tuple[int, ...]:
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports the kernel considers free right now."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+    """``n`` distinct free ports that Ray (or anything binding port 0) will not take meanwhile."""
+    return reserve_ports(n, host)
 
 
 def _deep_merge(dst: dict, src: Mapping) -> dict:
