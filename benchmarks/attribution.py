@@ -549,7 +549,7 @@ def main(argv: "list[str] | None" = None) -> int:
                     help="besides bare, comma-separated: default, off, sampled, per_rollout, all, generic "
                     "(default: default)")
     ap.add_argument("--lever", action="append", default=[], metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
-                    help="one more variant: ours, default (or BASE: default, sampled), with these environment "
+                    help="one more variant: ours, default (or BASE: default, sampled, off), with these environment "
                     "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "
                     "--lever 'dropped-no-metrics@sampled:OTEL_METRICS_EXPORTER=none'")
     ap.add_argument("--together", action="store_true",
@@ -588,8 +588,8 @@ def main(argv: "list[str] | None" = None) -> int:
         label, _, assignments = spec.partition(":")
         label, _, base_key = label.partition("@")
         base_key = base_key or "default"
-        if base_key not in ("default", "sampled"):
-            raise SystemExit(f"--lever {spec!r}: the base after '@' is 'default' or 'sampled', not {base_key!r}")
+        if base_key not in ("default", "sampled", "off"):
+            raise SystemExit(f"--lever {spec!r}: the base after '@' is 'default', 'sampled' or 'off', not {base_key!r}")
         base = make_variants([base_key], venvs, otlp, extra_env=probe_env, instrument=False)[1]
         env = dict(base.env)
         for assignment in filter(None, (x.strip() for x in assignments.split(","))):
