@@ -70,6 +70,43 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, t
     assert all(strip_ids(r) == strip_ids(bare_result) for r in instrumented_results)
 
 
+def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_model, collector):
+    """``GYM_AUTOINSTR_CLIENT_SPANS=failures``: each callee's SERVER span hangs directly
+    under the caller's span, the rollout is still one connected trace, and the only CLIENT
+    spans left are the model server's calls to its upstream (not a Gym server)."""
+    version = "0.4.0"
+    reset_upstream(policy_model)
+    env = otel_env(collector, "http/protobuf", GYM_AUTOINSTR_CLIENT_SPANS="failures")
+    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    with trio:
+        results = [trio.rollout() for _ in range(2)]
+        run_service = f"nemo-gym/{AGENT}"
+        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 2, timeout=30), trio.log_tail(40)
+        upstream = received_upstream(policy_model)
+    assert all(r["reward"] == 1.0 for r in results)
+    traces = rollout_traces(collector.sink.spans(), run_service)
+    assert len(traces) == 2
+    for trace_id, trace in traces.items():
+        by_id = {s["span_id"]: s for s in trace}
+        assert {service_of(s) for s in trace} == expected_services(trio)
+        assert sum(1 for s in trace if s["parent_span_id"] is None) == 1
+        servers = [s for s in trace if s["kind"] == "SERVER"]
+        assert len(servers) >= 5
+        for span in servers:
+            if span["parent_span_id"] is None:
+                continue
+            parent = by_id.get(span["parent_span_id"])
+            assert parent is not None, f"{span['name']} in {service_of(span)}: parent not in trace"
+            assert parent["kind"] in ("SERVER", "INTERNAL"), (span["name"], parent["name"], parent["kind"])
+        clients = [s for s in trace if s["kind"] == "CLIENT"]
+        to_upstream = [r for r in upstream if r.get("traceparent", "").split("-")[1:2] == [trace_id]]
+        assert len(clients) == len(to_upstream) == 2  # the model server's two calls upstream
+        for span in clients:
+            assert service_of(span) == f"nemo-gym/{MODEL}"
+            assert span["attributes"]["url.full"].startswith(policy_model.base)
+            assert span["attributes"]["http.response.status_code"] == 200
+
+
 def _wait_exited(process, timeout: float = 20) -> None:
     """Until the server has exited (a zombie counts: Gym, its parent, reaps it later)."""
     import psutil

@@ -14,12 +14,21 @@ re-parents the callee with its own span id; when it is not loaded, nothing is se
 A ``/run`` sent by Gym's collection driver while our ``gym.job`` is the current span is a
 rollout: its CLIENT span starts a new trace linked to the job, and is counted on the job
 (``advice/job.py`` decides; nothing changes for any other request).
+
+``GYM_AUTOINSTR_CLIENT_SPANS=failures`` (opt-in; ``all`` is the default) is a leaner
+shape: a call from inside a traced request to another Gym server of the fleet gets no
+CLIENT span (the callee's SERVER span becomes the child of the caller's current span)
+unless it raises, when one CLIENT span covering the whole call is recorded with ERROR.
+Calls to anything that is not a Gym server of the fleet, the collection driver's rollout
+``/run`` calls and calls made outside any traced request keep their CLIENT span.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
+import time
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -36,6 +45,31 @@ from ..pipeline import groups, metrics, pool, propagation, sampling
 from .._log import warn_once
 from ..pipeline.redaction import redact_url
 from ..pipeline.spans import mark_error, tracer
+
+CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
+
+
+def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:
+    """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
+    raw = (os.environ if environ is None else environ).get(CLIENT_SPANS_ENV, "")
+    value = raw.strip().lower()
+    if value in ("", "all"):
+        return False
+    if value == "failures":
+        return True
+    warn_once(f"egress:client-spans:{value}", "%s=%r is neither 'all' nor 'failures'; every call keeps its CLIENT "
+              "span ('all'). Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",
+              CLIENT_SPANS_ENV, raw)
+    return False
+
+
+# Read once, when Gym's process is instrumented (tests call reload_settings()).
+_LEAN = {"on": client_spans_on_failure_only()}
+
+
+def reload_settings(environ: "dict[str, str] | None" = None) -> None:
+    _LEAN["on"] = client_spans_on_failure_only(environ)
+
 
 # One mutable cell per traced request: aiohttp attempts made inside it.
 _attempts: contextvars.ContextVar["list[int] | None"] = contextvars.ContextVar("gym_autoinstr_attempts", default=None)
@@ -95,7 +129,46 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             return _untraced_request(wrapped, args, kwargs)
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
+    if _LEAN["on"]:
+        try:
+            parent = _lean_parent(args, kwargs)
+        except Exception as error:
+            parent = None
+            warn_once("egress:lean", "egress: the lean shape's check failed (%r); tracing as usual.", error)
+        if parent is not None:
+            return _lean_request(wrapped, args, kwargs, parent)
     return _traced_request(wrapped, args, kwargs)
+
+
+def _lean_parent(args: tuple, kwargs: dict) -> Any:
+    """Under ``GYM_AUTOINSTR_CLIENT_SPANS=failures``: the current span, when this call goes
+    to a Gym server of the fleet from inside a recording span and is not a rollout the
+    collection driver dispatches; else None (the call gets its CLIENT span)."""
+    span = trace.get_current_span()
+    if not span.is_recording() or job.dispatching():
+        return None
+    _, url = _bind(args, kwargs)
+    _, host, port = _redacted(url)
+    if pool.server_name_for(host, port) is None:
+        return None
+    return span
+
+
+async def _lean_request(wrapped: Any, args: tuple, kwargs: dict, parent: Any) -> Any:
+    """A call between Gym servers without a CLIENT span: the current span's context goes
+    on the wire; only a call that raises gets its CLIENT span, after the fact."""
+    started = time.time_ns()
+    try:
+        return await wrapped(*args, **_with_context(parent, kwargs))
+    except Exception as error:
+        _guarded("recording the failed call", _failed_call_span, args, kwargs, started, error)
+        raise
+
+
+def _failed_call_span(args: tuple, kwargs: dict, started: int, error: BaseException) -> None:
+    span, _ = _start_client_span(args, kwargs, start_time=started)
+    mark_error(span, error)
+    span.end()
 
 
 # Gym calls a handful of URLs over and over: parse each once.  Bounded (cleared when full:
@@ -124,7 +197,7 @@ def _rollout_id_in_path(url: str) -> "str | None":
     return url[at + len("/ng-rollout/"):].partition("/")[0] or None
 
 
-def _start_client_span(args: tuple, kwargs: dict) -> "tuple[Any, job.JobState | None]":
+def _start_client_span(args: tuple, kwargs: dict, start_time: "int | None" = None) -> "tuple[Any, job.JobState | None]":
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
@@ -142,7 +215,8 @@ def _start_client_span(args: tuple, kwargs: dict) -> "tuple[Any, job.JobState | 
     # linked to the job (advice/job.py).
     dispatch = job.rollout_dispatch(full)
     if dispatch is None:
-        return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes), None
+        return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes,
+                                   start_time=start_time), None
     attributes[job.JOB_ID] = dispatch.job_id
     options = job.rollout_span_options(dispatch)
     return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch

@@ -180,3 +180,90 @@ def test_under_a_dropped_parent_no_span_and_the_parents_context_goes_on(instrume
     (span,) = _client_spans(spans)  # the sampled call's only
     assert kept["traceparent"].split("-")[2] == f"{span.context.span_id:016x}"
     assert int(kept["traceparent"].split("-")[3], 16) & 1
+
+
+# -- GYM_AUTOINSTR_CLIENT_SPANS=failures (the lean shape) ------------------------------
+
+
+@pytest.fixture
+def lean(monkeypatch):
+    """The lean shape on, and ``fleet(base)`` makes ``base`` a Gym server of the fleet."""
+    from gym_autoinstr.advice import egress
+    from gym_autoinstr.pipeline import pool
+
+    monkeypatch.setitem(egress._LEAN, "on", True)
+    names: dict[str, str] = {}
+    monkeypatch.setitem(pool._state, "names", names)
+
+    def fleet(base: str) -> None:
+        names[base[len("http://"):]] = "resources"
+
+    return fleet
+
+
+def test_lean_a_call_between_gym_servers_has_no_client_span_and_carries_the_callers(instrumented, spans, lean):
+    from opentelemetry import trace
+
+    app = _echo_app()
+    with serve(app) as base:
+        lean(base)
+        with trace.get_tracer("test").start_as_current_span("handler") as handler:
+            assert _call(f"{base}/echo", json={}, headers={"x-caller": "yes"}) == 200
+    assert _client_spans(spans) == []
+    (received,) = app.state.seen
+    _, trace_id, span_id, flags = received["traceparent"].split("-")
+    assert (int(trace_id, 16), int(span_id, 16)) == (handler.context.trace_id, handler.context.span_id)
+    assert int(flags, 16) & 1 and received["x-caller"] == "yes"  # sampled
+
+
+def test_lean_keeps_client_spans_outside_the_fleet_and_outside_a_traced_request(instrumented, spans, lean):
+    from opentelemetry import trace
+
+    app = _echo_app()
+    with serve(app) as base:
+        with trace.get_tracer("test").start_as_current_span("handler") as handler:
+            _call(f"{base}/echo", json={})  # not a server of the fleet: the model's upstream, say
+        lean(base)
+        _call(f"{base}/echo", json={})  # a fleet server, but no span of the caller to hang it on
+    outside, unparented = _client_spans(spans)
+    assert outside.parent.span_id == handler.context.span_id
+    assert unparented.parent is None
+    for span, received in zip((outside, unparented), app.state.seen):
+        assert int(received["traceparent"].split("-")[2], 16) == span.context.span_id
+
+
+def test_lean_a_failed_call_between_gym_servers_gets_its_client_span_with_error(instrumented, spans, lean):
+    import asyncio
+
+    import aiohttp
+    from opentelemetry import trace
+
+    app = _echo_app()
+
+    @app.post("/slow")
+    async def slow():
+        await asyncio.sleep(2)
+        return {}
+
+    with serve(app) as base:
+        lean(base)
+        with trace.get_tracer("test").start_as_current_span("handler") as handler:
+            with pytest.raises(Exception) as raised:  # Gym tries 3 times, then re-raises
+                _call(f"{base}/slow", json={}, timeout=aiohttp.ClientTimeout(total=0.1))
+    (span,) = _client_spans(spans)
+    assert span.parent.span_id == handler.context.span_id
+    assert span.status.status_code == StatusCode.ERROR
+    from gym_autoinstr.pipeline.spans import error_type
+
+    assert span.attributes["error.type"] == error_type(raised.value)
+    assert span.attributes["url.full"].endswith("/slow") and span.attributes["http.request.method"] == "POST"
+    # it covers the whole call: three tries and Gym's two pauses of 0.5 s between them
+    assert span.end_time - span.start_time >= 1_000_000_000
+
+
+def test_client_spans_setting_values():
+    from gym_autoinstr.advice.egress import client_spans_on_failure_only as lean
+
+    assert lean({}) is False and lean({"GYM_AUTOINSTR_CLIENT_SPANS": " All "}) is False
+    assert lean({"GYM_AUTOINSTR_CLIENT_SPANS": "FAILURES"}) is True
+    assert lean({"GYM_AUTOINSTR_CLIENT_SPANS": "lean"}) is False  # unknown: the default, with a warning
