@@ -20,12 +20,31 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+try:  # the key baggage lives under (since API 1.0); get_all() copies it into a proxy
+    from opentelemetry.baggage import _BAGGAGE_KEY
+except ImportError:  # pragma: no cover
+    _BAGGAGE_KEY = None
+
 _MAX_TRACESTATE = 512
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 _known: dict[str, Any] = {"textmap": None, "w3c": False}
+
+# A rollout the sampler dropped carries one unchanged traceparent through every hop
+# (pipeline/sampling.py): the contexts read from, and the headers written for, such
+# unsampled parents are kept (bounded; cleared when full) and reused.  Contexts and span
+# contexts are immutable, so sharing them between requests is safe.
+_CACHE_MAX = 1024
+_extracted: dict[str, otel_context.Context] = {}
+_injected: dict[int, tuple[SpanContext, str]] = {}
+
+
+def _no_baggage() -> bool:
+    if _BAGGAGE_KEY is None:  # pragma: no cover
+        return not otel_baggage.get_all()
+    return not otel_context.get_value(_BAGGAGE_KEY)
 
 
 def _w3c_default() -> bool:
@@ -49,38 +68,55 @@ def _w3c_default() -> bool:
 def inject_span(span: Any, carrier: dict) -> None:
     """Write ``span``'s context (and the current baggage) into ``carrier`` as the global
     propagator would with ``span`` current."""
-    if not _w3c_default() or otel_baggage.get_all():
+    if not _w3c_default() or not _no_baggage():
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         return
     span_context = span.get_span_context()
     if not span_context.is_valid:
         return
-    carrier["traceparent"] = f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+    if span_context.trace_flags & 0x01:
+        carrier["traceparent"] = f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+    else:  # unsampled: the same parent goes out on every call of a dropped rollout
+        hit = _injected.get(id(span_context))
+        if hit is None or hit[0] is not span_context:
+            if len(_injected) >= _CACHE_MAX:
+                _injected.clear()
+            hit = _injected[id(span_context)] = (
+                span_context, f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}")
+        carrier["traceparent"] = hit[1]
     if span_context.trace_state:
         carrier["tracestate"] = span_context.trace_state.to_header()
 
 
 def extract(carrier: dict) -> otel_context.Context:
-    """A new context holding the caller's span context read from ``carrier`` (header
-    names in lower case), as the global propagator would extract it."""
+    """A context holding the caller's span context read from ``carrier`` (header names in
+    lower case), as the global propagator would extract it (an unsampled caller's without
+    tracestate may be a context handed out before: contexts are never changed in place)."""
     if not _w3c_default() or "baggage" in carrier:
         return propagate.extract(carrier)
     header = carrier.get("traceparent")
-    empty = otel_context.Context()
     if not header:
-        return empty
+        return otel_context.Context()
+    tracestate = carrier.get("tracestate")
+    if tracestate is None:
+        known = _extracted.get(header)
+        if known is not None:
+            return known
     match = _TRACEPARENT.search(header)
     if match is None:
-        return empty
+        return otel_context.Context()
     version, trace_id, span_id, flags, rest = match.groups()
     if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN or version == "ff" or (version == "00" and rest):
-        return empty
-    tracestate = carrier.get("tracestate")
+        return otel_context.Context()
     state = None
     if tracestate is not None and len(tracestate) <= _MAX_TRACESTATE:
         state = TraceState.from_header([tracestate])
-    span_context = SpanContext(
-        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)),
-        trace_state=state,
-    )
-    return trace.set_span_in_context(NonRecordingSpan(span_context), empty)
+    trace_flags = TraceFlags(int(flags, 16))
+    span_context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace_flags,
+                               trace_state=state)
+    context = trace.set_span_in_context(NonRecordingSpan(span_context), otel_context.Context())
+    if tracestate is None and not trace_flags & 0x01:
+        if len(_extracted) >= _CACHE_MAX:
+            _extracted.clear()
+        _extracted[header] = context
+    return context

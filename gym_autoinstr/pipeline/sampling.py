@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
 from .._env import switched_off
+from .spans import tracer
 
 JOB_SPAN_NAME = "gym.job"
 
@@ -89,8 +90,6 @@ def dropped_parent(context: Any = None) -> "trace.SpanContext | None":
     span_context = trace.get_current_span(context).get_span_context()
     if span_context.trace_flags & 0x01 or not span_context.is_valid:
         return None
-    from .spans import tracer
-
     sampler = getattr(tracer(), "sampler", None)
     if sampler is not _follows[0]:
         try:

@@ -76,3 +76,26 @@ def test_baggage_and_other_propagators_take_the_general_path():
     finally:
         propagate.set_global_textmap(before)
     assert propagation._w3c_default()
+
+
+def test_an_unsampled_callers_context_is_read_once_and_reused():
+    """A dropped rollout carries one traceparent through every hop: its context is parsed
+    once and handed out again (the same answer as the SDK's each time); a sampled one, or
+    one with tracestate, is parsed every time."""
+    unsampled = {"traceparent": TP.replace("-01", "-00")}
+    first, again = propagation.extract(dict(unsampled)), propagation.extract(dict(unsampled))
+    assert again is first and _seen(again) == _seen(propagate.extract(dict(unsampled)))
+    for carrier in ({"traceparent": TP}, {"traceparent": TP.replace("-01", "-00"), "tracestate": "a=1"}):
+        assert propagation.extract(dict(carrier)) is not propagation.extract(dict(carrier))
+        assert _seen(propagation.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
+
+
+def test_an_unsampled_parent_is_written_the_same_every_time():
+    one = NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(0)))
+    other = NonRecordingSpan(SpanContext(0xABC, 0x123, is_remote=True, trace_flags=TraceFlags(0)))
+    for span in (one, other, one, other):
+        ours: dict = {}
+        propagation.inject_span(span, ours)
+        theirs: dict = {}
+        propagate.inject(theirs, context=trace.set_span_in_context(span))
+        assert ours == theirs

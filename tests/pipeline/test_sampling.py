@@ -63,8 +63,6 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    from gym_autoinstr.pipeline import spans
-
     unsampled = SpanContext(7, 9, is_remote=True, trace_flags=TraceFlags(0))
     sampled = SpanContext(7, 9, is_remote=True, trace_flags=TraceFlags(1))
     invalid = SpanContext(0, 0, is_remote=False)
@@ -73,7 +71,7 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
         sampler = None
 
     fake = FakeTracer()
-    monkeypatch.setattr(spans, "tracer", lambda: fake)
+    monkeypatch.setattr(sampling, "tracer", lambda: fake)
     for sampler, follows in [
         (sampling.JobKeepingSampler(ParentBased(TraceIdRatioBased(0.0))), True),
         (ParentBased(ALWAYS_ON), True),
