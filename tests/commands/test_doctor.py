@@ -314,6 +314,21 @@ def test_the_job_trace_setting_is_reported(tmp_path, value, mode, warned):
         assert "GYM_AUTOINSTR_JOB_TRACE=single" in found[0]["fix"]
 
 
+@pytest.mark.parametrize("value, mode, warned", [(None, "all", False), (" Failures", "failures", False), ("lean", "all", True)])
+def test_the_client_spans_setting_is_reported(tmp_path, value, mode, warned):
+    env = {} if value is None else {"GYM_AUTOINSTR_CLIENT_SPANS": value}
+    code, report, _ = doctor(tmp_path, env=env)
+    assert code == 0
+    assert report["client_spans"] == {"variable": "GYM_AUTOINSTR_CLIENT_SPANS", "value": value, "mode": mode}
+    found = problems(report, "warning", "client spans")
+    assert bool(found) is warned
+    if warned:
+        assert "GYM_AUTOINSTR_CLIENT_SPANS=failures" in found[0]["fix"]
+    _, text, _ = doctor(tmp_path, env=env, as_json=False)
+    line = next(line for line in text.splitlines() if line.startswith("client spans"))
+    assert ("only for failed calls" if mode == "failures" else "one per call") in line
+
+
 def test_ray_propagation_is_reported_with_the_ray_version_and_why_not(tmp_path):
     code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SPAN_GROUPS": "server"})
     import ray

@@ -29,7 +29,7 @@ from .native import native_telemetry
 from .pipeline import pipeline
 from .ray import ray_propagation
 from .report import ERROR, exit_status, render
-from .span_groups import job_trace, span_groups
+from .span_groups import client_spans, job_trace, span_groups
 from .startup import startup
 from .venvs import server_venvs
 
@@ -61,6 +61,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
     problems += found
     job_section, found = job_trace(effective)
     problems += found
+    client_section, found = client_spans(effective)
+    problems += found
     native, found = native_telemetry(report)
     problems += found
     venvs_section, found = server_venvs(report)
@@ -81,6 +83,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
         "pipeline": pipeline_section,
         "span_groups": group_section,
         "job_trace": job_section,
+        "client_spans": client_section,
         "native_telemetry": native,
         "server_venvs": venvs_section,
         "ray": ray_section,

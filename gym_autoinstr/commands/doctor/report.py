@@ -74,6 +74,14 @@ def render(diagnosis: dict[str, Any]) -> str:
                else "each rollout its own trace, linked to gym.job")
             + f"  ({jobs['variable']})"
         )
+    shape = diagnosis.get("client_spans") or {}
+    if shape:
+        lines.append(
+            "client spans  "
+            + ("only for failed calls between Gym servers (leaner shape)" if shape["mode"] == "failures"
+               else "one per call")
+            + f"  ({shape['variable']})"
+        )
     native = diagnosis["native_telemetry"]
     lines.append(
         "Gym telemetry "

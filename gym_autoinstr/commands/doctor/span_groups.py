@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...advice import job
+from ...advice import egress, job
 from ...pipeline import groups
 from .report import ERROR, WARNING, Problem
 
@@ -60,3 +60,23 @@ def job_trace(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
         )
         mode = job.PER_ROLLOUT
     return {"variable": job.JOB_TRACE_VARIABLE, "value": raw, "mode": mode}, problems
+
+
+def client_spans(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
+    """``GYM_AUTOINSTR_CLIENT_SPANS``: a CLIENT span per call (default) or only on failed
+    calls between Gym servers (the leaner shape)."""
+    raw = environ.get(egress.CLIENT_SPANS_ENV)
+    value = (raw or "").strip().lower() or "all"
+    problems = []
+    if value not in ("all", "failures"):
+        problems.append(
+            Problem(
+                WARNING,
+                "client spans",
+                f"{egress.CLIENT_SPANS_ENV}={raw!r} is neither 'all' nor 'failures': 'all' is used",
+                f"unset it (a CLIENT span per call) or set {egress.CLIENT_SPANS_ENV}=failures (no CLIENT span on a "
+                "successful call between two Gym servers of the fleet)",
+            )
+        )
+        value = "all"
+    return {"variable": egress.CLIENT_SPANS_ENV, "value": raw, "mode": value}, problems
