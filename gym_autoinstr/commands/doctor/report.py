@@ -66,22 +66,15 @@ def render(diagnosis: dict[str, Any]) -> str:
     groups_section = diagnosis["span_groups"]
     source = groups_section["variable"] or "default"
     lines.append(f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})")
-    jobs = diagnosis.get("job_trace") or {}
-    if jobs:
-        lines.append(
-            "job traces    "
-            + ("one trace per job (rollouts nested under gym.job)" if jobs["mode"] == "single"
-               else "each rollout its own trace, linked to gym.job")
-            + f"  ({jobs['variable']})"
-        )
-    shape = diagnosis.get("client_spans") or {}
-    if shape:
-        lines.append(
-            "client spans  "
-            + ("only for failed calls between Gym servers (leaner shape)" if shape["mode"] == "failures"
-               else "one per call")
-            + f"  ({shape['variable']})"
-        )
+    for key, label, modes, otherwise in (
+        ("job_trace", "job traces", {"single": "one trace per job (rollouts nested under gym.job)"},
+         "each rollout its own trace, linked to gym.job"),
+        ("client_spans", "client spans", {"failures": "only for failed calls between Gym servers (leaner shape)"},
+         "one per call"),
+    ):
+        setting = diagnosis.get(key) or {}
+        if setting:
+            lines.append(f"{label:<14}{modes.get(setting['mode'], otherwise)}  ({setting['variable']})")
     native = diagnosis["native_telemetry"]
     lines.append(
         "Gym telemetry "
