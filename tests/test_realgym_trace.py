@@ -70,17 +70,18 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, t
     assert all(strip_ids(r) == strip_ids(bare_result) for r in instrumented_results)
 
 
-def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_model, collector):
+@pytest.mark.parametrize("version", ["0.4.0", "0.7.0"])
+def test_lean_shape_has_no_client_span_between_gym_servers(version, tmp_path, policy_model, collector):
     """``GYM_AUTOINSTR_CLIENT_SPANS=failures``: each callee's SERVER span hangs directly
     under the caller's span, the rollout is still one connected trace, and the only CLIENT
-    spans left are the model server's calls to its upstream (not a Gym server)."""
-    version = "0.4.0"
+    spans left are the model server's calls to its upstream (not a Gym server); on 0.7 the
+    relay's call to the agent loses its CLIENT span too."""
     reset_upstream(policy_model)
     env = otel_env(collector, "http/protobuf", GYM_AUTOINSTR_CLIENT_SPANS="failures")
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         results = [trio.rollout() for _ in range(2)]
-        run_service = f"nemo-gym/{AGENT}"
+        run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
         assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 2, timeout=30), trio.log_tail(40)
         upstream = received_upstream(policy_model)
     assert all(r["reward"] == 1.0 for r in results)
@@ -89,7 +90,7 @@ def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_mode
     for trace_id, trace in traces.items():
         assert_one_connected_trace(trace, trio, server_parents=("SERVER", "INTERNAL"))
         clients = [s for s in trace if s["kind"] == "CLIENT"]
-        to_upstream = [r for r in upstream if r.get("traceparent", "").split("-")[1:2] == [trace_id]]
+        to_upstream = [r for r in upstream if (r.get("traceparent") or "").split("-")[1:2] == [trace_id]]
         assert len(clients) == len(to_upstream) == 2  # the model server's two calls upstream
         for span in clients:
             assert service_of(span) == f"nemo-gym/{MODEL}"
