@@ -63,12 +63,8 @@ def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> boo
     return False
 
 
-# Read once, when Gym's process is instrumented (tests call reload_settings()).
+# Read once, when Gym's process is instrumented.
 _LEAN = {"on": client_spans_on_failure_only()}
-
-
-def reload_settings(environ: "dict[str, str] | None" = None) -> None:
-    _LEAN["on"] = client_spans_on_failure_only(environ)
 
 
 # One mutable cell per traced request: aiohttp attempts made inside it.

@@ -65,6 +65,10 @@ def _w3c_default() -> bool:
     return w3c
 
 
+def _traceparent(span_context: SpanContext) -> str:
+    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+
+
 def inject_span(span: Any, carrier: dict) -> None:
     """Write ``span``'s context (and the current baggage) into ``carrier`` as the global
     propagator would with ``span`` current."""
@@ -75,14 +79,13 @@ def inject_span(span: Any, carrier: dict) -> None:
     if not span_context.is_valid:
         return
     if span_context.trace_flags & 0x01:
-        carrier["traceparent"] = f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+        carrier["traceparent"] = _traceparent(span_context)
     else:  # unsampled: the same parent goes out on every call of a dropped rollout
         hit = _injected.get(id(span_context))
-        if hit is None or hit[0] is not span_context:
+        if hit is None or hit[0] is not span_context:  # (an entry keeps its key's object alive)
             if len(_injected) >= _CACHE_MAX:
                 _injected.clear()
-            hit = _injected[id(span_context)] = (
-                span_context, f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}")
+            hit = _injected[id(span_context)] = (span_context, _traceparent(span_context))
         carrier["traceparent"] = hit[1]
     if span_context.trace_state:
         carrier["tracestate"] = span_context.trace_state.to_header()
