@@ -47,6 +47,7 @@ from ..pipeline.redaction import redact_url
 from ..pipeline.spans import mark_error, tracer
 
 CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
+CLIENT_SPANS_MODES = ("all", "failures")  # the default first
 
 
 def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:

@@ -303,30 +303,32 @@ def test_gym_07_own_telemetry_live_means_we_stand_down(tmp_path, with_lens):
     assert ("stands down" if with_lens else "inert") in note["problem"]
 
 
-@pytest.mark.parametrize("value, mode, warned", [(None, "per_rollout", False), (" Single", "single", False), ("one", "per_rollout", True)])
-def test_the_job_trace_setting_is_reported(tmp_path, value, mode, warned):
-    code, report, _ = doctor(tmp_path, env={} if value is None else {"GYM_AUTOINSTR_JOB_TRACE": value})
-    assert code == 0
-    assert report["job_trace"] == {"variable": "GYM_AUTOINSTR_JOB_TRACE", "value": value, "mode": mode}
-    found = problems(report, "warning", "job trace")
-    assert bool(found) is warned
-    if warned:
-        assert "GYM_AUTOINSTR_JOB_TRACE=single" in found[0]["fix"]
+# (report key, variable, value, mode, warned, the fix's suggestion, text line label, text for the mode)
+SETTINGS = [
+    ("job_trace", "GYM_AUTOINSTR_JOB_TRACE", None, "per_rollout", False, "", "job traces", "each rollout its own trace"),
+    ("job_trace", "GYM_AUTOINSTR_JOB_TRACE", " Single", "single", False, "", "job traces", "one trace per job"),
+    ("job_trace", "GYM_AUTOINSTR_JOB_TRACE", "one", "per_rollout", True, "GYM_AUTOINSTR_JOB_TRACE=single", "job traces",
+     "each rollout its own trace"),
+    ("client_spans", "GYM_AUTOINSTR_CLIENT_SPANS", None, "all", False, "", "client spans", "one per call"),
+    ("client_spans", "GYM_AUTOINSTR_CLIENT_SPANS", " Failures", "failures", False, "", "client spans", "only for failed calls"),
+    ("client_spans", "GYM_AUTOINSTR_CLIENT_SPANS", "lean", "all", True, "GYM_AUTOINSTR_CLIENT_SPANS=failures",
+     "client spans", "one per call"),
+]
 
 
-@pytest.mark.parametrize("value, mode, warned", [(None, "all", False), (" Failures", "failures", False), ("lean", "all", True)])
-def test_the_client_spans_setting_is_reported(tmp_path, value, mode, warned):
-    env = {} if value is None else {"GYM_AUTOINSTR_CLIENT_SPANS": value}
+@pytest.mark.parametrize("key, variable, value, mode, warned, fix, label, text", SETTINGS)
+def test_a_shape_setting_is_reported(tmp_path, key, variable, value, mode, warned, fix, label, text):
+    env = {} if value is None else {variable: value}
     code, report, _ = doctor(tmp_path, env=env)
     assert code == 0
-    assert report["client_spans"] == {"variable": "GYM_AUTOINSTR_CLIENT_SPANS", "value": value, "mode": mode}
-    found = problems(report, "warning", "client spans")
+    assert report[key] == {"variable": variable, "value": value, "mode": mode}
+    found = problems(report, "warning", {"job_trace": "job trace", "client_spans": "client spans"}[key])
     assert bool(found) is warned
     if warned:
-        assert "GYM_AUTOINSTR_CLIENT_SPANS=failures" in found[0]["fix"]
-    _, text, _ = doctor(tmp_path, env=env, as_json=False)
-    line = next(line for line in text.splitlines() if line.startswith("client spans"))
-    assert ("only for failed calls" if mode == "failures" else "one per call") in line
+        assert fix in found[0]["fix"]
+    _, rendered, _ = doctor(tmp_path, env=env, as_json=False)
+    line = next(line for line in rendered.splitlines() if line.startswith(label))
+    assert text in line and variable in line
 
 
 def test_ray_propagation_is_reported_with_the_ray_version_and_why_not(tmp_path):

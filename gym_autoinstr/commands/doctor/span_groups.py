@@ -66,9 +66,9 @@ def client_spans(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Probl
     """``GYM_AUTOINSTR_CLIENT_SPANS``: a CLIENT span per call (default) or only on failed
     calls between Gym servers (the leaner shape)."""
     raw = environ.get(egress.CLIENT_SPANS_ENV)
-    value = (raw or "").strip().lower() or "all"
+    value = (raw or "").strip().lower() or egress.CLIENT_SPANS_MODES[0]
     problems = []
-    if value not in ("all", "failures"):
+    if value not in egress.CLIENT_SPANS_MODES:
         problems.append(
             Problem(
                 WARNING,
