@@ -122,8 +122,12 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
         return wrapped(*args, **kwargs)
     try:
-        if sampling.dropped_parent() is not None and not job.dispatching():
-            return _untraced_request(wrapped, args, kwargs)
+        context = otel_context.get_current()
+        dropped = sampling.dropped_span(context)
+        if dropped is not None and not job.dispatching():
+            # No span: the caller's own context injected, so that the next hop learns
+            # the decision.
+            return wrapped(*args, **_with_context(dropped, kwargs, context))
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN["on"]:
@@ -285,18 +289,13 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         _guarded("restoring the context", otel_context.detach, context_token)
 
 
-def _untraced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
-    """A request whose parent the sampler dropped (``sampling.dropped_parent``): no span,
-    the caller's own context injected so that the next hop learns the decision."""
-    return wrapped(*args, **_with_context(trace.get_current_span(), kwargs))
-
-
-def _with_context(span: Any, kwargs: dict) -> dict:
-    """``kwargs`` with ``span``'s context injected into a copy of the caller's headers
-    (the caller's own ``kwargs`` if nothing was injected or injecting failed)."""
+def _with_context(span: Any, kwargs: dict, context: "otel_context.Context | None" = None) -> dict:
+    """``kwargs`` with ``span``'s context (and ``context``'s baggage, default the current
+    one) injected into a copy of the caller's headers (the caller's own ``kwargs`` if
+    nothing was injected or injecting failed)."""
     try:
         carrier: dict[str, str] = {}
-        propagation.inject_span(span, carrier)
+        propagation.inject_span(span, carrier, context)
         if carrier:
             return {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
     except Exception as error:

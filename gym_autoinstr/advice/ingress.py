@@ -138,32 +138,60 @@ class GymServerMiddleware:
         self.excluded = excluded_paths()
         self.in_flight = metrics.in_flight_cell(server_name or "")
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    def __call__(self, scope: dict, receive: Any, send: Any) -> Any:
+        """The awaitable the server awaits for this scope.  A plain method: the request's
+        own coroutine (``_traced``, ``_measured``, ``_dropped``) is the only frame of ours
+        in the task's chain, which every resumption of the request walks through."""
         kind = scope.get("type")
         if kind == "http":
             if scope.get("path") not in self.excluded:
                 if self.server_spans and groups.SERVER in groups.ENABLED:
-                    await self._traced(scope, receive, send)
-                    return
+                    return self._http(scope, receive, send)
                 if metrics.LIVE:
-                    await self._measured(scope, receive, send)
-                    return
+                    return self._measured(scope, receive, send, None)
         elif kind == "lifespan":
-            runtime.watch_running_loop()
-            logs.attach_to_uvicorn()
-            await self.app(scope, receive, self._flushing_send(send))
-            return
-        await self.app(scope, receive, send)
+            return self._lifespan(scope, receive, send)
+        return self.app(scope, receive, send)
 
-    async def _measured(self, scope: dict, receive: Any, send: Any) -> None:
-        """Metrics without a SERVER span (the ``server`` group off, metrics on)."""
+    def _http(self, scope: dict, receive: Any, send: Any) -> Any:
+        try:
+            carrier = _carrier(scope)
+            parent = propagation.extract(carrier) if carrier else otel_context.Context()
+            if carrier and sampling.dropped_parent(parent) is not None:
+                # The caller's span was dropped by the sampler (pipeline/sampling.py): no
+                # span, only its context, so that this server's own calls carry the
+                # decision on.  Attached here, in the task that awaits what we return;
+                # detached when that ends.
+                token = otel_context.attach(parent)
+                if metrics.LIVE:
+                    return self._measured(scope, receive, send, token)
+                return self._dropped(scope, receive, send, token)
+        except Exception as error:  # our half failed: serve the request untraced
+            warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
+            return self.app(scope, receive, send)
+        return self._traced(scope, receive, send, parent)
+
+    async def _lifespan(self, scope: dict, receive: Any, send: Any) -> None:
+        runtime.watch_running_loop()
+        logs.attach_to_uvicorn()
+        await self.app(scope, receive, self._flushing_send(send))
+
+    async def _dropped(self, scope: dict, receive: Any, send: Any, token: object) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            otel_context.detach(token)
+
+    async def _measured(self, scope: dict, receive: Any, send: Any, token: "object | None") -> None:
+        """Metrics without a SERVER span: the ``server`` group off, or the caller's span
+        dropped (then ``token`` restores the context attached in ``_http``)."""
         in_flight = self.in_flight
         in_flight[0] += 1
         started = time.perf_counter()
         first_byte: list[float] = []
 
         async def measured_send(message: dict) -> None:
-            if message.get("type") == "http.response.start" and not first_byte:
+            if not first_byte and message.get("type") == "http.response.start":
                 first_byte.append(time.perf_counter())
                 first_byte.append(message.get("status", 0))
             await send(message)
@@ -176,6 +204,8 @@ class GymServerMiddleware:
                 _record(scope, first_byte, started)
             except Exception as error:
                 warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
+            if token is not None:
+                otel_context.detach(token)
 
     def _flushing_send(self, send: Any) -> Any:
         async def lifespan_send(message: dict) -> None:
@@ -190,28 +220,12 @@ class GymServerMiddleware:
 
         return lifespan_send
 
-    async def _traced(self, scope: dict, receive: Any, send: Any) -> None:
+    async def _traced(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context) -> None:
         try:
-            carrier = _carrier(scope)
-            parent = propagation.extract(carrier) if carrier else otel_context.Context()
-            if carrier and sampling.dropped_parent(parent) is not None:
-                span, token = None, otel_context.attach(parent)
-            else:
-                span, token = self._start(scope, parent)
+            span, token = self._start(scope, parent)
         except Exception as error:  # our half failed: serve the request untraced
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             await self.app(scope, receive, send)
-            return
-        if span is None:
-            # The caller's span was dropped by the sampler (pipeline/sampling.py): no span,
-            # only its context, so that this server's own calls carry the decision on.
-            try:
-                if metrics.LIVE:
-                    await self._measured(scope, receive, send)
-                else:
-                    await self.app(scope, receive, send)
-            finally:
-                otel_context.detach(token)
             return
         started = time.perf_counter()
         status_code: list[int] = []
@@ -221,7 +235,7 @@ class GymServerMiddleware:
             self.in_flight[0] += 1
 
         async def traced_send(message: dict) -> None:
-            if message.get("type") == "http.response.start" and not status_code:
+            if not status_code and message.get("type") == "http.response.start":
                 status_code.append(message.get("status", 0))
                 if live:
                     first_byte.append(time.perf_counter())
@@ -282,6 +296,9 @@ class GymServerMiddleware:
                 span.set_status(Status(StatusCode.ERROR))
         span.end()
 
+
+# To anyone asking (a server choosing between ASGI 2 and 3, a wrapper), still an async callable.
+concurrency.mark_coroutine_function(GymServerMiddleware.__call__)
 
 def _record(scope: dict, first_byte: list, started: float) -> None:
     """Request metrics: duration by route and status, and the seam's own metric when the

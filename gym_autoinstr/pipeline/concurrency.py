@@ -87,7 +87,7 @@ def _observed_class(base: type) -> type:
             return acquire(self)
         return _timed(self, acquire)
 
-    _mark_coroutine_function(observed_acquire)
+    mark_coroutine_function(observed_acquire)
 
     def __reduce_ex__(self: Any, protocol: int) -> Any:
         # Copies and pickles are of the original class, without our site attributes:
@@ -103,8 +103,9 @@ def _observed_class(base: type) -> type:
     return cls
 
 
-def _mark_coroutine_function(function: Any) -> None:
-    """``acquire`` stays a coroutine function to ``inspect`` and ``asyncio`` (it returns one)."""
+def mark_coroutine_function(function: Any) -> None:
+    """``function`` (which returns a coroutine) stays a coroutine function to ``inspect`` and
+    ``asyncio``: the semaphore's ``acquire``, the ingress middleware's ``__call__``."""
     mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
     if mark is not None:
         mark(function)

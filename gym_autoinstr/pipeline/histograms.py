@@ -69,25 +69,24 @@ class FastHistogram:
         self.description = description
         self.boundaries = tuple(float(b) for b in boundaries)
         self._points: dict[Any, _Point] = {}
+        # id(attributes dict) -> (that dict, its point).  Our recorders pass the same few
+        # pre-built dicts and never change one, so a dict seen before skips building and
+        # hashing its key; the entry holds the dict, so its id cannot be reused meanwhile.
+        self._seen: dict[int, tuple[Any, _Point]] = {}
         self._lock = threading.Lock()
 
     def record(self, amount: float, attributes: "dict | None" = None, context: Any = None) -> None:
         if amount < 0:  # the SDK drops them too
             warn_once(f"histogram-negative:{self.name}", "%s: negative value dropped", self.name)
             return
-        try:
-            key = frozenset(attributes.items()) if attributes else _NO_ATTRIBUTES
-        except TypeError:  # a list value: not one of ours
-            warn_once(f"histogram-attributes:{self.name}", "%s: unhashable attributes, value dropped", self.name)
-            return
         with self._lock:
-            point = self._points.get(key)
-            if point is None:
-                if len(self._points) >= MAX_ATTRIBUTE_SETS:
-                    key = frozenset(_OVERFLOW)
-                    point = self._points.get(key)
+            seen = self._seen.get(id(attributes))
+            if seen is not None and seen[0] is attributes:
+                point = seen[1]
+            else:
+                point = self._point_of(attributes)
                 if point is None:
-                    point = self._points[key] = _Point(len(self.boundaries) + 1)
+                    return
             point.count += 1
             point.sum += amount
             if amount < point.min:
@@ -95,6 +94,26 @@ class FastHistogram:
             if amount > point.max:
                 point.max = amount
             point.buckets[bisect_left(self.boundaries, amount)] += 1
+
+    def _point_of(self, attributes: "dict | None") -> "_Point | None":
+        """The point of ``attributes`` (lock held), made on first use; remembered by the
+        dict's identity (see ``_seen``)."""
+        try:
+            key = frozenset(attributes.items()) if attributes else _NO_ATTRIBUTES
+        except TypeError:  # a list value: not one of ours
+            warn_once(f"histogram-attributes:{self.name}", "%s: unhashable attributes, value dropped", self.name)
+            return None
+        point = self._points.get(key)
+        if point is None:
+            if len(self._points) >= MAX_ATTRIBUTE_SETS:
+                key = frozenset(_OVERFLOW)
+                point = self._points.get(key)
+            if point is None:
+                point = self._points[key] = _Point(len(self.boundaries) + 1)
+        if len(self._seen) >= 2 * MAX_ATTRIBUTE_SETS:
+            self._seen.clear()
+        self._seen[id(attributes)] = (attributes, point)
+        return point
 
     def metric(self, now: int) -> Any:
         """This instrument's cumulative data as an SDK ``Metric`` (None before any record)."""

@@ -152,6 +152,24 @@ class SeamMetric:
         self.identity = self.ok
 
 
+# (method, route template, status) -> the attribute dict recorded for such requests: built
+# once, the same object every time (the fast histograms find its point by identity).
+_request_attributes: dict[tuple, dict[str, Any]] = {}
+_REQUEST_ATTRIBUTE_SETS = 1024  # routes are templates, statuses a few: never near it in Gym
+
+
+def _request_attributes_of(method: str, route: "str | None", status: "int | None") -> dict[str, Any]:
+    attributes: dict[str, Any] = {"http.request.method": method}
+    if route:
+        attributes["http.route"] = route
+    if status:
+        attributes["http.response.status_code"] = status
+    if len(_request_attributes) >= _REQUEST_ATTRIBUTE_SETS:
+        _request_attributes.clear()
+    _request_attributes[(method, route, status)] = attributes
+    return attributes
+
+
 def record_request(
     method: str,
     route: "str | None",
@@ -161,11 +179,9 @@ def record_request(
     seam: "SeamMetric | None",
 ) -> None:
     """Everything the ingress records when a request ends (caller checked ``LIVE``)."""
-    attributes: dict[str, Any] = {"http.request.method": method}
-    if route:
-        attributes["http.route"] = route
-    if status:
-        attributes["http.response.status_code"] = status
+    attributes = _request_attributes.get((method, route, status))
+    if attributes is None:
+        attributes = _request_attributes_of(method, route, status)
     _instruments["duration"].record(seconds, attributes)
     if seam is None:
         return

@@ -41,10 +41,10 @@ _extracted: dict[str, otel_context.Context] = {}
 _injected: dict[int, tuple[SpanContext, str]] = {}
 
 
-def _no_baggage() -> bool:
+def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
     if _BAGGAGE_KEY is None:  # pragma: no cover
-        return not otel_baggage.get_all()
-    return not otel_context.get_value(_BAGGAGE_KEY)
+        return not otel_baggage.get_all(context)
+    return not otel_context.get_value(_BAGGAGE_KEY, context)
 
 
 def _w3c_default() -> bool:
@@ -69,11 +69,11 @@ def _traceparent(span_context: SpanContext) -> str:
     return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
 
 
-def inject_span(span: Any, carrier: dict) -> None:
-    """Write ``span``'s context (and the current baggage) into ``carrier`` as the global
-    propagator would with ``span`` current."""
-    if not _w3c_default() or not _no_baggage():
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None" = None) -> None:
+    """Write ``span``'s context (and the baggage of ``context``, default the current one)
+    into ``carrier`` as the global propagator would with ``span`` current."""
+    if not _w3c_default() or not _no_baggage(context):
+        propagate.inject(carrier, context=trace.set_span_in_context(span, context))
         return
     span_context = span.get_span_context()
     if not span_context.is_valid:

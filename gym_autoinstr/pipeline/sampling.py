@@ -84,10 +84,11 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
         getattr(sampler, "_local_parent_not_sampled", None))
 
 
-def dropped_parent(context: Any = None) -> "trace.SpanContext | None":
-    """The span context of the current (or ``context``'s) span when it is valid and not
-    sampled and the tracer's sampler drops every child of such a parent; else None."""
-    span_context = trace.get_current_span(context).get_span_context()
+def dropped_span(context: Any = None) -> Any:
+    """The current (or ``context``'s) span when it is valid and not sampled and the
+    tracer's sampler drops every child of such a parent; else None."""
+    span = trace.get_current_span(context)
+    span_context = span.get_span_context()
     if span_context.trace_flags & 0x01 or not span_context.is_valid:
         return None
     sampler = getattr(tracer(), "sampler", None)
@@ -97,4 +98,10 @@ def dropped_parent(context: Any = None) -> "trace.SpanContext | None":
         except Exception:
             follows = False
         _follows[0], _follows[1] = sampler, follows
-    return span_context if _follows[1] else None
+    return span if _follows[1] else None
+
+
+def dropped_parent(context: Any = None) -> "trace.SpanContext | None":
+    """``dropped_span``'s span context, or None."""
+    span = dropped_span(context)
+    return None if span is None else span.get_span_context()

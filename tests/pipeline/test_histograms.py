@@ -130,6 +130,24 @@ def test_negative_values_dropped_and_attribute_sets_bounded(monkeypatch):
     provider.shutdown()
 
 
+def test_a_dict_seen_before_lands_on_its_point_and_the_memory_of_dicts_is_bounded(monkeypatch):
+    monkeypatch.setattr(histograms, "MAX_ATTRIBUTE_SETS", 4)  # dicts remembered: at most 8
+    provider, inner, histogram, _ = _pipeline(True)
+    kept = {"k": "kept"}
+    for i in range(20):
+        histogram.record(1, kept)  # the same object: found by identity
+        histogram.record(2, {"k": "kept"})  # an equal dict made anew each time
+        histogram.record(3, {"k": "other"})
+    histogram.record(4)
+    histogram.record(4, None)
+    assert len(histogram._seen) <= 8
+    provider.force_flush()
+    points = _points(_by_name(inner.batches[0])["gym.test.duration_ms"][1])
+    assert {key: value[:2] for key, value in points.items()} == {
+        frozenset({("k", "kept")}): (40, 60.0), frozenset({("k", "other")}): (20, 60.0), frozenset(): (2, 8.0)}
+    provider.shutdown()
+
+
 @pytest.mark.parametrize("env", [
     {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"},
     {"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "base2_exponential_bucket_histogram"},

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from gym_autoinstr.advice.ingress import instrument_app
 from gym_autoinstr.pipeline import metrics, pool, runtime
 from tests.advice.test_routes import _agent, _model, _post, _resources
-from tests.servers import run_async, serve
+from tests.servers import post_json, run_async, serve
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +116,31 @@ def test_the_server_group_off_still_gives_metrics(instrumented, reader, spans, m
         assert _post(base + "/run", {"question": "q"})[0] == 200
     assert spans.get_finished_spans() == ()
     assert counts(reader, "gym.rollout.duration_ms").get(None, 0) == before + 1
+
+
+def test_a_request_whose_caller_was_sampled_out_is_measured_without_a_span(instrumented, reader, spans):
+    from opentelemetry import trace
+
+    app = FastAPI()
+    seen: list = []
+
+    @app.post("/dropped_caller")
+    async def handler(body: dict):
+        seen.append(trace.get_current_span().get_span_context())
+        return {}
+
+    assert instrument_app(app, "dropped_caller_server")
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    before = counts(reader, "http.server.request.duration", "http.route").get("/dropped_caller", 0)
+    with serve(app) as base:
+        for _ in range(3):
+            assert post_json(base + "/dropped_caller", {}, {"traceparent": f"00-{trace_id}-{parent_id}-00"})[0] == 200
+    assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
+    assert counts(reader, "http.server.request.duration", "http.route").get("/dropped_caller", 0) == before + 3
+    assert {(format(c.trace_id, "032x"), format(c.span_id, "016x"), c.trace_flags.sampled) for c in seen} == {
+        (trace_id, parent_id, False)}
+    in_flight = {dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")}
+    assert in_flight["dropped_caller_server"] == 0
 
 
 def test_a_handler_blocking_the_loop_shows_as_event_loop_lag(instrumented, reader):
