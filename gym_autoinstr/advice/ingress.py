@@ -160,12 +160,10 @@ class GymServerMiddleware:
             if carrier and sampling.dropped_parent(parent) is not None:
                 # The caller's span was dropped by the sampler (pipeline/sampling.py): no
                 # span, only its context, so that this server's own calls carry the
-                # decision on.  Attached here, in the task that awaits what we return;
-                # detached when that ends.
-                token = otel_context.attach(parent)
+                # decision on (attached and detached inside the request's coroutine).
                 if metrics.LIVE:
-                    return self._measured(scope, receive, send, token)
-                return self._dropped(scope, receive, send, token)
+                    return self._measured(scope, receive, send, parent)
+                return self._dropped(scope, receive, send, parent)
         except Exception as error:  # our half failed: serve the request untraced
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             return self.app(scope, receive, send)
@@ -176,15 +174,17 @@ class GymServerMiddleware:
         logs.attach_to_uvicorn()
         await self.app(scope, receive, self._flushing_send(send))
 
-    async def _dropped(self, scope: dict, receive: Any, send: Any, token: object) -> None:
+    async def _dropped(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context) -> None:
+        token = otel_context.attach(parent)
         try:
             await self.app(scope, receive, send)
         finally:
             otel_context.detach(token)
 
-    async def _measured(self, scope: dict, receive: Any, send: Any, token: "object | None") -> None:
+    async def _measured(self, scope: dict, receive: Any, send: Any, parent: "otel_context.Context | None") -> None:
         """Metrics without a SERVER span: the ``server`` group off, or the caller's span
-        dropped (then ``token`` restores the context attached in ``_http``)."""
+        dropped (then ``parent``, its context, is current while the request runs)."""
+        token = otel_context.attach(parent) if parent is not None else None
         in_flight = self.in_flight
         in_flight[0] += 1
         started = time.perf_counter()
@@ -299,6 +299,7 @@ class GymServerMiddleware:
 
 # To anyone asking (a server choosing between ASGI 2 and 3, a wrapper), still an async callable.
 concurrency.mark_coroutine_function(GymServerMiddleware.__call__)
+
 
 def _record(scope: dict, first_byte: list, started: float) -> None:
     """Request metrics: duration by route and status, and the seam's own metric when the

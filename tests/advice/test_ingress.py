@@ -181,3 +181,49 @@ def test_an_unsampled_caller_gets_no_span_and_its_context_reaches_the_handler(in
     assert not dropped.trace_flags.sampled and dropped.is_remote
     (span,) = _server_spans(spans)  # the sampled request's only
     assert span.context.span_id == kept.span_id and span.parent.span_id == int(PARENT_ID, 16)
+
+
+def test_the_middleware_changes_no_context_until_its_coroutine_runs(instrumented, spans):
+    """The coroutine the middleware hands back may run in another task than the call (a
+    server wrapping it in ``create_task``): an unsampled caller's context is attached and
+    detached inside it, never in the caller's context."""
+    import asyncio
+
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+
+    seen: list = []
+
+    async def app(scope, receive, send):
+        seen.append(trace.get_current_span().get_span_context())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    sent: list = []
+
+    async def send(message):
+        sent.append(message["type"])
+
+    middleware = GymServerMiddleware(app, server_name="context_server")
+    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000),
+             "headers": [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())]}
+
+    async def caller():
+        before = otel_context.get_current()
+        awaitable = middleware(scope, receive, send)
+        assert otel_context.get_current() is before
+        await asyncio.get_running_loop().create_task(awaitable)
+        assert otel_context.get_current() is before
+
+    asyncio.run(caller())
+    (inside,) = seen
+    assert (format(inside.trace_id, "032x"), format(inside.span_id, "016x")) == (TRACE_ID, PARENT_ID)
+    assert not inside.trace_flags.sampled
+    assert sent == ["http.response.start", "http.response.body"]
+    assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
