@@ -59,8 +59,8 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
-from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, finish, log, machine,
-                            make_variants, rewarded, rollout_body, settle, start_trio, tear_down)
+from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, finish, load_together, log,
+                            machine, make_variants, rewarded, rollout_body, settle, start_trio, tear_down)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -329,21 +329,11 @@ def together_window(variants: list, probed: dict, idle: dict, sink: "CountingSin
                     concurrency: int, windows: dict) -> None:
     """One window with every variant loaded at the same time (``--together``)."""
     before = {v.key: probed[v.key].snapshot() for v in variants}
-    with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
-        futures = {v.key: pool.submit(run_load, v.trio.run_url, body, 10**6, concurrency,
-                                      tag=v.load_tag(PHASE_WINDOW), check=rewarded, duration=seconds)
-                   for v in variants}
-        loads = {k: f.result() for k, f in futures.items()}
-    ended = time.monotonic()
-    for v in variants:  # every trio's spans of this window at the sink before any CPU is read
-        settle(v, sink, PHASE_WINDOW)
-    waited = time.monotonic() - ended
+    # every trio's spans of this window at the sink before any CPU is read
+    loads, waited = load_together(variants, sink, body, seconds, concurrency, PHASE_WINDOW)
     after = {v.key: probed[v.key].snapshot() for v in variants}
     for v in variants:
         result = loads[v.key]
-        if result.errors:
-            raise RuntimeError(f"{v.label}: {result.errors}/{result.n} rollouts failed: "
-                               f"{result.first_error}\n" + v.trio.log_tail(30))
         d = subtract_idle(delta(before[v.key], after[v.key]), idle[v.key], waited)
         windows[v.key].append({"n": result.n, "seconds": result.seconds, "settle_s": waited, "delta": d})
 

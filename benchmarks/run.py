@@ -253,6 +253,29 @@ def measure_idle(variants: "list[Variant]", seconds: float = 4.0) -> None:
         v.idle_cpu_per_s = max(0.0, (server_cpu(v.trio) - before[v.key]) / seconds)
 
 
+def load_together(variants: "list[Variant]", sink: CountingSink, body: bytes, seconds: float, concurrency: int,
+                  phase: int) -> "tuple[dict, float]":
+    """Every variant loaded at the same time for ``seconds`` (one closed-loop load
+    generator per trio, on threads), then every trio's spans of the window settled at the
+    sink.  Returns the loads by variant key and the seconds waited after them; raises if
+    a rollout failed."""
+    with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
+        futures = {v.key: pool.submit(run_load, v.trio.run_url, body, 10**6, concurrency,
+                                      tag=v.load_tag(phase), check=rewarded, duration=seconds)
+                   for v in variants}
+        loads = {k: f.result() for k, f in futures.items()}
+    ended = time.monotonic()
+    for v in variants:
+        settle(v, sink, phase)
+    waited = time.monotonic() - ended
+    for v in variants:
+        result = loads[v.key]
+        if result.errors:
+            raise RuntimeError(f"{v.label}: {result.errors}/{result.n} rollouts failed: {result.first_error}\n"
+                               + v.trio.log_tail(30))
+    return loads, waited
+
+
 TOGETHER_KEYS = ("bare", "default", "sampled")
 
 
@@ -269,20 +292,9 @@ def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes,
     out: dict = {v.key: [] for v in picked}
     for i in range(windows):
         before = {v.key: server_cpu(v.trio) for v in picked}
-        with concurrent.futures.ThreadPoolExecutor(len(picked)) as pool:
-            futures = {v.key: pool.submit(run_load, v.trio.run_url, body, 10**6, concurrency,
-                                          tag=v.load_tag(PHASE_TOGETHER), check=rewarded, duration=seconds)
-                       for v in picked}
-            loads = {k: f.result() for k, f in futures.items()}
-        ended = time.monotonic()
-        for v in picked:
-            settle(v, sink, PHASE_TOGETHER)
-        waited = time.monotonic() - ended
+        loads, waited = load_together(picked, sink, body, seconds, concurrency, PHASE_TOGETHER)
         for v in picked:
             result = loads[v.key]
-            if result.errors:
-                raise RuntimeError(f"{v.label}: {result.errors}/{result.n} rollouts failed: {result.first_error}\n"
-                                   + v.trio.log_tail(30))
             cpu = server_cpu(v.trio) - before[v.key] - v.idle_cpu_per_s * waited
             out[v.key].append({"n": result.n, "cpu_ms": cpu / result.n * 1e3 if result.n else float("nan")})
         log(f"together window {i + 1}/{windows}: ms/rollout "
