@@ -54,9 +54,10 @@ def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> boo
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
     raw = (os.environ if environ is None else environ).get(CLIENT_SPANS_ENV, "")
     value = raw.strip().lower()
-    if value in ("", "all"):
+    default, failures = CLIENT_SPANS_MODES
+    if value in ("", default):
         return False
-    if value == "failures":
+    if value == failures:
         return True
     warn_once(f"egress:client-spans:{value}", "%s=%r is neither 'all' nor 'failures'; every call keeps its CLIENT "
               "span ('all'). Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",

@@ -78,5 +78,5 @@ def client_spans(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Probl
                 "successful call between two Gym servers of the fleet)",
             )
         )
-        value = "all"
+        value = egress.CLIENT_SPANS_MODES[0]
     return {"variable": egress.CLIENT_SPANS_ENV, "value": raw, "mode": value}, problems
