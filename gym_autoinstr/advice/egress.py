@@ -298,7 +298,9 @@ def _with_context(span: Any, kwargs: dict, context: "otel_context.Context | None
         carrier: dict[str, str] = {}
         propagation.inject_span(span, carrier, context)
         if carrier:
-            return {**kwargs, "headers": _copy_with(kwargs.get("headers"), carrier)}
+            headers = kwargs.get("headers")
+            # no headers of the caller's (Gym's usual call): the carrier, ours, is the copy
+            return {**kwargs, "headers": carrier if headers is None else _copy_with(headers, carrier)}
     except Exception as error:
         warn_once("egress:inject", "trace context not injected (%r); the request is unaffected.", error)
     return kwargs

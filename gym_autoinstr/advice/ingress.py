@@ -78,7 +78,48 @@ class _Propagation:
                 names.discard(b"baggage")
             cls.names = frozenset(names)
             cls.textmap = textmap
+            _DROPPED_CALLERS.clear()  # read under another propagator
         return cls.names
+
+
+# A rollout the sampler dropped sends one unchanged traceparent to every hop (see
+# pipeline/sampling.py): its contexts, by the header's bytes as they arrive, so that each
+# later request of that rollout skips decoding, parsing and the sampler's check.  Only
+# a lone traceparent (no tracestate, no accepted baggage) read by the W3C propagator is
+# kept.  Bounded; cleared when full.
+_DROPPED_CALLERS: dict[bytes, otel_context.Context] = {}
+_DROPPED_CALLERS_MAX = 1024
+
+
+def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
+    """The caller's context read from the request's headers, and whether the caller's span
+    was dropped by the sampler (then this request records no span: pipeline/sampling.py)."""
+    names = _Propagation.header_names()
+    raw = None
+    for key, value in scope.get("headers") or ():
+        if key in names:
+            if key != b"traceparent" or raw is not None:  # tracestate, baggage, a repeat: the general way
+                return _caller_from(_carrier(scope), None)
+            raw = value
+    if raw is None:
+        return otel_context.Context(), False
+    known = _DROPPED_CALLERS.get(raw)
+    if known is not None and sampling.drops_unsampled_children():
+        return known, True
+    return _caller_from({"traceparent": raw.decode("latin-1")}, raw)
+
+
+def _caller_from(carrier: dict, raw: "bytes | None") -> "tuple[otel_context.Context, bool]":
+    if not carrier:
+        return otel_context.Context(), False
+    parent = propagation.extract(carrier)
+    if sampling.dropped_parent(parent) is None:
+        return parent, False
+    if raw is not None and propagation.w3c_default():
+        if len(_DROPPED_CALLERS) >= _DROPPED_CALLERS_MAX:
+            _DROPPED_CALLERS.clear()
+        _DROPPED_CALLERS[raw] = parent
+    return parent, True
 
 
 def _carrier(scope: dict) -> dict[str, str]:
@@ -155,9 +196,8 @@ class GymServerMiddleware:
 
     def _http(self, scope: dict, receive: Any, send: Any) -> Any:
         try:
-            carrier = _carrier(scope)
-            parent = propagation.extract(carrier) if carrier else otel_context.Context()
-            if carrier and sampling.dropped_parent(parent) is not None:
+            parent, dropped = _caller(scope)
+            if dropped:
                 # The caller's span was dropped by the sampler (pipeline/sampling.py): no
                 # span, only its context, so that this server's own calls carry the
                 # decision on (attached and detached inside the request's coroutine).
@@ -308,13 +348,37 @@ def _record(scope: dict, first_byte: list, started: float) -> None:
     ``first_byte`` is ``[time of http.response.start, status]`` or empty (no response:
     an exception, counted as a failure)."""
     ended = time.perf_counter()
-    route = scope.get("route")
-    seam = getattr(getattr(route, "endpoint", None), metrics.SEAM_ATTRIBUTE, None)
+    template, seam = _route_facts(scope)
     ttfb = first_byte[0] - started if first_byte else None
     metrics.record_request(
-        scope.get("method", "HTTP"), _route_template(scope), first_byte[1] if first_byte else None,
+        scope.get("method", "HTTP"), template, first_byte[1] if first_byte else None,
         ended - started, ttfb, seam,
     )
+
+
+# A matched route's template and seam metric, by the route object Starlette leaves in the
+# scope: looked up once per route (the seam is an attribute most endpoints lack, and a
+# missing attribute is an exception inside getattr).  Bounded; cleared when full.
+_ROUTE_FACTS: dict[int, tuple[Any, "str | None", Any]] = {}
+_ROUTE_FACTS_MAX = 1024
+
+
+def _route_facts(scope: dict) -> "tuple[str | None, Any]":
+    route = scope.get("route")
+    if route is None:
+        return _route_template(scope), None
+    known = _ROUTE_FACTS.get(id(route))
+    if known is None or known[0] is not route:  # (an entry keeps its route alive: ids stay unique)
+        if len(_ROUTE_FACTS) >= _ROUTE_FACTS_MAX:
+            _ROUTE_FACTS.clear()
+        path = getattr(route, "path", None)
+        known = _ROUTE_FACTS[id(route)] = (
+            route, path if isinstance(path, str) else None,
+            getattr(getattr(route, "endpoint", None), metrics.SEAM_ATTRIBUTE, None),
+        )
+    if known[1] is None:  # not a template (a route of another kind): as before
+        return _route_template(scope), known[2]
+    return known[1], known[2]
 
 
 def _silence_fastapi_builtin_telemetry(app: Any) -> None:

@@ -79,7 +79,11 @@ class FastHistogram:
         if amount < 0:  # the SDK drops them too
             warn_once(f"histogram-negative:{self.name}", "%s: negative value dropped", self.name)
             return
-        with self._lock:
+        # acquire/release rather than ``with``: the same lock, half the interpreter's work
+        # on a path every request takes
+        lock = self._lock
+        lock.acquire()
+        try:
             seen = self._seen.get(id(attributes))
             if seen is not None and seen[0] is attributes:
                 point = seen[1]
@@ -94,6 +98,8 @@ class FastHistogram:
             if amount > point.max:
                 point.max = amount
             point.buckets[bisect_left(self.boundaries, amount)] += 1
+        finally:
+            lock.release()
 
     def _point_of(self, attributes: "dict | None") -> "_Point | None":
         """The point of ``attributes`` (lock held), made on first use; remembered by the

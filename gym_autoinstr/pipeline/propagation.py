@@ -30,7 +30,7 @@ _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-(
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
-_known: dict[str, Any] = {"textmap": None, "w3c": False}
+_known: list = [None, False]  # [the global textmap last checked, whether it is W3C's]
 
 # A rollout the sampler dropped carries one unchanged traceparent through every hop
 # (pipeline/sampling.py): the contexts read from, and the headers written for, such
@@ -38,20 +38,20 @@ _known: dict[str, Any] = {"textmap": None, "w3c": False}
 # contexts are immutable, so sharing them between requests is safe.
 _CACHE_MAX = 1024
 _extracted: dict[str, otel_context.Context] = {}
-_injected: dict[int, tuple[SpanContext, str]] = {}
+_injected: dict[int, tuple[SpanContext, str, "str | None"]] = {}
 
 
 def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
     if _BAGGAGE_KEY is None:  # pragma: no cover
         return not otel_baggage.get_all(context)
-    return not otel_context.get_value(_BAGGAGE_KEY, context)
+    return not (otel_context.get_current() if context is None else context).get(_BAGGAGE_KEY)
 
 
-def _w3c_default() -> bool:
+def w3c_default() -> bool:
     """The global propagator is W3C Trace Context, alone or with W3C Baggage."""
     textmap = propagate.get_global_textmap()
-    if textmap is _known["textmap"]:
-        return _known["w3c"]
+    if textmap is _known[0]:
+        return _known[1]
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
     from opentelemetry.propagators.composite import CompositePropagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -61,7 +61,7 @@ def _w3c_default() -> bool:
     w3c = bool(kinds) and kinds[0] is TraceContextTextMapPropagator and all(
         k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds
     )
-    _known["textmap"], _known["w3c"] = textmap, w3c
+    _known[0], _known[1] = textmap, w3c
     return w3c
 
 
@@ -72,21 +72,27 @@ def _traceparent(span_context: SpanContext) -> str:
 def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None" = None) -> None:
     """Write ``span``'s context (and the baggage of ``context``, default the current one)
     into ``carrier`` as the global propagator would with ``span`` current."""
-    if not _w3c_default() or not _no_baggage(context):
+    if not w3c_default() or not _no_baggage(context):
         propagate.inject(carrier, context=trace.set_span_in_context(span, context))
         return
     span_context = span.get_span_context()
-    if not span_context.is_valid:
-        return
-    if span_context.trace_flags & 0x01:
-        carrier["traceparent"] = _traceparent(span_context)
-    else:  # unsampled: the same parent goes out on every call of a dropped rollout
+    if not span_context.trace_flags & 0x01:
+        # unsampled: the same parent goes out on every call of a dropped rollout
         hit = _injected.get(id(span_context))
         if hit is None or hit[0] is not span_context:  # (an entry keeps its key's object alive)
+            if not span_context.is_valid:
+                return
             if len(_injected) >= _CACHE_MAX:
                 _injected.clear()
-            hit = _injected[id(span_context)] = (span_context, _traceparent(span_context))
+            header = span_context.trace_state.to_header() if span_context.trace_state else None
+            hit = _injected[id(span_context)] = (span_context, _traceparent(span_context), header)
         carrier["traceparent"] = hit[1]
+        if hit[2]:
+            carrier["tracestate"] = hit[2]
+        return
+    if not span_context.is_valid:
+        return
+    carrier["traceparent"] = _traceparent(span_context)
     if span_context.trace_state:
         carrier["tracestate"] = span_context.trace_state.to_header()
 
@@ -95,7 +101,7 @@ def extract(carrier: dict) -> otel_context.Context:
     """A context holding the caller's span context read from ``carrier`` (header names in
     lower case), as the global propagator would extract it (an unsampled caller's without
     tracestate may be a context handed out before: contexts are never changed in place)."""
-    if not _w3c_default() or "baggage" in carrier:
+    if not w3c_default() or "baggage" in carrier:
         return propagate.extract(carrier)
     header = carrier.get("traceparent")
     if not header:

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
-from .spans import tracer
+from .spans import tracer_in_use
+
+try:  # where the API keeps the current span in a context (since API 1.0)
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # pragma: no cover
+    _SPAN_KEY = None
 
 JOB_SPAN_NAME = "gym.job"
 
@@ -87,18 +94,32 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
 def dropped_span(context: Any = None) -> Any:
     """The current (or ``context``'s) span when it is valid and not sampled and the
     tracer's sampler drops every child of such a parent; else None."""
-    span = trace.get_current_span(context)
+    if _SPAN_KEY is None:  # pragma: no cover
+        span = trace.get_current_span(context)
+    else:
+        span = (otel_context.get_current() if context is None else context).get(_SPAN_KEY)
+    # A span the sampler dropped is a NonRecordingSpan, whether the SDK made it or a
+    # caller's header did; any other span (a recording one, none) is not dropped here,
+    # and the SDK's sampler decides as usual.
+    if type(span) is not NonRecordingSpan:
+        return None
     span_context = span.get_span_context()
     if span_context.trace_flags & 0x01 or not span_context.is_valid:
         return None
-    sampler = getattr(tracer(), "sampler", None)
+    return span if drops_unsampled_children() else None
+
+
+def drops_unsampled_children() -> bool:
+    """Whether the tracer's sampler drops every child of an unsampled parent (worked out
+    once per sampler object)."""
+    sampler = getattr(tracer_in_use(), "sampler", None)
     if sampler is not _follows[0]:
         try:
             follows = _drops_under_unsampled_parent(sampler)
         except Exception:
             follows = False
         _follows[0], _follows[1] = sampler, follows
-    return span if _follows[1] else None
+    return _follows[1]
 
 
 def dropped_parent(context: Any = None) -> "trace.SpanContext | None":

@@ -55,6 +55,14 @@ def tracer() -> trace.Tracer:
     return _tracer
 
 
+def tracer_in_use() -> trace.Tracer:
+    """The tracer ``tracer()`` last handed out (made now if there is none yet), without
+    looking at the provider again: for the dropped path, which only reads its sampler.
+    Every span start goes through ``tracer()``, which re-makes it when the provider or
+    its processors change."""
+    return _tracer if _tracer is not None else tracer()
+
+
 def error_type(error: BaseException) -> str:
     cls = type(error)
     module = cls.__module__

@@ -227,3 +227,54 @@ def test_the_middleware_changes_no_context_until_its_coroutine_runs(instrumented
     assert not inside.trace_flags.sampled
     assert sent == ["http.response.start", "http.response.body"]
     assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
+
+
+def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the_moment_decides(
+        instrumented, spans, monkeypatch):
+    """Every request of a rollout the sampler dropped carries the same traceparent: the
+    second one reuses the context read for the first (no span either time), a tracestate
+    beside it is still read, and a sampler that records children of unsampled callers,
+    once installed, is obeyed for the header seen before."""
+    import asyncio
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+    from gym_autoinstr.pipeline.spans import tracer
+
+    seen: list = []
+
+    async def app(scope, receive, send):
+        seen.append(trace.get_current_span().get_span_context())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message):
+        pass
+
+    middleware = GymServerMiddleware(app, server_name="dropped_server")
+    traceparent = (b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())
+
+    def request(*headers):
+        scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
+                 "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000"), *headers]}
+        asyncio.run(middleware(scope, receive, send))
+        return seen[-1]
+
+    first, second = request(traceparent), request(traceparent)
+    assert second is first  # the same context, read once
+    assert (format(first.trace_id, "032x"), format(first.span_id, "016x")) == (TRACE_ID, PARENT_ID)
+    assert not first.trace_flags.sampled
+    with_state = request(traceparent, (b"tracestate", b"vendor=1"))
+    assert with_state.span_id == int(PARENT_ID, 16) and dict(with_state.trace_state) == {"vendor": "1"}
+    assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
+
+    monkeypatch.setattr(tracer(), "sampler", ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON))
+    request(traceparent)
+    (span,) = _server_spans(spans)
+    assert span.parent.span_id == int(PARENT_ID, 16) and format(span.context.trace_id, "032x") == TRACE_ID
+    assert span.parent.is_remote and not span.parent.trace_flags.sampled

@@ -38,7 +38,7 @@ def _seen(ctx):
 
 @pytest.mark.parametrize("carrier", CARRIERS, ids=[str(i) for i in range(len(CARRIERS))])
 def test_extract_matches_the_global_propagator(carrier):
-    assert propagation._w3c_default()
+    assert propagation.w3c_default()
     assert _seen(propagation.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
 
 
@@ -68,14 +68,14 @@ def test_baggage_and_other_propagators_take_the_general_path():
     before = propagate.get_global_textmap()
     propagate.set_global_textmap(Custom([]))
     try:
-        assert not propagation._w3c_default()
+        assert not propagation.w3c_default()
         carrier = {}
         propagation.inject_span(span, carrier)
         assert carrier == {}  # the configured (empty) propagator decides
         assert not trace.get_current_span(propagation.extract({"traceparent": TP})).get_span_context().is_valid
     finally:
         propagate.set_global_textmap(before)
-    assert propagation._w3c_default()
+    assert propagation.w3c_default()
 
 
 def test_an_unsampled_callers_context_is_read_once_and_reused():
