@@ -40,6 +40,7 @@ of the per-repetition differences is reported beside it.  Prints one JSON object
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -55,10 +56,38 @@ def _drive(coro):
     raise RuntimeError("benchmark coroutine suspended")
 
 
-def main() -> None:
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    number = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+class Bench:
+    """The call sites and their variants, set up once in this process (see the module
+    doc): ``cases[site][variant]`` is a no-argument callable making one call; run it
+    inside ``with bench.variant(name):``, which switches the span groups and metrics
+    and makes a dropped span current as the variant asks."""
 
+    def __init__(self, cases: dict, enabled: dict, dropped_context, provider, spans_exported) -> None:
+        self.cases = cases
+        self.spans_exported = spans_exported  # () -> spans the discarding exporter took
+        self.enabled = enabled
+        self.dropped_context = dropped_context
+        self.provider = provider
+
+    @contextlib.contextmanager
+    def variant(self, name: str):
+        from opentelemetry import context as otel_context
+
+        from gym_autoinstr.pipeline import groups, metrics
+
+        groups.ENABLED = self.enabled[name]
+        metrics.LIVE = name.endswith("+metrics")
+        # "dropped": the caller's span is one the sampler dropped (the current span here;
+        # for the ingress, the request's traceparent says so)
+        token = otel_context.attach(self.dropped_context) if name.startswith("dropped") else None
+        try:
+            yield
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+
+def build() -> Bench:
     import wrapt
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -245,27 +274,26 @@ def main() -> None:
     enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS,
                "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS,
                "dropped": groups.ALL_GROUPS, "dropped+metrics": groups.ALL_GROUPS}
-    samples: dict = {site: {v: [] for v in variants} for site, variants in cases.items()}
+    return Bench(cases, enabled, dropped_context, provider, lambda: Discard.exported)
+
+
+def main() -> None:
+    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    number = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+    bench = build()
+    samples: dict = {site: {v: [] for v in variants} for site, variants in bench.cases.items()}
     for rep in range(reps):
-        for site, variants in cases.items():
+        for site, variants in bench.cases.items():
             order = list(variants)
             order = order[rep % len(order):] + order[:rep % len(order)]
             for variant in order:
-                groups.ENABLED = enabled[variant]
-                metrics.LIVE = variant.endswith("+metrics")
                 n = number if not variant.startswith("on") else max(1000, number // 10)
                 fn = variants[variant]
-                # "dropped": the caller's span is one the sampler dropped (the current
-                # span here; for the ingress, the request's traceparent says so)
-                token = otel_context.attach(dropped_context) if variant.startswith("dropped") else None
-                try:
+                with bench.variant(variant):
                     fn()
                     seconds = timeit.timeit(fn, number=n, timer=time.thread_time)
-                finally:
-                    if token is not None:
-                        otel_context.detach(token)
                 samples[site][variant].append(seconds / n * 1e9)
-    provider.force_flush()
+    bench.provider.force_flush()
     out = {"reps": reps, "number": number, "python": sys.version.split()[0], "sites": {}}
     for site, variants in samples.items():
         base = variants["unwrapped"]
@@ -279,7 +307,7 @@ def main() -> None:
                 row[variant]["delta_ns_min"] = min(deltas)
                 row[variant]["delta_ns_max"] = max(deltas)
         out["sites"][site] = row
-    out["spans_exported"] = Discard.exported
+    out["spans_exported"] = bench.spans_exported()
     print(json.dumps(out))
 
 

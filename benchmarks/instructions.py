@@ -1,0 +1,168 @@
+"""Instructions per call of the micro-benchmarks' call sites, counted by valgrind.
+
+``benchmarks/micro.py`` times each call site with the CPU clock; on a shared machine two
+runs of the same code differ by tens of percent, more than most changes to a hot path.
+Here the same sites (``micro.build()``) run under ``valgrind --tool=callgrind``, which
+counts the instructions the process executes, not seconds: the same code, inputs and
+environment give the same count whatever else the machine is doing.  Everything the
+interpreter does for a call is in the count (allocation, the young-generation collections
+the calls trigger), but not what a cold cache or a busy neighbour adds to it.
+
+Per (site, variant): one process makes ``N`` calls after a warm-up of ``WARM_UP``,
+another makes none after the same warm-up; the difference over ``N`` is the count per
+call.  ``--code DIR`` (repeatable) counts the same sites with another copy of the
+package first on ``PYTHONPATH`` (``DIR/gym_autoinstr``; e.g. ``git archive`` of an older
+commit), side by side with the working tree.
+
+    ./run-benchmarks --instructions [--sites ingress,request] [--code DIR ...]
+
+Inside the Gym venv, one count: ``python -m benchmarks.instructions SITE VARIANT N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+WARM_UP = 50
+CALLS = 2000
+
+# The variants counted per site (micro.py has them all); the default report: our
+# per-request paths beside the call they wrap.
+SITES = {
+    "ingress": ("unwrapped", "off+metrics", "dropped+metrics", "on+metrics"),
+    "request": ("unwrapped", "off", "dropped", "on"),
+    "handler": ("unwrapped", "dropped", "on"),
+    "semaphore": ("unwrapped", "off+metrics"),
+    "job_rollout": ("unwrapped", "on"),
+    "ray_submit": ("unwrapped", "off"),
+}
+DEFAULT_SITES = ("ingress", "request", "handler")
+
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def _calls(site: str, variant: str, n: int) -> None:
+    """In the Gym venv: set the sites up, warm up, make ``n`` calls of one.  Run as a
+    script (this directory first on ``sys.path``, not the repository's), so that a
+    ``--code`` copy on ``PYTHONPATH`` is the ``gym_autoinstr`` imported."""
+    import micro
+
+    bench = micro.build()
+    fn = bench.cases[site][variant]
+    with bench.variant(variant):
+        for _ in range(WARM_UP):
+            fn()
+        for _ in range(n):
+            fn()
+
+
+def count(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> int:
+    """Instructions of one process making ``n`` calls (under callgrind)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))}
+    env.pop("PYTHONPATH", None)
+    if code:
+        env["PYTHONPATH"] = code
+    env["PYTHONHASHSEED"] = "0"  # the same dict layouts in both processes
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), __file__, site, variant,
+         str(n)],
+        cwd=pathlib.Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True)
+    found = _COLLECTED.search(out.stderr)
+    if out.returncode != 0 or found is None:
+        raise RuntimeError(f"{site}/{variant} under callgrind failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def run(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int = CALLS) -> dict:
+    """``{code label: {site: {variant: instructions per call}}}``; the working tree's label
+    is ``working tree``."""
+    if shutil.which("valgrind") is None:
+        raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
+    results: dict = {}
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        jobs = {}
+        for code in codes:
+            label = code or "working tree"
+            for site, variants in sites.items():
+                for variant in variants:
+                    jobs[(label, site, variant)] = (pool.submit(count, python, site, variant, calls, code),
+                                                    pool.submit(count, python, site, variant, 0, code))
+        for (label, site, variant), (with_calls, without) in jobs.items():
+            per_call = (with_calls.result() - without.result()) / calls
+            results.setdefault(label, {}).setdefault(site, {})[variant] = per_call
+    return results
+
+
+def report(results: dict) -> str:
+    labels = list(results)
+    first = results[labels[0]]
+    lines = ["Instructions per call (valgrind callgrind; in brackets: more than the site's `unwrapped`)", "",
+             "| site | variant | " + " | ".join(f"`{label}`" for label in labels) + " |",
+             "|---|---|" + "---|" * len(labels)]
+    for site, variants in first.items():
+        for variant in variants:
+            cells = []
+            for label in labels:
+                row = results[label].get(site, {})
+                value = row.get(variant)
+                base = row.get("unwrapped")
+                if value is None:
+                    cells.append("")
+                elif base is None or variant == "unwrapped":
+                    cells.append(f"{value:,.0f}")
+                else:
+                    cells.append(f"{value:,.0f} (+{value - base:,.0f})")
+            lines.append(f"| {site} | {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and not argv[0].startswith("-"):
+        _calls(argv[0], argv[1], int(argv[2]))
+        return 0
+    ap = argparse.ArgumentParser(prog="run-benchmarks --instructions", description=__doc__.splitlines()[0])
+    ap.add_argument("--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: "
+                    + ",".join(DEFAULT_SITES) + ")")
+    ap.add_argument("--code", action="append", default=[], metavar="DIR",
+                    help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)")
+    ap.add_argument("--calls", type=int, default=CALLS, help=f"calls counted per site and variant (default {CALLS})")
+    ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
+    a = ap.parse_args(argv)
+    for code in a.code:
+        if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():
+            ap.error(f"--code {code}: no gym_autoinstr package in that directory")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    from benchmarks.run import GYM_VERSION, REPO, gym_venv
+
+    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
+        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
+    venv = gym_venv(GYM_VERSION)
+    wanted = [s.strip() for s in a.sites.split(",") if s.strip()] if a.sites else list(DEFAULT_SITES)
+    unknown = [s for s in wanted if s not in SITES]
+    if unknown:
+        ap.error(f"--sites: unknown {', '.join(unknown)} (known: {', '.join(SITES)})")
+    sites = {s: SITES[s] for s in wanted}
+    try:
+        results = run(venv / "bin" / "python", sites, [None, *[str(pathlib.Path(c).resolve()) for c in a.code]],
+                      a.calls)
+    except RuntimeError as error:
+        print(f"run-benchmarks --instructions: {error}", file=sys.stderr)
+        return 1
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
