@@ -230,11 +230,13 @@ class GymServerMiddleware:
         started = time.perf_counter()
         first_byte: list[float] = []
 
-        async def measured_send(message: dict) -> None:
+        def measured_send(message: dict) -> Any:
+            # A plain function handing back the server's own awaitable: no coroutine of
+            # ours per message (ASGI only asks that ``send(message)`` be awaitable).
             if not first_byte and message.get("type") == "http.response.start":
                 first_byte.append(time.perf_counter())
                 first_byte.append(message.get("status", 0))
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, measured_send)
@@ -274,13 +276,13 @@ class GymServerMiddleware:
         if live:
             self.in_flight[0] += 1
 
-        async def traced_send(message: dict) -> None:
+        def traced_send(message: dict) -> Any:  # the server's own awaitable, as measured_send
             if not status_code and message.get("type") == "http.response.start":
                 status_code.append(message.get("status", 0))
                 if live:
                     first_byte.append(time.perf_counter())
                     first_byte.append(status_code[0])
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, traced_send)
