@@ -40,6 +40,21 @@ def _server_spans(spans):
     return [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
 
 
+def _context_seeing_app(seen: list):
+    """A bare ASGI app that notes the span context current while it runs, and its receive."""
+    from opentelemetry import trace
+
+    async def app(scope, receive, send):
+        seen.append(trace.get_current_span().get_span_context())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    return app, receive
+
+
 def test_one_server_span_adopting_the_callers_context(instrumented, spans):
     app = _gym_like_app()
     assert instrument_app(app, "my_agent")
@@ -190,20 +205,11 @@ def test_the_middleware_changes_no_context_until_its_coroutine_runs(instrumented
     import asyncio
 
     from opentelemetry import context as otel_context
-    from opentelemetry import trace
 
     from gym_autoinstr.advice.ingress import GymServerMiddleware
 
     seen: list = []
-
-    async def app(scope, receive, send):
-        seen.append(trace.get_current_span().get_span_context())
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    async def receive():
-        return {"type": "http.request", "body": b"{}"}
-
+    app, receive = _context_seeing_app(seen)
     sent: list = []
 
     async def send(message):
@@ -237,21 +243,13 @@ def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the
     once installed, is obeyed for the header seen before."""
     import asyncio
 
-    from opentelemetry import trace
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
     from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.pipeline.spans import tracer
 
     seen: list = []
-
-    async def app(scope, receive, send):
-        seen.append(trace.get_current_span().get_span_context())
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    async def receive():
-        return {"type": "http.request", "body": b"{}"}
+    app, receive = _context_seeing_app(seen)
 
     async def send(message):
         pass
