@@ -78,48 +78,37 @@ class _Propagation:
                 names.discard(b"baggage")
             cls.names = frozenset(names)
             cls.textmap = textmap
-            _DROPPED_CALLERS.clear()  # read under another propagator
         return cls.names
-
-
-# A rollout the sampler dropped sends one unchanged traceparent to every hop (see
-# pipeline/sampling.py): its contexts, by the header's bytes as they arrive, so that each
-# later request of that rollout skips decoding, parsing and the sampler's check.  Only
-# a lone traceparent (no tracestate, no accepted baggage) read by the W3C propagator is
-# kept.  Bounded; cleared when full.
-_DROPPED_CALLERS: dict[bytes, otel_context.Context] = {}
-_DROPPED_CALLERS_MAX = 1024
 
 
 def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     """The caller's context read from the request's headers, and whether the caller's span
-    was dropped by the sampler (then this request records no span: pipeline/sampling.py)."""
+    was dropped by the sampler (then this request records no span: pipeline/sampling.py).
+
+    A rollout the sampler dropped sends one unchanged traceparent to every hop: a lone
+    traceparent whose unsampled context ``propagation`` already keeps skips parsing and
+    the span checks; only the sampler is asked again."""
     names = _Propagation.header_names()
     raw = None
     for key, value in scope.get("headers") or ():
         if key in names:
             if key != b"traceparent" or raw is not None:  # tracestate, baggage, a repeat: the general way
-                return _caller_from(_carrier(scope), None)
+                return _caller_from(_carrier(scope))
             raw = value
     if raw is None:
         return otel_context.Context(), False
-    known = _DROPPED_CALLERS.get(raw)
+    header = raw.decode("latin-1")
+    known = propagation.known_unsampled(header)
     if known is not None and sampling.drops_unsampled_children():
         return known, True
-    return _caller_from({"traceparent": raw.decode("latin-1")}, raw)
+    return _caller_from({"traceparent": header})
 
 
-def _caller_from(carrier: dict, raw: "bytes | None") -> "tuple[otel_context.Context, bool]":
+def _caller_from(carrier: dict) -> "tuple[otel_context.Context, bool]":
     if not carrier:
         return otel_context.Context(), False
     parent = propagation.extract(carrier)
-    if sampling.dropped_parent(parent) is None:
-        return parent, False
-    if raw is not None and propagation.w3c_default():
-        if len(_DROPPED_CALLERS) >= _DROPPED_CALLERS_MAX:
-            _DROPPED_CALLERS.clear()
-        _DROPPED_CALLERS[raw] = parent
-    return parent, True
+    return parent, sampling.dropped_parent(parent) is not None
 
 
 def _carrier(scope: dict) -> dict[str, str]:
@@ -328,7 +317,7 @@ class GymServerMiddleware:
     @staticmethod
     def _finish(scope: dict, span: Any, status: "int | None") -> None:
         method = scope.get("method", "HTTP")
-        route = _route_template(scope)
+        route = _route_facts(scope)[0]
         if route:
             span.update_name(f"{method} {route}")
             span.set_attribute("http.route", route)

@@ -97,6 +97,12 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
         carrier["tracestate"] = span_context.trace_state.to_header()
 
 
+def known_unsampled(traceparent: str) -> "otel_context.Context | None":
+    """The context ``extract`` read before from this lone ``traceparent`` (no tracestate)
+    of an unsampled caller, while it is kept; else None."""
+    return _extracted.get(traceparent) if w3c_default() else None
+
+
 def extract(carrier: dict) -> otel_context.Context:
     """A context holding the caller's span context read from ``carrier`` (header names in
     lower case), as the global propagator would extract it (an unsampled caller's without
