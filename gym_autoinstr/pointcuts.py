@@ -264,6 +264,17 @@ POINTCUTS: tuple[Pointcut, ...] = (
         "a ray.execute span",
         parameters=("args", "kwargs"),
     ),
+    Pointcut(
+        name="ray.kill",
+        module="ray",
+        attribute="kill",
+        advice=ray_tasks.kill_advice,
+        versions="any ray",
+        group=groups.RAY,
+        purpose="before ray.kill kills an actor whose methods are traced, the actor exports its ended spans "
+        "(waiting at most the flush timeout), so the spans of its last calls are not lost to the kill",
+        parameters=("actor",),
+    ),
     *(
         Pointcut(
             name=f"ray.client_call.{stub}",

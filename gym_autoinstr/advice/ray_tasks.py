@@ -22,7 +22,10 @@ replaces ``PYTHONPATH``).  Two halves:
   submission and execution (``ray.task.wait.duration``, seconds).  At the task's end a
   flush is *requested* (the export starts on the flush thread), never waited for: a slow
   or dead collector costs the task nothing, and a worker Ray reaps soon after has
-  already handed its spans over.
+  already handed its spans over.  ``ray.kill`` (pointcut ``ray.kill``) kills an actor
+  at once, export thread included, so before it kills an actor whose methods we trace
+  it has the actor flush first (``__ray_call__``), waiting at most the flush timeout:
+  the spans of the actor's last calls are not lost to the kill.
 
 Why a carrier argument rather than Ray's own tracing hooks: Ray's
 (``_ray_trace_ctx``) only work when tracing is switched on for the whole cluster at
@@ -396,6 +399,54 @@ def _install_on_class(cls: Any) -> None:
         wrapper.__signature__ = signature
         setattr(cls, name, wrapper)
     setattr(cls, INSTALLED, True)
+
+
+def kill_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ray.kill(actor)``: an actor whose methods we trace exports what it has ended
+    first.  The kill itself is Ray's, unchanged, only later by at most the flush timeout
+    (and a little for the round trip); an actor that cannot answer in time (busy, hung,
+    gone) is killed when the wait runs out."""
+    if groups.RAY in groups.ENABLED:
+        try:
+            _flush_actor(args[0] if args else kwargs.get("actor"))
+        except Exception as error:
+            warn_once("ray:kill-flush", "could not have a Ray actor export its spans before ray.kill: %r", error)
+    return wrapped(*args, **kwargs)
+
+
+def _traced_actor(handle: Any) -> bool:
+    signatures = getattr(handle, "_ray_method_signatures", None) or {}
+    return any(getattr(parameter, "name", None) == CARRIER
+               for signature in signatures.values() for parameter in (signature or ()))
+
+
+def _flush_actor(handle: Any) -> None:
+    import ray
+    from ..pipeline.flush import flush_timeout_seconds
+
+    if not isinstance(handle, ray.actor.ActorHandle) or not _traced_actor(handle):
+        return  # Ray client handles and actors we do not trace: the kill as ever
+    call = getattr(handle, "__ray_call__", None)  # Ray releases before it lack this
+    if call is None:
+        return
+    timeout = flush_timeout_seconds()
+    try:  # ray.get, not ray.wait: an answer that is an error (the actor died) counts as read
+        ray.get(call.remote(_actor_flusher(timeout)), timeout=timeout + 0.25)
+    except Exception as error:  # busy, hung or dead already: killed as ever
+        logger.debug("ray.kill: the actor did not flush (%r); killing it now", error)
+
+
+def _actor_flusher(timeout: float) -> Any:
+    # A closure, so cloudpickle sends it by value: the actor needs only the standard
+    # library to run it, and a worker lacking our package just answers False.
+    def flush_before_kill(actor_instance):  # type: ignore[no-untyped-def]
+        try:
+            from gym_autoinstr.pipeline.flush import flush
+        except Exception:
+            return False
+        return flush(timeout, reason="ray.kill")
+
+    return flush_before_kill
 
 
 def actor_method_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

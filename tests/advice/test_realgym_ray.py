@@ -90,22 +90,25 @@ def ray_run(venv, module_collector, cluster):
     collector, workdir = module_collector, cluster.workdir
     started = time.monotonic()
     env = otel_env(collector, "http/protobuf")
-    results, stderr = _run_probe(venv, cluster, env, workdir)
+    # ray.kill waits at most the flush timeout for an actor's export: ample for 5000 spans
+    results, stderr = _run_probe(venv, cluster, dict(env, GYM_AUTOINSTR_FLUSH_TIMEOUT_MS="10000"), workdir)
     daemons = {p.pid for p in cluster.processes() if not _is_worker(p)}
     worker_logs = "\n".join(path.read_text(errors="replace") for path in cluster.temp_root.rglob("worker-*.err"))
     # A dead collector: the same tasks, the same answers.
     dead = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_ports(1)[0]}")
     dead_results, _ = _run_probe(venv, cluster, dead, workdir)
+    dead_worker_logs = "\n".join(path.read_text(errors="replace") for path in cluster.temp_root.rglob("worker-*.err"))
     worker_pids = {r["pid"] for r in results["spread"]} | {results["double"]["pid"]}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in worker_pids):
         time.sleep(1)
     reaped = not any(psutil.pid_exists(pid) for pid in worker_pids)
-    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 13, timeout=60)
+    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 14
+                            and len(_probe_spans(spans, "probe.burst")) >= results["burst"]["value"], timeout=60)
     return {
         "results": results, "stderr": stderr, "spans": [s for s in collector.sink.spans() if SERVER in service_of(s)],
         "all_spans": collector.sink.spans(), "daemons": daemons, "worker_logs": worker_logs,
-        "dead_results": dead_results, "reaped": reaped, "bodies": collector.sink.raw_bodies(),
+        "dead_results": dead_results, "dead_worker_logs": dead_worker_logs, "reaped": reaped, "bodies": collector.sink.raw_bodies(),
         "seconds": time.monotonic() - started,
     }
 
@@ -225,8 +228,16 @@ def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
     for fail in _named(spans, "ray.execute", "Counter.fail"):  # ray.get and await
         assert fail["status"] == "ERROR" and fail["attributes"]["error.type"] == "KeyError"
     assert not [s for s in spans if "version" in s["name"]]  # static methods: untraced
-    # both actors were killed right after their last call; their spans had left already
+    # Both actors were killed right after their last call, the async one just after a call
+    # that ended 5000 spans of its own; ray.kill had them export first (the dead-collector
+    # test below sees them try), and nothing is lost.
     assert not any(psutil.pid_exists(pid) for pid in (results["actor"][0]["pid"], results["async_actor"]["pid"]))
+    (burst_execute,) = _named(spans, "ray.execute", "AsyncEcho.burst")
+    bursts = [s for s in spans if s["name"] == "probe.burst"]
+    assert results["burst"]["value"] == 5000 and results["burst"]["pid"] == results["async_actor"]["pid"]
+    assert sorted(s["attributes"]["probe.index"] for s in bursts) == list(range(5000))
+    assert {s["parent_span_id"] for s in bursts} == {burst_execute["span_id"]}
+    assert {s["trace_id"] for s in bursts} == {burst_execute["trace_id"]} and {service_of(s) for s in bursts} == {WORKER}
 
 
 def test_a_worker_without_gym_autoinstr_runs_the_task_untraced_and_says_so(ray_run):
@@ -273,6 +284,10 @@ def test_a_dead_collector_changes_no_answer(ray_run):
         return out
 
     assert values(ray_run["dead_results"]) == values(ray_run["results"])
+    # ray.kill still had the actors try to export first; they could not, said so, and
+    # were killed when the flush timeout ran out
+    assert "telemetry flush at ray.kill" in ray_run["dead_worker_logs"]
+    assert "telemetry flush at ray.kill" not in ray_run["worker_logs"]
 
 
 # --- Gym's real code_gen verifier, joined to the two-node cluster ---------------------

@@ -19,6 +19,7 @@ import probe_tasks as t  # noqa: E402
 ray.init(address=sys.argv[1], log_to_driver=True)
 shadow = sys.argv[2]
 out = {}
+BURST = 5000  # spans one actor call ends just before it is killed
 out["driver_pid"] = os.getpid()
 # A task's exception surfacing in the caller inside the caller's own span (as in a Gym
 # server's /verify), at ray.get here and at `await ref` below, beside calls that succeed,
@@ -65,8 +66,11 @@ async def awaiting():
 
 asyncio.run(awaiting())
 out["caller_errors"] = caught
-ray.kill(counter)  # killed as Gym's shutdown kills actors: their spans left already
+out["burst"] = ray.get(echo.burst.remote(BURST))
+# killed as Gym's shutdown kills actors, right after their last call: ray.kill has them
+# export their spans first
 ray.kill(echo)
+ray.kill(counter)
 missing = t.double.options(runtime_env={"env_vars": {"PYTHONPATH": shadow + os.pathsep + os.path.dirname(os.path.abspath(__file__))}})
 out["missing"] = ray.get([missing.remote(4), missing.remote(5)])
 print("PROBE-RESULT " + json.dumps(out), flush=True)

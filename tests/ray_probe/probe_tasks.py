@@ -78,3 +78,14 @@ class Counter:
 class AsyncEcho:
     async def echo(self, x):
         return {"value": x, **_where()}
+
+    async def burst(self, n):
+        # Spans of the actor's own, all ended just before the call returns, the last thing
+        # the actor does before the probe kills it.
+        from opentelemetry import trace
+
+        tracer = trace.get_tracer("ray_probe.actor")
+        spans = [tracer.start_span("probe.burst", attributes={"probe.index": i}) for i in range(n)]
+        for span in spans:
+            span.end()
+        return {"value": n, **_where()}
