@@ -51,6 +51,7 @@ fix it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import time
@@ -405,7 +406,9 @@ def kill_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ray.kill(actor)``: an actor whose methods we trace exports what it has ended
     first.  The kill itself is Ray's, unchanged, only later by at most the flush timeout
     (and a little for the round trip); an actor that cannot answer in time (busy, hung,
-    gone) is killed when the wait runs out."""
+    gone) is killed when the wait runs out.  Called on an event loop (a coroutine of a Gym
+    server), nothing waits: the flush is asked for and the kill sent right after it, which
+    leaves the actor the few milliseconds the kill takes to reach it."""
     if groups.RAY in groups.ENABLED:
         try:
             _flush_actor(args[0] if args else kwargs.get("actor"))
@@ -430,8 +433,15 @@ def _flush_actor(handle: Any) -> None:
     if call is None:
         return
     timeout = flush_timeout_seconds()
+    answer = call.remote(_actor_flusher(timeout))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:  # never block an event loop: the flush is asked for, and the kill follows it at once
+        return
     try:  # ray.get, not ray.wait: an answer that is an error (the actor died) counts as read
-        ray.get(call.remote(_actor_flusher(timeout)), timeout=timeout + 0.25)
+        ray.get(answer, timeout=timeout + 0.25)
     except Exception as error:  # busy, hung or dead already: killed as ever
         logger.debug("ray.kill: the actor did not flush (%r); killing it now", error)
 
