@@ -37,7 +37,7 @@ CALLS = 2000
 # The variants counted per site (micro.py has them all); the default report: our
 # per-request paths beside the call they wrap.
 SITES = {
-    "ingress": ("unwrapped", "off+metrics", "dropped+metrics", "on+metrics"),
+    "ingress": ("unwrapped", "off+metrics", "dropped+metrics", "root-dropped+metrics", "on+metrics"),
     "request": ("unwrapped", "off", "dropped", "on"),
     "handler": ("unwrapped", "dropped", "on"),
     "semaphore": ("unwrapped", "off+metrics"),

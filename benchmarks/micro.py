@@ -14,6 +14,8 @@ Per call, with ``timeit``, variants interleaved in every repetition:
 * "dropped" (egress, seam, ingress): "on", for a caller whose span the sampler dropped
   (``traceparent`` flags ``00``; under the default parent-based sampler nothing is
   recorded, and ``pipeline/sampling.py`` lets our advice skip the span altogether);
+  "root-dropped+metrics" (ingress): a request with no caller context that a ratio
+  sampler of 0 drops at its root, as the agent's ``POST /run`` of a rollout left out;
 * semaphore: a free ``asyncio.Semaphore`` acquired and released, as Gym's servers do
   around their limited work, bare and once ``pipeline/concurrency.py`` observes it
   (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
@@ -80,11 +82,23 @@ class Bench:
         # "dropped": the caller's span is one the sampler dropped (the current span here;
         # for the ingress, the request's traceparent says so)
         token = otel_context.attach(self.dropped_context) if name.startswith("dropped") else None
+        # "root-dropped": no caller context at all, and the sampler drops the root (what a
+        # ratio sampler does at the agent's POST /run to a rollout it leaves out)
+        tracer, sampler = None, None
+        if name.startswith("root-dropped"):
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+            from gym_autoinstr.pipeline import spans
+
+            tracer = spans.tracer()
+            sampler, tracer.sampler = tracer.sampler, ParentBased(TraceIdRatioBased(0))
         try:
             yield
         finally:
             if token is not None:
                 otel_context.detach(token)
+            if tracer is not None:
+                tracer.sampler = sampler
 
 
 def build() -> Bench:
@@ -184,6 +198,8 @@ def build() -> Bench:
     # The same request from a caller whose span the sampler dropped (flags 00).
     dropped_scope = {**scope, "headers": [(b"content-type", b"application/json"),
                      (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")]}
+    # The same request with no caller context (a rollout's root at the agent).
+    root_scope = {**scope, "headers": [(b"content-type", b"application/json")]}
     from opentelemetry import context as otel_context
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
@@ -257,6 +273,7 @@ def build() -> Bench:
             "on+metrics": lambda: _drive(middleware(scope, receive, send)),
             "dropped": lambda: _drive(middleware(dropped_scope, receive, send)),
             "dropped+metrics": lambda: _drive(middleware(dropped_scope, receive, send)),
+            "root-dropped+metrics": lambda: _drive(middleware(root_scope, receive, send)),
         },
         "semaphore": {
             "unwrapped": lambda: acquire_release(bare_semaphore),
@@ -273,7 +290,8 @@ def build() -> Bench:
     }
     enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS,
                "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS,
-               "dropped": groups.ALL_GROUPS, "dropped+metrics": groups.ALL_GROUPS}
+               "dropped": groups.ALL_GROUPS, "dropped+metrics": groups.ALL_GROUPS,
+               "root-dropped+metrics": groups.ALL_GROUPS}
     return Bench(cases, enabled, dropped_context, provider, lambda: Discard.exported)
 
 
