@@ -29,7 +29,8 @@ tail is counted), less the trio's idle CPU over that wait.  Everything is per ro
 median over windows; a delta is the median of per-repetition differences to bare.
 
 With ``--together`` every variant is loaded at once in each window (one closed-loop
-load generator per trio, on threads of the benchmark), so that all of them run under
+load generator per trio, on threads of the benchmark, started in an order rotated from
+one window to the next), so that all of them run under
 the same machine conditions: on a shared host the CPU a rollout costs drifts by a few
 ms from one window to the next, and with variants taking turns that drift lands in the
 differences; loaded together, it is shared.  The trios then compete for the cores,
@@ -60,7 +61,7 @@ import time
 
 from benchmarks.load import run_load
 from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, finish, load_together, log,
-                            machine, make_variants, rewarded, rollout_body, settle, start_trio, tear_down)
+                            machine, make_variants, rewarded, rollout_body, rotated, settle, start_trio, tear_down)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -660,12 +661,12 @@ def main(argv: "list[str] | None" = None) -> int:
         results["together"] = a.together
         for rep in range(reps):
             if a.together:
-                together_window(variants, probed, idle, sink, body, seconds, a.concurrency, windows)
+                together_window(rotated(variants, rep), probed, idle, sink, body, seconds, a.concurrency, windows)
                 log(f"window {rep + 1}/{reps} (together): ms/rollout " + ", ".join(
                     f"{k}={sum(r['process'] for r in w[-1]['delta'].values()) * 1e3 / w[-1]['n']:.2f}"
                     for k, w in windows.items()))
                 continue
-            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            order = rotated(variants, rep)
             for v in order:
                 p = probed[v.key]
                 s0 = p.snapshot()

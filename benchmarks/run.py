@@ -253,12 +253,20 @@ def measure_idle(variants: "list[Variant]", seconds: float = 4.0) -> None:
         v.idle_cpu_per_s = max(0.0, (server_cpu(v.trio) - before[v.key]) / seconds)
 
 
+def rotated(items: list, turn: int) -> list:
+    """``items`` starting at ``turn`` (modulo), wrapping round: the order of the ``turn``-th
+    repetition or window, so that no variant always goes first."""
+    turn %= len(items) or 1
+    return items[turn:] + items[:turn]
+
+
 def load_together(variants: "list[Variant]", sink: CountingSink, body: bytes, seconds: float, concurrency: int,
                   phase: int) -> "tuple[dict, float]":
     """Every variant loaded at the same time for ``seconds`` (one closed-loop load
     generator per trio, on threads), then every trio's spans of the window settled at the
     sink.  Returns the loads by variant key and the seconds waited after them; raises if
-    a rollout failed."""
+    a rollout failed.  The load threads start, and the trios settle, in the order given:
+    callers rotate it from one window to the next (``rotated``)."""
     with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
         futures = {v.key: pool.submit(run_load, v.trio.run_url, body, 10**6, concurrency,
                                       tag=v.load_tag(phase), check=rewarded, duration=seconds)
@@ -292,7 +300,7 @@ def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes,
     out: dict = {v.key: [] for v in picked}
     for i in range(windows):
         before = {v.key: server_cpu(v.trio) for v in picked}
-        loads, waited = load_together(picked, sink, body, seconds, concurrency, PHASE_TOGETHER)
+        loads, waited = load_together(rotated(picked, i), sink, body, seconds, concurrency, PHASE_TOGETHER)
         for v in picked:
             result = loads[v.key]
             cpu = server_cpu(v.trio) - before[v.key] - v.idle_cpu_per_s * waited
@@ -661,7 +669,7 @@ def main(argv: "list[str] | None" = None) -> int:
         log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
         by_run_before = {v.key: sink.run_counts(v.run_id) for v in variants}
         for rep in range(reps):
-            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            order = rotated(variants, rep)
             for v in order:
                 v.samples["c1"].append(measure(v, PHASE_C1, t1, 1, body))
             for v in reversed(order):
