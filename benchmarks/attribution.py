@@ -72,6 +72,8 @@ PHASE_WARMUP, PHASE_WINDOW, PHASE_SPY = 8, 9, 10
 TICK = os.sysconf("SC_CLK_TCK")
 SHORT = {RESOURCES: "resources", AGENT: "agent", MODEL: "model"}
 BUCKETS = ("main", "telemetry", "python_other", "native", "exited")
+IDLE_SHORT = {"main": "main", "telemetry": "telemetry", "python_other": "other Python", "native": "native",
+              "exited": "ended"}
 BUCKET_LABELS = {
     "main": "main thread (event loop: requests)",
     "telemetry": "telemetry threads (OpenTelemetry export, metric reader, ours)",
@@ -516,6 +518,13 @@ def report(results: dict) -> str:
                      + ", ".join(f"{labels[k]} {_spread([w['settle_s'] for w in windows[k]], '{:.1f}')} s"
                                  for k in keys) + "): "
                      + ", ".join(f"{labels[k]} {v:.1f}" for k, v in idle.items()))
+    idle_buckets = results.get("idle_buckets_ms_per_s")
+    if idle_buckets:
+        # what the servers do with no load (the metric export, the loop-lag probe, Ray's
+        # threads), by thread; 10 ms clock ticks: resolution about 10 / idle seconds ms/s
+        lines.append(f"Idle server CPU by thread, all three servers (ms per second over {results['idle_seconds']:g} s): "
+                     + "; ".join(f"{labels[k]}: " + ", ".join(f"{IDLE_SHORT[b]} {v:.2f}" for b, v in row.items())
+                                 for k, row in idle_buckets.items()))
     lines.append("")
 
     spy = results.get("py_spy")
@@ -566,6 +575,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--reps", type=int, help="windows per variant (default 4)")
     ap.add_argument("--seconds", type=float, help="length of a window (default 10 s)")
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--idle-seconds", type=float, help="length of the idle baseline, reported by thread "
+                    "(default 8 s, 4 with --quick; 60 to read per-second work such as the metric export)")
     ap.add_argument("--variants", default="default",
                     help="besides bare, comma-separated: default, off, sampled, per_rollout, all, generic "
                     "(default: default)")
@@ -646,7 +657,7 @@ def main(argv: "list[str] | None" = None) -> int:
         time.sleep(2.0)
         results["heap_start"] = {k: {n: {f: s["probe"].get(f) for f in ("tracked_objects", "modules", "otel_modules")}
                                      for n, s in p.snapshot(heavy=True)["servers"].items()} for k, p in probed.items()}
-        idle_s = 4.0 if a.quick else 8.0
+        idle_s = a.idle_seconds or (4.0 if a.quick else 8.0)
         log(f"idle baseline ({idle_s:g} s)")
         before = {k: p.snapshot() for k, p in probed.items()}
         time.sleep(idle_s)
@@ -655,6 +666,9 @@ def main(argv: "list[str] | None" = None) -> int:
             after = p.snapshot()
             idle[k] = scaled(delta(before[k], after), 1.0 / (after["t"] - before[k]["t"]))
         results["idle_ms_per_s"] = {k: sum(r["process"] for r in d.values()) * 1e3 for k, d in idle.items()}
+        results["idle_seconds"] = idle_s
+        results["idle_buckets_ms_per_s"] = {k: {b: sum(r["buckets"][b] for r in d.values()) * 1e3 for b in BUCKETS}
+                                            for k, d in idle.items()}
         runs_before = {v.key: sink.run_counts(v.run_id) for v in variants}
 
         windows: dict = {v.key: [] for v in variants}
