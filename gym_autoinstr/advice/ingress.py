@@ -287,9 +287,10 @@ class GymServerMiddleware:
             if live:
                 self.in_flight[0] -= 1
             try:
-                self._finish(scope, span, status_code[0] if status_code else None)
+                facts = _route_facts(scope)  # once for the span and the metrics
+                self._finish(scope, span, status_code[0] if status_code else None, facts[0])
                 if live:
-                    _record(scope, first_byte, started)
+                    _record(scope, first_byte, started, facts)
             except Exception as error:
                 warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
             finally:
@@ -315,9 +316,8 @@ class GymServerMiddleware:
         return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
     @staticmethod
-    def _finish(scope: dict, span: Any, status: "int | None") -> None:
+    def _finish(scope: dict, span: Any, status: "int | None", route: "str | None") -> None:
         method = scope.get("method", "HTTP")
-        route = _route_facts(scope)[0]
         if route:
             span.update_name(f"{method} {route}")
             span.set_attribute("http.route", route)
@@ -332,14 +332,15 @@ class GymServerMiddleware:
 concurrency.mark_coroutine_function(GymServerMiddleware.__call__)
 
 
-def _record(scope: dict, first_byte: list, started: float) -> None:
+def _record(scope: dict, first_byte: list, started: float, facts: "tuple[str | None, Any] | None" = None) -> None:
     """Request metrics: duration by route and status, and the seam's own metric when the
     route is one ``routes.py`` marked (``/run``, ``/verify``, the model dialects).
 
     ``first_byte`` is ``[time of http.response.start, status]`` or empty (no response:
-    an exception, counted as a failure)."""
+    an exception, counted as a failure); ``facts`` is ``_route_facts(scope)`` when the
+    caller has it already."""
     ended = time.perf_counter()
-    template, seam = _route_facts(scope)
+    template, seam = facts if facts is not None else _route_facts(scope)
     ttfb = first_byte[0] - started if first_byte else None
     metrics.record_request(
         scope.get("method", "HTTP"), template, first_byte[1] if first_byte else None,
