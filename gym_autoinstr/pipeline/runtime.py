@@ -3,8 +3,9 @@
 Nothing here runs per request.  Started by the configurator once metrics are live:
 
 * ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
-  wakes up on a Gym server's event loop; synchronous work in a handler shows here.  The
-  probe is one task per loop, started at the app's ASGI lifespan start-up (``ingress.py``).
+  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 100 ms) wakes up on a Gym server's
+  event loop; synchronous work in a handler shows here.  The probe is one task per loop,
+  started at the app's ASGI lifespan start-up (``ingress.py``).
 * ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
   only append to a bounded deque (a collection can start inside the SDK while it holds
   an instrument's lock: recording from the callback would deadlock), and the loop-lag
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
+import os
 import time
 import weakref
 from typing import Any
@@ -31,6 +33,7 @@ from .._log import warn_once
 from . import metrics
 
 LAG_INTERVAL_S = 0.1
+LAG_INTERVAL_ENV = "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS"
 GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
 GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
@@ -76,8 +79,25 @@ def watch_running_loop() -> None:
         warn_once("loop-lag", "event-loop lag probe not started: %r", error)
 
 
+def lag_interval_s() -> float:
+    """The probe's sleep: ``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, else ``LAG_INTERVAL_S``.
+    Each wake-up costs the process a few microseconds, and an idle server wakes for it."""
+    raw = os.environ.get(LAG_INTERVAL_ENV, "").strip()
+    if not raw:
+        return LAG_INTERVAL_S
+    try:
+        value = float(raw)
+        if not 1 <= value <= 3_600_000:
+            raise ValueError
+        return value / 1000.0
+    except ValueError:
+        warn_once(f"env:{LAG_INTERVAL_ENV}", "%s=%r is not a number of milliseconds from 1 to 3600000; the "
+                  "event-loop lag probe wakes every %d ms.", LAG_INTERVAL_ENV, raw, int(LAG_INTERVAL_S * 1000))
+        return LAG_INTERVAL_S
+
+
 async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:
-    interval = LAG_INTERVAL_S
+    interval = lag_interval_s()
     clock = loop.time
     while True:
         before = clock()

@@ -164,6 +164,31 @@ def test_a_handler_blocking_the_loop_shows_as_event_loop_lag(instrumented, reade
     assert metric.unit == "ms"
 
 
+def test_the_lag_probes_interval_is_configurable_and_a_bad_value_is_named(monkeypatch, caplog):
+    monkeypatch.delenv(runtime.LAG_INTERVAL_ENV, raising=False)
+    assert runtime.lag_interval_s() == runtime.LAG_INTERVAL_S
+    monkeypatch.setenv(runtime.LAG_INTERVAL_ENV, "2500")
+    assert runtime.lag_interval_s() == 2.5
+    for bad in ("fast", "0", "-5", "nan"):
+        monkeypatch.setenv(runtime.LAG_INTERVAL_ENV, bad)
+        assert runtime.lag_interval_s() == runtime.LAG_INTERVAL_S, bad
+    assert any(runtime.LAG_INTERVAL_ENV in r.getMessage() and "'fast'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_longer_lag_interval_means_fewer_readings(instrumented, reader, monkeypatch):
+    monkeypatch.setenv(runtime.LAG_INTERVAL_ENV, "400")
+    app = FastAPI()
+    instrument_app(app, "slow_probe_server")
+
+    def readings() -> int:  # (cumulative: other tests' servers may have read before)
+        return sum(p.count for _, p in points(reader, "gym.event_loop.lag_ms"))
+
+    before = readings()
+    with serve(app):
+        time.sleep(1.0)
+    assert 1 <= readings() - before <= 4  # every 400 ms over ~1 s (100 ms would give ~10)
+
+
 def test_gc_pauses_and_collections_by_generation(reader):
     import gc
 
