@@ -1,0 +1,303 @@
+"""Instructions per rollout of a real Gym trio, counted by valgrind: bare against ours.
+
+The full run and the attribution measure CPU time, and on a shared machine the CPU a
+rollout costs drifts by more than the difference between a traced rollout and one the
+sampler dropped.  Here the three servers of each variant's trio run under ``valgrind
+--tool=callgrind`` (Gym starts them as usual; their venv's ``python`` is a wrapper that
+runs the real interpreter under valgrind, with counting off until the trio is warm).  Per
+window, every server's counter is zeroed, ``N`` rollouts are run at a fixed concurrency,
+and every server's instructions are dumped (``callgrind_control``): all threads, the
+interpreter, the C extensions, garbage collection, the span export.  The same window with
+no load gives the instructions the trio spends per second doing nothing, which are taken
+off over the window's length.  Variants take turns, a few repetitions.
+
+A count does not depend on what else the machine is doing, but it is not CPU time:
+cache misses and the like are not in it, so read it beside the CPU ratios, not instead.
+
+Work done per second, not per rollout, is kept out of the windows: under valgrind a
+rollout takes tens of times longer, so a timer would fire tens of times more often per
+rollout than in a real server.  The count runs every instrumented variant with
+``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_BSP_SCHEDULE_DELAY`` and
+``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS`` at an hour, and spans posted by size,
+``OTEL_BSP_MAX_EXPORT_BATCH_SIZE=256`` (about what a server of the full run's trio posts
+each second): the per-second work (the metric export, the loop-lag probe) is measured in
+CPU time by ``--attribution --idle-seconds``.  The spans a window leaves in a server's
+queue (fewer than 256) are encoded inside it but posted after it.
+
+Garbage collection is reported apart as well (the inclusive count of CPython's
+``gc_collect_main``): a full collection of a server's heap is hundreds of millions of
+instructions, and whether a window holds one or two moves its total more than tracing
+does.  The ratios are given with it and without it.
+
+    ./run-benchmarks --trio-instructions [--rollouts 100] [--reps 3] [--variants default,sampled]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.load import run_load
+from benchmarks.run import (GYM_VERSION, PHASE_C1, PHASE_WARMUP, REPO, SERVERS, log, make_variants, rewarded,
+                            rollout_body, rotated, tear_down)
+from benchmarks.sink import CountingSink
+from tests.harness.collector import Collector
+from tests.harness.gym_install import gym_venv
+from tests.harness.trio import GymTrio, PolicyModel
+
+# Timers fire per wall second; under valgrind a rollout takes tens of times longer, so
+# they are kept out of the count (see the module docstring).
+COUNT_ENV = {
+    "OTEL_METRIC_EXPORT_INTERVAL": "3600000",
+    "OTEL_BSP_SCHEDULE_DELAY": "3600000",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "256",
+    "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS": "3600000",
+}
+GC_FUNCTION = "gc_collect_main"
+FULL_ONLY = "_PyDict_ClearFreeList"
+_NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
+
+
+def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path) -> pathlib.Path:
+    """A venv directory for Gym's ``skip_venv_if_present``: its ``activate`` puts its own
+    ``bin`` first, where ``python`` runs ``real``'s interpreter under callgrind with
+    counting off (switched on by ``callgrind_control -i on`` once the trio is warm)."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "activate").write_text(
+        f'export VIRTUAL_ENV="{real}"\nexport PATH="{bin_dir}:{real}/bin:$PATH"\nunset PYTHONHOME\nhash -r\n')
+    wrapper = bin_dir / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'exec valgrind -q --tool=callgrind --instr-atstart=no --callgrind-out-file="{dumps}/%p.out" '
+        f'"{real}/bin/python" "$@"\n')
+    wrapper.chmod(0o755)
+    return where
+
+
+def counted_servers(trio: GymTrio) -> dict[str, int]:
+    """Server name -> pid of its process running under valgrind."""
+    out: dict[str, int] = {}
+    for p in trio.processes():
+        try:
+            name = p.environ().get("NEMO_GYM_CONFIG_PATH")
+            if name in trio.ports and "callgrind" in os.path.basename(p.exe()) and name not in out:
+                out[name] = p.pid
+        except Exception:
+            continue
+    return out
+
+
+def control(pids: "list[int]", *options: str) -> None:
+    for pid in pids:
+        done = subprocess.run(["callgrind_control", *options, str(pid)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0 or "OK" not in done.stdout:
+            raise RuntimeError(f"callgrind_control {' '.join(options)} {pid}: {done.stdout}{done.stderr}")
+
+
+def newest_dump(dumps: pathlib.Path, pid: int) -> pathlib.Path:
+    found = sorted(dumps.glob(f"{pid}.out.*"), key=lambda p: int(p.name.rsplit(".", 1)[1].split("-")[0]))
+    if not found:
+        raise RuntimeError(f"no callgrind dump of pid {pid} in {dumps}")
+    return found[-1]
+
+
+def read_dump(path: pathlib.Path) -> dict:
+    """One callgrind dump (one event, Ir): ``ir``, all instructions; ``gc``, those inside
+    ``gc_collect_main`` and what it called; ``collections``, the calls of it; ``full``,
+    the full collections among them (a full collection, and only a full one, clears the
+    dict free list from inside ``gc_collect_main``)."""
+    names: dict[str, str] = {}
+    out = {"ir": 0, "gc": 0, "collections": 0, "full": 0}
+    current = callee = ""
+
+    def name_of(text: str) -> str:
+        m = _NAMED.match(text.strip())
+        if not m:
+            return text.strip()
+        if m.group(2) is not None:
+            names[m.group(1)] = m.group(2)
+        return names.get(m.group(1), "")
+
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith(("summary:", "totals:")):
+                out["ir"] = max(out["ir"], int(line.split()[1]))
+            elif line.startswith("fn="):
+                current = name_of(line[3:])
+            elif line.startswith("cfn="):
+                callee = name_of(line[4:])
+            elif line.startswith("calls="):  # the next cost line is that call's inclusive cost
+                count = int(line[6:].split()[0])
+                if callee == GC_FUNCTION and current != GC_FUNCTION:
+                    out["collections"] += count
+                elif current == GC_FUNCTION and callee == FULL_ONLY:
+                    out["full"] += count
+            elif current == GC_FUNCTION and line[:1] and (line[0].isdigit() or line[0] in "+-*"):
+                fields = line.split()
+                if len(fields) >= 2:
+                    out["gc"] += int(fields[-1])
+    return out
+
+
+def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
+    """Zero every server's counter, run ``work()``, dump; instructions by server."""
+    listed = list(pids.values())
+    control(listed, "-z")
+    started = time.monotonic()
+    extra = work()
+    seconds = time.monotonic() - started
+    control(listed, "-d")
+    out = {"seconds": seconds, "servers": {}}
+    for name, pid in pids.items():
+        out["servers"][name] = read_dump(newest_dump(dumps, pid))
+    for key in ("ir", "gc", "collections", "full"):
+        out[key] = sum(s[key] for s in out["servers"].values())
+    if extra:
+        out.update(extra)
+    return out
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    ap = argparse.ArgumentParser(prog="run-benchmarks --trio-instructions", description=__doc__.splitlines()[0])
+    ap.add_argument("--rollouts", type=int, default=100, help="rollouts per window (default 100)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="closed-loop clients per window (default 1: each rollout alone, the same steps every time)")
+    ap.add_argument("--reps", type=int, default=3, help="windows per variant (default 3)")
+    ap.add_argument("--idle-seconds", type=float, default=15.0, help="length of each idle window (default 15)")
+    ap.add_argument("--variants", default="default,sampled",
+                    help="comma-separated, besides bare: off, default, sampled, per_rollout, all (default: default,sampled)")
+    ap.add_argument("--json", type=pathlib.Path, help="also write the raw counts here")
+    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
+    a = ap.parse_args(argv)
+    if a.report_from:
+        print(report(json.loads(a.report_from.read_text())))
+        return 0
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            print(f"run-benchmarks --trio-instructions: {tool} is not installed (Debian: apt-get install valgrind)",
+                  file=sys.stderr)
+            return 1
+    keys = [k.strip() for k in a.variants.split(",") if k.strip()]
+    if "generic" in keys:
+        ap.error("--variants: generic is not counted here (its spans go through other code paths)")
+
+    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
+        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
+    log("building / checking venvs (cached under .cache/bench-gymenvs)")
+    venvs = {"bare": gym_venv(GYM_VERSION, with_project=False), "ours": gym_venv(GYM_VERSION)}
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="gym-trio-ir-"))
+    sink = CountingSink()
+    collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
+    otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    variants = make_variants(keys, venvs, otlp, extra_env=COUNT_ENV)
+    policy = PolicyModel().start()
+    results: dict = {"gym": GYM_VERSION, "rollouts": a.rollouts, "concurrency": a.concurrency, "reps": a.reps,
+                     "idle_seconds": a.idle_seconds, "count_env": COUNT_ENV, "variants": {}}
+    pids: dict = {}
+    dumps: dict = {}
+    try:
+        for v in variants:
+            dumps[v.key] = scratch / f"dumps-{v.key}"
+            dumps[v.key].mkdir()
+            shim = shim_venv(v.venv, scratch / f"shim-{v.key}", dumps[v.key])
+            log(f"{v.label}: starting its trio under valgrind (counting off)")
+            v.trio = GymTrio(v.venv, GYM_VERSION, scratch / v.key, policy_url=policy.url, instrument=v.instrument,
+                             env=v.env, server_venvs={name: shim for name in SERVERS})
+            v.trio.start(timeout=900)
+            pids[v.key] = counted_servers(v.trio)
+            if sorted(pids[v.key]) != sorted(SERVERS):
+                raise RuntimeError(f"{v.label}: servers under valgrind: {pids[v.key]}; expected {SERVERS}")
+            log(f"{v.label}: up in {v.trio.startup_seconds:.0f}s; warm-up")
+        body = rollout_body(variants[0].trio)
+        for v in variants:
+            warm = run_load(v.trio.run_url, body, max(16, a.concurrency * 4), a.concurrency,
+                            tag=v.load_tag(PHASE_WARMUP), check=rewarded)
+            if warm.errors:
+                raise RuntimeError(f"{v.label}: warm-up rollouts failed: {warm.first_error}")
+            control(list(pids[v.key].values()), "-i", "on")
+            results["variants"][v.key] = {"label": v.label, "idle": [], "load": []}
+        for rep in range(a.reps):
+            for v in rotated(variants, rep):
+                row = results["variants"][v.key]
+                row["idle"].append(window(pids[v.key], dumps[v.key], lambda: time.sleep(a.idle_seconds)))
+
+                def load(v=v):
+                    done = run_load(v.trio.run_url, body, a.rollouts, a.concurrency, tag=v.load_tag(PHASE_C1),
+                                    check=rewarded)
+                    if done.errors:
+                        raise RuntimeError(f"{v.label}: {done.errors}/{done.n} rollouts failed: {done.first_error}")
+                    return {"n": done.n}
+
+                row["load"].append(window(pids[v.key], dumps[v.key], load))
+                log(f"repetition {rep + 1}/{a.reps}, {v.label}: {per_rollout(row, -1)['ir'] / 1e6:.2f}M "
+                    f"instructions per rollout ({per_rollout(row, -1)['gc'] / 1e6:.2f}M in GC), "
+                    f"{row['load'][-1]['seconds']:.0f}s")
+    finally:
+        tear_down(variants, policy, collector, sink, scratch)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+    print(report(results))
+    return 0
+
+
+def per_rollout(row: dict, i: int) -> dict:
+    """Window ``i`` of a variant, per rollout, the idle rate of the idle window before it
+    taken off over the load window's length (GC apart)."""
+    idle, load = row["idle"][i], row["load"][i]
+    rate = {k: idle[k] / idle["seconds"] for k in ("ir", "gc")}
+    out = {k: (load[k] - rate[k] * load["seconds"]) / load["n"] for k in ("ir", "gc")}
+    out["idle"] = rate["ir"] * load["seconds"] / load["n"]
+    return out
+
+
+def report(results: dict) -> str:
+    rows = results["variants"]
+    bare = rows.get("bare")
+    if not bare or not bare["load"]:
+        return "no windows"
+    lines = [f"Instructions per rollout, real Gym {results['gym']} trio under valgrind callgrind "
+             f"({results['rollouts']} rollouts per window at concurrency {results['concurrency']}, "
+             f"{len(bare['load'])} windows per variant taking turns, each less the trio's idle instructions per "
+             "second over its length; per-second timers kept out)", "",
+             "| variant | per rollout, M: mean (windows) | in GC, M | collections per rollout (full ones, all windows) "
+             "| idle taken off, M | over bare, M | over bare, GC left out, M | bare over variant |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def pooled(row: dict) -> dict:
+        mine = [per_rollout(row, i) for i in range(len(row["load"]))]
+        n = sum(w["n"] for w in row["load"])
+        return {"ir": statistics.mean(m["ir"] for m in mine), "gc": statistics.mean(m["gc"] for m in mine),
+                "idle": statistics.mean(m["idle"] for m in mine), "windows": [m["ir"] for m in mine],
+                "collections": sum(w.get("collections", 0) for w in row["load"]) / n,
+                "full": sum(w.get("full", 0) for w in row["load"])}
+
+    base = pooled(bare)
+    over: dict = {}
+    for key, row in rows.items():
+        mine = pooled(row)
+        over[key] = (mine["ir"] - base["ir"], (mine["ir"] - mine["gc"]) - (base["ir"] - base["gc"]))
+        cells = ", ".join(f"{x / 1e6:.2f}" for x in mine["windows"])
+        lines.append(
+            f"| {row['label']} | {mine['ir'] / 1e6:.2f} ({cells}) | {mine['gc'] / 1e6:.2f} | "
+            f"{mine['collections']:.3f} ({mine['full']}) | {mine['idle'] / 1e6:.2f} | "
+            + ("- | - | - |" if key == "bare" else
+               f"{over[key][0] / 1e6:+.3f} | {over[key][1] / 1e6:+.3f} | {base['ir'] / mine['ir']:.3f} |"))
+    if "default" in over and "sampled" in over and over["default"][0] > 0:
+        lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
+                  f"{over['sampled'][0] / over['default'][0]:.3f}; GC left out: "
+                  + (f"{over['sampled'][1] / over['default'][1]:.3f}" if over["default"][1] > 0 else "n/a")]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
