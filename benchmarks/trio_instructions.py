@@ -5,11 +5,11 @@ rollout costs drifts by more than the difference between a traced rollout and on
 sampler dropped.  Here the three servers of each variant's trio run under ``valgrind
 --tool=callgrind`` (Gym starts them as usual; their venv's ``python`` is a wrapper that
 runs the real interpreter under valgrind, with counting off until the trio is warm).  Per
-window, every server's counter is zeroed, ``N`` rollouts are run at a fixed concurrency,
-and every server's instructions are dumped (``callgrind_control``): all threads, the
-interpreter, the C extensions, garbage collection, the span export.  The same window with
-no load gives the instructions the trio spends per second doing nothing, which are taken
-off over the window's length.  Variants take turns, a few repetitions.
+window, every server's counter is zeroed, ``N`` rollouts are run one at a time (so each
+takes the same steps every time), and every server's instructions are dumped
+(``callgrind_control``): all threads, the interpreter, the C extensions, garbage
+collection, the span export.  Variants take turns, a few repetitions; before each load
+window an idle one of the same trio.
 
 A count does not depend on what else the machine is doing, but it is not CPU time:
 cache misses and the like are not in it, so read it beside the CPU ratios, not instead.
@@ -22,14 +22,17 @@ rollout than in a real server.  The count runs every instrumented variant with
 ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE=256`` (about what a server of the full run's trio posts
 each second): the per-second work (the metric export, the loop-lag probe) is measured in
 CPU time by ``--attribution --idle-seconds``.  The spans a window leaves in a server's
-queue (fewer than 256) are encoded inside it but posted after it.
+queue (fewer than 256) are encoded inside it but posted after it.  What is left running
+when idle (uvicorn's ticks, Ray's threads) is the same in every variant; each load window
+is charged the median idle rate over all idle windows for its length.
 
-Garbage collection is reported apart as well (the inclusive count of CPython's
-``gc_collect_main``): a full collection of a server's heap is hundreds of millions of
-instructions, and whether a window holds one or two moves its total more than tracing
-does.  The ratios are given with it and without it.
+Garbage collection is counted apart (the inclusive count of CPython's ``gc_collect_main``,
+and its calls): a full collection of a server's heap is tens of millions of instructions,
+and whether a window holds none, one or two moves its total more than tracing does.  Full
+collections are left out of the figures (their number is reported); young collections
+are given beside them.
 
-    ./run-benchmarks --trio-instructions [--rollouts 100] [--reps 3] [--variants default,sampled]
+    ./run-benchmarks --trio-instructions [--rollouts 100] [--reps 3] [--variants off,default,sampled]
 """
 
 from __future__ import annotations
@@ -239,9 +242,10 @@ def main(argv: "list[str] | None" = None) -> int:
                     return {"n": done.n}
 
                 row["load"].append(window(pids[v.key], dumps[v.key], load))
-                log(f"repetition {rep + 1}/{a.reps}, {v.label}: {per_rollout(row, -1)['ir'] / 1e6:.2f}M "
-                    f"instructions per rollout ({per_rollout(row, -1)['gc'] / 1e6:.2f}M in GC), "
-                    f"{row['load'][-1]['seconds']:.0f}s")
+                last = row["load"][-1]
+                log(f"repetition {rep + 1}/{a.reps}, {v.label}: {last['ir'] / last['n'] / 1e6:.2f}M instructions "
+                    f"per rollout ({last['gc'] / last['n'] / 1e6:.2f}M in GC, {last['full']} full collections), "
+                    f"{last['seconds']:.0f}s, idle trio before it {row['idle'][-1]['ir'] / row['idle'][-1]['seconds'] / 1e6:.2f}M/s")
     finally:
         tear_down(variants, policy, collector, sink, scratch)
     if a.json:
@@ -250,14 +254,34 @@ def main(argv: "list[str] | None" = None) -> int:
     return 0
 
 
-def per_rollout(row: dict, i: int) -> dict:
-    """Window ``i`` of a variant, per rollout, the idle rate of the idle window before it
-    taken off over the load window's length (GC apart)."""
-    idle, load = row["idle"][i], row["load"][i]
-    rate = {k: idle[k] / idle["seconds"] for k in ("ir", "gc")}
-    out = {k: (load[k] - rate[k] * load["seconds"]) / load["n"] for k in ("ir", "gc")}
-    out["idle"] = rate["ir"] * load["seconds"] / load["n"]
-    return out
+def idle_rate(results: dict) -> float:
+    """Instructions per second of a trio doing nothing: the median over every idle window
+    of every variant.  With our timers kept out, what runs when idle (uvicorn's ticks,
+    Ray's threads) is the same in every variant, and a 15 s window now and then catches a
+    burst of Ray's periodic work that the median leaves out."""
+    rates = [w["ir"] / w["seconds"] for row in results["variants"].values() for w in row["idle"]]
+    return statistics.median(rates) if rates else 0.0
+
+
+def per_rollout(row: dict, i: int, rate: float) -> dict:
+    """Window ``i`` of a variant, per rollout: ``work``, the instructions outside garbage
+    collection less ``rate`` over the window's length; ``gc``, those inside it; ``full``,
+    its full collections."""
+    load = row["load"][i]
+    return {"work": (load["ir"] - load["gc"] - rate * load["seconds"]) / load["n"], "gc": load["gc"] / load["n"],
+            "full": load.get("full", 0), "collections": load.get("collections", 0) / load["n"]}
+
+
+def summary(row: dict, rate: float) -> dict:
+    """A variant over its windows: the mean of ``work``, its spread, young collections'
+    instructions per rollout (from the windows without a full collection), collections
+    per rollout and full collections in all."""
+    windows = [per_rollout(row, i, rate) for i in range(len(row["load"]))]
+    young = [w["gc"] for w in windows if w["full"] == 0]
+    return {"work": statistics.mean(w["work"] for w in windows), "windows": [w["work"] for w in windows],
+            "young_gc": statistics.mean(young) if young else float("nan"),
+            "collections": statistics.mean(w["collections"] for w in windows),
+            "full": sum(w["full"] for w in windows)}
 
 
 def report(results: dict) -> str:
@@ -265,37 +289,33 @@ def report(results: dict) -> str:
     bare = rows.get("bare")
     if not bare or not bare["load"]:
         return "no windows"
+    rate = idle_rate(results)
     lines = [f"Instructions per rollout, real Gym {results['gym']} trio under valgrind callgrind "
              f"({results['rollouts']} rollouts per window at concurrency {results['concurrency']}, "
-             f"{len(bare['load'])} windows per variant taking turns, each less the trio's idle instructions per "
-             "second over its length; per-second timers kept out)", "",
-             "| variant | per rollout, M: mean (windows) | in GC, M | collections per rollout (full ones, all windows) "
-             "| idle taken off, M | over bare, M | over bare, GC left out, M | bare over variant |",
-             "|---|---|---|---|---|---|---|---|"]
-
-    def pooled(row: dict) -> dict:
-        mine = [per_rollout(row, i) for i in range(len(row["load"]))]
-        n = sum(w["n"] for w in row["load"])
-        return {"ir": statistics.mean(m["ir"] for m in mine), "gc": statistics.mean(m["gc"] for m in mine),
-                "idle": statistics.mean(m["idle"] for m in mine), "windows": [m["ir"] for m in mine],
-                "collections": sum(w.get("collections", 0) for w in row["load"]) / n,
-                "full": sum(w.get("full", 0) for w in row["load"])}
-
-    base = pooled(bare)
+             f"{len(bare['load'])} windows per variant taking turns; per-second timers kept out; each window less "
+             f"the idle trio's {rate / 1e6:.2f}M instructions per second, the median of the idle windows, over its "
+             "length)", "",
+             "| variant | outside GC, M per rollout: mean (windows) | young collections, M | collections per rollout "
+             "(full ones, all windows) | over bare, M | with young collections, over bare, M | bare over variant |",
+             "|---|---|---|---|---|---|---|"]
+    base = summary(bare, rate)
     over: dict = {}
     for key, row in rows.items():
-        mine = pooled(row)
-        over[key] = (mine["ir"] - base["ir"], (mine["ir"] - mine["gc"]) - (base["ir"] - base["gc"]))
+        mine = summary(row, rate)
+        total, base_total = mine["work"] + mine["young_gc"], base["work"] + base["young_gc"]
+        over[key] = (mine["work"] - base["work"], total - base_total)
         cells = ", ".join(f"{x / 1e6:.2f}" for x in mine["windows"])
         lines.append(
-            f"| {row['label']} | {mine['ir'] / 1e6:.2f} ({cells}) | {mine['gc'] / 1e6:.2f} | "
-            f"{mine['collections']:.3f} ({mine['full']}) | {mine['idle'] / 1e6:.2f} | "
+            f"| {row['label']} | {mine['work'] / 1e6:.2f} ({cells}) | {mine['young_gc'] / 1e6:.2f} | "
+            f"{mine['collections']:.3f} ({mine['full']}) | "
             + ("- | - | - |" if key == "bare" else
-               f"{over[key][0] / 1e6:+.3f} | {over[key][1] / 1e6:+.3f} | {base['ir'] / mine['ir']:.3f} |"))
+               f"{over[key][0] / 1e6:+.3f} | {over[key][1] / 1e6:+.3f} | {base_total / total:.3f} |"))
+    lines += ["", "Full collections are left out of every figure (their count is in the table): one is tens of "
+              "millions of instructions and a window holds none, one or two."]
     if "default" in over and "sampled" in over and over["default"][0] > 0:
         lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
-                  f"{over['sampled'][0] / over['default'][0]:.3f}; GC left out: "
-                  + (f"{over['sampled'][1] / over['default'][1]:.3f}" if over["default"][1] > 0 else "n/a")]
+                  f"{over['sampled'][0] / over['default'][0]:.3f} outside GC, "
+                  f"{over['sampled'][1] / over['default'][1]:.3f} with young collections"]
     return "\n".join(lines)
 
 
