@@ -279,6 +279,7 @@ def summary(row: dict, rate: float) -> dict:
     windows = [per_rollout(row, i, rate) for i in range(len(row["load"]))]
     young = [w["gc"] for w in windows if w["full"] == 0]
     return {"work": statistics.mean(w["work"] for w in windows), "windows": [w["work"] for w in windows],
+            "all": statistics.mean(w["work"] + w["gc"] for w in windows),
             "young_gc": statistics.mean(young) if young else float("nan"),
             "collections": statistics.mean(w["collections"] for w in windows),
             "full": sum(w["full"] for w in windows)}
@@ -310,8 +311,11 @@ def report(results: dict) -> str:
             f"{mine['collections']:.3f} ({mine['full']}) | "
             + ("- | - | - |" if key == "bare" else
                f"{over[key][0] / 1e6:+.3f} | {over[key][1] / 1e6:+.3f} | {base_total / total:.3f} |"))
-    lines += ["", "Full collections are left out of every figure (their count is in the table): one is tens of "
-              "millions of instructions and a window holds none, one or two."]
+    lines += ["", "Full collections are left out of the table (their number is in it): one is tens of millions "
+              "of instructions and a window holds none, one or two.  Everything counted, full collections too, "
+              "over bare, M per rollout: " + ", ".join(
+                  f"{row['label']} {(summary(row, rate)['all'] - base['all']) / 1e6:+.3f}"
+                  for key, row in rows.items() if key != "bare")]
     if "default" in over and "sampled" in over and over["default"][0] > 0:
         lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
                   f"{over['sampled'][0] / over['default'][0]:.3f} outside GC, "
