@@ -60,8 +60,9 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
-from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, finish, load_together, log,
-                            machine, make_variants, rewarded, rollout_body, rotated, settle, start_trio, tear_down)
+from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, add_output_options, finish,
+                            load_together, log, machine, make_variants, printed_saved_report, rewarded, rollout_body,
+                            rotated, settle, start_trio, tear_down, use_bench_venvs)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -591,20 +592,16 @@ def main(argv: "list[str] | None" = None) -> int:
                     help="one more window per variant under py-spy (pip-installed into the runner venv if missing)")
     ap.add_argument("--spy-rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--spy-dir", type=pathlib.Path, help="keep py-spy's raw stacks here (one file per server)")
-    ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
-    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
+    add_output_options(ap)
     a = ap.parse_args(argv)
-    if a.report_from:
-        print(report(json.loads(a.report_from.read_text())))
+    if printed_saved_report(a, report):
         return 0
     reps = a.reps or (2 if a.quick else 4)
     seconds = a.seconds or (5.0 if a.quick else 10.0)
     keys = [k.strip() for k in a.variants.split(",") if k.strip()]
     t_start = time.monotonic()
 
-    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
-        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
-    log("building / checking venvs (cached under .cache/bench-gymenvs)")
+    use_bench_venvs()
     venvs = {"bare": gym_venv(GYM_VERSION, with_project=False), "ours": gym_venv(GYM_VERSION)}
     if "generic" in keys:
         venvs["generic"] = gym_venv(GYM_VERSION, with_project=False, extra=GENERIC_STACK)

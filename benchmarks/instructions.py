@@ -142,10 +142,9 @@ def main(argv: "list[str] | None" = None) -> int:
         if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():
             ap.error(f"--code {code}: no gym_autoinstr package in that directory")
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-    from benchmarks.run import GYM_VERSION, REPO, gym_venv
+    from benchmarks.run import GYM_VERSION, gym_venv, use_bench_venvs
 
-    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
-        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
+    use_bench_venvs()
     venv = gym_venv(GYM_VERSION)
     wanted = [s.strip() for s in a.sites.split(",") if s.strip()] if a.sites else list(DEFAULT_SITES)
     unknown = [s for s in wanted if s not in SITES]

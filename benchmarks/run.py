@@ -51,6 +51,29 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def use_bench_venvs() -> None:
+    """Build and find the benchmark's Gym venvs in our own cache (``.cache/bench-gymenvs``,
+    or ``GYM_AUTOINSTR_BENCH_CACHE``): the test suite's venvs get rebuilt when someone
+    runs the tests after a pyproject change, which would pull a venv from under a running
+    trio."""
+    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
+        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
+    log("building / checking venvs (cached under .cache/bench-gymenvs)")
+
+
+def add_output_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
+    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
+
+
+def printed_saved_report(a: argparse.Namespace, render: Any) -> bool:
+    """With ``--report-from FILE``: print ``render`` of that file's results; whether it did."""
+    if not a.report_from:
+        return False
+    print(render(json.loads(a.report_from.read_text())))
+    return True
+
+
 @dataclass
 class Variant:
     key: str
@@ -615,16 +638,14 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--reps", type=int)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
-    ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
     ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
     ap.add_argument("--variants", help=f"comma-separated subset of: {','.join(VARIANT_KEYS)} "
                     "(bare is always included: it is the reference; sampled: ours default with "
                     "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent)")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
-    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
+    add_output_options(ap)
     a = ap.parse_args(argv)
-    if a.report_from:
-        print(report(json.loads(a.report_from.read_text())))
+    if printed_saved_report(a, report):
         return 0
     quick = a.quick
     reps = a.reps or (3 if quick else 6)
@@ -632,11 +653,7 @@ def main(argv: "list[str] | None" = None) -> int:
     conc = a.concurrency
     t_start = time.monotonic()
 
-    # Our own venv cache: the test suite's venvs get rebuilt when someone runs the tests
-    # after a pyproject change, which would pull a venv from under a running trio.
-    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
-        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
-    log("building / checking venvs (cached under .cache/bench-gymenvs)")
+    use_bench_venvs()
     bare_venv = gym_venv(GYM_VERSION, with_project=False)
     generic_venv = gym_venv(GYM_VERSION, with_project=False, extra=GENERIC_STACK)
     ours_venv = gym_venv(GYM_VERSION)

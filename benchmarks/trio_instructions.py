@@ -50,8 +50,8 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
-from benchmarks.run import (GYM_VERSION, PHASE_C1, PHASE_WARMUP, REPO, SERVERS, log, make_variants, rewarded,
-                            rollout_body, rotated, tear_down)
+from benchmarks.run import (GYM_VERSION, PHASE_C1, PHASE_WARMUP, SERVERS, add_output_options, log, make_variants,
+                            printed_saved_report, rewarded, rollout_body, rotated, tear_down, use_bench_venvs)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -179,11 +179,9 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--idle-seconds", type=float, default=15.0, help="length of each idle window (default 15)")
     ap.add_argument("--variants", default="default,sampled",
                     help="comma-separated, besides bare: off, default, sampled, per_rollout, all (default: default,sampled)")
-    ap.add_argument("--json", type=pathlib.Path, help="also write the raw counts here")
-    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
+    add_output_options(ap)
     a = ap.parse_args(argv)
-    if a.report_from:
-        print(report(json.loads(a.report_from.read_text())))
+    if printed_saved_report(a, report):
         return 0
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -194,9 +192,7 @@ def main(argv: "list[str] | None" = None) -> int:
     if "generic" in keys:
         ap.error("--variants: generic is not counted here (its spans go through other code paths)")
 
-    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
-        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
-    log("building / checking venvs (cached under .cache/bench-gymenvs)")
+    use_bench_venvs()
     venvs = {"bare": gym_venv(GYM_VERSION, with_project=False), "ours": gym_venv(GYM_VERSION)}
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="gym-trio-ir-"))
     sink = CountingSink()
