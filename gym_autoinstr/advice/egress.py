@@ -123,12 +123,17 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
         return wrapped(*args, **kwargs)
     try:
-        context = otel_context.get_current()
+        context = propagation.current_context()
         dropped = sampling.dropped_span(context)
         if dropped is not None and not job.dispatching():
             # No span: the caller's own context injected, so that the next hop learns
-            # the decision.
-            return wrapped(*args, **_with_context(dropped, kwargs, context))
+            # the decision (the same headers on every call for this span).
+            carrier = propagation.unsampled_headers(dropped, context)
+            if carrier is None:
+                return wrapped(*args, **_with_context(dropped, kwargs, context))
+            headers = kwargs.get("headers")
+            return wrapped(*args, **{**kwargs, "headers": dict(carrier) if headers is None
+                                     else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN["on"]:

@@ -68,6 +68,7 @@ class _Propagation:
 
     textmap: object = None
     names: frozenset[bytes] = frozenset()
+    w3c = False  # the textmap is W3C's (propagation.w3c_default)
 
     @classmethod
     def header_names(cls) -> frozenset[bytes]:
@@ -77,6 +78,7 @@ class _Propagation:
             if not accept_inbound_baggage():
                 names.discard(b"baggage")
             cls.names = frozenset(names)
+            cls.w3c = propagation.w3c_default()
             cls.textmap = textmap
         return cls.names
 
@@ -98,7 +100,9 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     if raw is None:
         return otel_context.Context(), False
     header = raw.decode("latin-1")
-    known = propagation.known_unsampled(header)
+    # (header_names above looked at the global textmap: whether it is W3C's is the test
+    # propagation.known_unsampled makes)
+    known = propagation.unsampled_context(header) if _Propagation.w3c else None
     if known is not None and sampling.drops_unsampled_children():
         return known, True
     return _caller_from({"traceparent": header})
@@ -204,16 +208,16 @@ class GymServerMiddleware:
         await self.app(scope, receive, self._flushing_send(send))
 
     async def _dropped(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context) -> None:
-        token = otel_context.attach(parent)
+        token = propagation.attach(parent)
         try:
             await self.app(scope, receive, send)
         finally:
-            otel_context.detach(token)
+            propagation.detach(token)
 
     async def _measured(self, scope: dict, receive: Any, send: Any, parent: "otel_context.Context | None") -> None:
         """Metrics without a SERVER span: the ``server`` group off, or the caller's span
         dropped (then ``parent``, its context, is current while the request runs)."""
-        token = otel_context.attach(parent) if parent is not None else None
+        token = propagation.attach(parent) if parent is not None else None
         in_flight = self.in_flight
         in_flight[0] += 1
         started = time.perf_counter()
@@ -236,7 +240,7 @@ class GymServerMiddleware:
             except Exception as error:
                 warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
             if token is not None:
-                otel_context.detach(token)
+                propagation.detach(token)
 
     def _flushing_send(self, send: Any) -> Any:
         async def lifespan_send(message: dict) -> None:

@@ -12,6 +12,7 @@ custom one) goes through ``propagate`` as before.
 
 from __future__ import annotations
 
+import contextvars
 import re
 from typing import Any
 
@@ -39,6 +40,42 @@ _known: list = [None, False]  # [the global textmap last checked, whether it is 
 _CACHE_MAX = 1024
 _extracted: dict[str, otel_context.Context] = {}
 _injected: dict[int, tuple[SpanContext, str, "str | None"]] = {}
+# The headers written for an unsampled span, by the span object: a server hands the same
+# span to every call it makes for a dropped rollout.
+_unsampled_headers: dict[int, tuple[Any, dict[str, str]]] = {}
+
+
+def _runtime_var() -> "contextvars.ContextVar | None":
+    """The ContextVar behind ``opentelemetry.context`` when the runtime context is the
+    API's default one (``contextvars``); None for any other (``OTEL_PYTHON_CONTEXT``)."""
+    try:
+        from opentelemetry.context import _RUNTIME_CONTEXT
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    except ImportError:  # pragma: no cover
+        return None
+    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
+    return var if type(_RUNTIME_CONTEXT) is ContextVarsRuntimeContext and isinstance(
+        var, contextvars.ContextVar) else None
+
+
+# ``current_context``, ``attach`` and ``detach``: what ``opentelemetry.context``'s
+# functions of those names do, for the dropped path, which calls them on every hop of
+# every rollout the sampler left out; with the default runtime context, straight on its
+# ContextVar (the API's own functions are two Python frames each).
+_RUNTIME_VAR = _runtime_var()
+if _RUNTIME_VAR is not None:
+    current_context = _RUNTIME_VAR.get
+    attach = _RUNTIME_VAR.set
+
+    def detach(token: Any) -> None:
+        try:
+            _RUNTIME_VAR.reset(token)
+        except Exception:  # as the API's detach: logged there, never raised
+            otel_context.detach(token)
+else:  # pragma: no cover
+    current_context = otel_context.get_current
+    attach = otel_context.attach
+    detach = otel_context.detach
 
 
 def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
@@ -97,10 +134,31 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
         carrier["tracestate"] = span_context.trace_state.to_header()
 
 
+def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, str] | None":
+    """What ``inject_span(span, carrier, context)`` writes, for ``span`` valid and
+    unsampled (``sampling.dropped_span``'s), kept by span object; None when the global
+    propagator is not W3C's or ``context`` has baggage (then ``inject_span`` itself).
+    The dict is shared: copy it before handing it to anyone who might change it."""
+    if not w3c_default() or (_BAGGAGE_KEY is None or context.get(_BAGGAGE_KEY)):
+        return None
+    hit = _unsampled_headers.get(id(span))
+    if hit is None or hit[0] is not span:  # (an entry keeps its key's object alive)
+        carrier: dict[str, str] = {}
+        inject_span(span, carrier, context)
+        if len(_unsampled_headers) >= _CACHE_MAX:
+            _unsampled_headers.clear()
+        hit = _unsampled_headers[id(span)] = (span, carrier)
+    return hit[1]
+
+
 def known_unsampled(traceparent: str) -> "otel_context.Context | None":
     """The context ``extract`` read before from this lone ``traceparent`` (no tracestate)
     of an unsampled caller, while it is kept; else None."""
     return _extracted.get(traceparent) if w3c_default() else None
+
+
+# ``known_unsampled`` for a caller that has checked ``w3c_default()`` itself.
+unsampled_context = _extracted.get
 
 
 def extract(carrier: dict) -> otel_context.Context:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
+from .propagation import current_context
 from .spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
@@ -97,16 +97,26 @@ def dropped_span(context: Any = None) -> Any:
     if _SPAN_KEY is None:  # pragma: no cover
         span = trace.get_current_span(context)
     else:
-        span = (otel_context.get_current() if context is None else context).get(_SPAN_KEY)
+        span = (current_context() if context is None else context).get(_SPAN_KEY)
     # A span the sampler dropped is a NonRecordingSpan, whether the SDK made it or a
     # caller's header did; any other span (a recording one, none) is not dropped here,
     # and the SDK's sampler decides as usual.
     if type(span) is not NonRecordingSpan:
         return None
-    span_context = span.get_span_context()
-    if span_context.trace_flags & 0x01 or not span_context.is_valid:
-        return None
+    if _unsampled.get(id(span)) is not span:  # a span's context never changes: checked once
+        span_context = span.get_span_context()
+        if span_context.trace_flags & 0x01 or not span_context.is_valid:
+            return None
+        if len(_unsampled) >= _UNSAMPLED_MAX:
+            _unsampled.clear()
+        _unsampled[id(span)] = span  # (the entry keeps the span alive: its id stays its own)
     return span if drops_unsampled_children() else None
+
+
+# NonRecordingSpans found valid and unsampled, by id (bounded; cleared when full): a
+# dropped rollout's span is checked on every call a server makes for it.
+_unsampled: dict[int, NonRecordingSpan] = {}
+_UNSAMPLED_MAX = 1024
 
 
 def drops_unsampled_children() -> bool:

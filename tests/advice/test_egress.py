@@ -182,6 +182,35 @@ def test_under_a_dropped_parent_no_span_and_the_parents_context_goes_on(instrume
     assert int(kept["traceparent"].split("-")[3], 16) & 1
 
 
+def test_every_call_under_a_dropped_span_gets_the_same_headers_in_a_dict_of_its_own(instrumented, spans):
+    """The headers written for a dropped span are kept per span: each call still gets its
+    own copy (a callee writing into it changes nothing for the next call, nor the
+    caller's own headers)."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    from gym_autoinstr.advice import egress
+
+    parent = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+                         trace_flags=TraceFlags(TraceFlags.DEFAULT))
+    seen: list[dict] = []
+
+    def gyms_request(method, url, **kwargs):  # writes into the headers it was given
+        seen.append(dict(kwargs["headers"]))
+        kwargs["headers"]["x-written-by-the-callee"] = "1"
+
+    callers = [None, None, {"x-caller": "yes"}, None]
+    with trace.use_span(NonRecordingSpan(parent)):
+        for headers in callers:
+            egress.request_advice(gyms_request, None, ("POST", "http://127.0.0.1:9/x"),
+                                  {} if headers is None else {"headers": headers})
+    expected = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    assert [h.get("traceparent") for h in seen] == [expected] * 4
+    assert all("x-written-by-the-callee" not in h for h in seen)
+    assert seen[2]["x-caller"] == "yes" and callers[2] == {"x-caller": "yes"}
+    assert not _client_spans(spans)
+
+
 # -- GYM_AUTOINSTR_CLIENT_SPANS=failures (the lean shape) ------------------------------
 
 
