@@ -300,13 +300,18 @@ def report(results: dict) -> str:
     for key, row in rows.items():
         mine = summary(row, rate)
         total, base_total = mine["work"] + mine["young_gc"], base["work"] + base["young_gc"]
+        known = total == total and base_total == base_total  # (NaN: every window had a full collection)
+        if not known:  # outside GC only
+            total, base_total = mine["work"], base["work"]
         over[key] = (mine["work"] - base["work"], total - base_total)
         cells = ", ".join(f"{x / 1e6:.2f}" for x in mine["windows"])
+        young = "n/a" if mine["young_gc"] != mine["young_gc"] else f"{mine['young_gc'] / 1e6:.2f}"
+        with_young = f"{over[key][1] / 1e6:+.3f}" if known else "n/a"
         lines.append(
-            f"| {row['label']} | {mine['work'] / 1e6:.2f} ({cells}) | {mine['young_gc'] / 1e6:.2f} | "
+            f"| {row['label']} | {mine['work'] / 1e6:.2f} ({cells}) | {young} | "
             f"{mine['collections']:.3f} ({mine['full']}) | "
             + ("- | - | - |" if key == "bare" else
-               f"{over[key][0] / 1e6:+.3f} | {over[key][1] / 1e6:+.3f} | {base_total / total:.3f} |"))
+               f"{over[key][0] / 1e6:+.3f} | {with_young} | {base_total / total:.3f} |"))
     lines += ["", "Full collections are left out of the table (their number is in it): one is tens of millions "
               "of instructions and a window holds none, one or two.  Everything counted, full collections too, "
               "over bare, M per rollout: " + ", ".join(
@@ -314,8 +319,9 @@ def report(results: dict) -> str:
                   for key, row in rows.items() if key != "bare")]
     if "default" in over and "sampled" in over and over["default"][0] > 0:
         lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
-                  f"{over['sampled'][0] / over['default'][0]:.3f} outside GC, "
-                  f"{over['sampled'][1] / over['default'][1]:.3f} with young collections"]
+                  f"{over['sampled'][0] / over['default'][0]:.3f} outside GC"
+                  + (f", {over['sampled'][1] / over['default'][1]:.3f} with young collections"
+                     if over["default"][1] != over["default"][0] else "")]
     return "\n".join(lines)
 
 
