@@ -585,7 +585,8 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
         return spans_since(spans, start_ns)
 
     with PolicyModel() as policy:
-        for attempt in range(2):
+        attempts = 3
+        for attempt in range(attempts):
             trio = GymTrio(venv, "0.4.0", workdir / f"gym{attempt}", policy.url, env=otel_env(collector, "http/protobuf"),
                            instrument=True, resources=SCORER,
                            extra_config={"ray_head_node_address": cluster.client_address})
@@ -595,9 +596,11 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
             except GymTrioError as error:
                 # Ray's client server picks each per-client server's port from 23000-23999 by
                 # probing, then starts it: on a machine shared with other Ray clusters
-                # (whose workers may use those ports) the start can lose the race. Once more.
-                if attempt or "Starting Ray client server failed" not in str(error):
+                # (whose workers may use those ports) the start can lose the race, twice in
+                # a row in one rehearsal. Again, after a pause, at most twice more.
+                if attempt == attempts - 1 or "Starting Ray client server failed" not in str(error):
                     raise
+                time.sleep(5)
         with trio:
             results = [trio.rollout(row, rollout_index=index) for index, row in enumerate(rows)]
             log = trio.log_text()
