@@ -127,13 +127,12 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         dropped = sampling.dropped_span(context)
         if dropped is not None and not job.dispatching():
             # No span: the caller's own context injected, so that the next hop learns
-            # the decision (the same headers on every call for this span).
+            # the decision (formatted once per span context).
             carrier = propagation.unsampled_headers(dropped, context)
             if carrier is None:
                 return wrapped(*args, **_with_context(dropped, kwargs, context))
             headers = kwargs.get("headers")
-            return wrapped(*args, **{**kwargs, "headers": dict(carrier) if headers is None
-                                     else _copy_with(headers, carrier)})
+            return wrapped(*args, **{**kwargs, "headers": carrier if headers is None else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN["on"]:

@@ -100,8 +100,7 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     if raw is None:
         return otel_context.Context(), False
     header = raw.decode("latin-1")
-    # (header_names above looked at the global textmap: whether it is W3C's is the test
-    # propagation.known_unsampled makes)
+    # (header_names above looked at the global textmap: unsampled_context holds while it is W3C's)
     known = propagation.unsampled_context(header) if _Propagation.w3c else None
     if known is not None and sampling.drops_unsampled_children():
         return known, True

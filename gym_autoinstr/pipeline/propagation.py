@@ -40,9 +40,6 @@ _known: list = [None, False]  # [the global textmap last checked, whether it is 
 _CACHE_MAX = 1024
 _extracted: dict[str, otel_context.Context] = {}
 _injected: dict[int, tuple[SpanContext, str, "str | None"]] = {}
-# The headers written for an unsampled span, by the span object: a server hands the same
-# span to every call it makes for a dropped rollout.
-_unsampled_headers: dict[int, tuple[Any, dict[str, str]]] = {}
 
 
 def _runtime_var() -> "contextvars.ContextVar | None":
@@ -115,17 +112,11 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
     span_context = span.get_span_context()
     if not span_context.trace_flags & 0x01:
         # unsampled: the same parent goes out on every call of a dropped rollout
-        hit = _injected.get(id(span_context))
-        if hit is None or hit[0] is not span_context:  # (an entry keeps its key's object alive)
-            if not span_context.is_valid:
-                return
-            if len(_injected) >= _CACHE_MAX:
-                _injected.clear()
-            header = span_context.trace_state.to_header() if span_context.trace_state else None
-            hit = _injected[id(span_context)] = (span_context, _traceparent(span_context), header)
-        carrier["traceparent"] = hit[1]
-        if hit[2]:
-            carrier["tracestate"] = hit[2]
+        hit = _unsampled_entry(span_context)
+        if hit is not None:
+            carrier["traceparent"] = hit[1]
+            if hit[2]:
+                carrier["tracestate"] = hit[2]
         return
     if not span_context.is_valid:
         return
@@ -134,30 +125,35 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
         carrier["tracestate"] = span_context.trace_state.to_header()
 
 
+def _unsampled_entry(span_context: SpanContext) -> "tuple[SpanContext, str, str | None] | None":
+    """(the span context, its traceparent, its tracestate header) for an unsampled span
+    context, formatted once while kept; None when it is not valid."""
+    hit = _injected.get(id(span_context))
+    if hit is None or hit[0] is not span_context:  # (an entry keeps its key's object alive)
+        if not span_context.is_valid:
+            return None
+        if len(_injected) >= _CACHE_MAX:
+            _injected.clear()
+        header = span_context.trace_state.to_header() if span_context.trace_state else None
+        hit = _injected[id(span_context)] = (span_context, _traceparent(span_context), header)
+    return hit
+
+
 def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, str] | None":
-    """What ``inject_span(span, carrier, context)`` writes, for ``span`` valid and
-    unsampled (``sampling.dropped_span``'s), kept by span object; None when the global
-    propagator is not W3C's or ``context`` has baggage (then ``inject_span`` itself).
-    The dict is shared: copy it before handing it to anyone who might change it."""
+    """A new dict of what ``inject_span(span, carrier, context)`` writes, for ``span``
+    valid and unsampled (``sampling.dropped_span``'s); None when the global propagator is
+    not W3C's or ``context`` has baggage (then ``inject_span`` itself)."""
     if not w3c_default() or (_BAGGAGE_KEY is None or context.get(_BAGGAGE_KEY)):
         return None
-    hit = _unsampled_headers.get(id(span))
-    if hit is None or hit[0] is not span:  # (an entry keeps its key's object alive)
-        carrier: dict[str, str] = {}
-        inject_span(span, carrier, context)
-        if len(_unsampled_headers) >= _CACHE_MAX:
-            _unsampled_headers.clear()
-        hit = _unsampled_headers[id(span)] = (span, carrier)
-    return hit[1]
+    hit = _unsampled_entry(span.get_span_context())
+    if hit is None:
+        return None
+    return {"traceparent": hit[1], "tracestate": hit[2]} if hit[2] else {"traceparent": hit[1]}
 
 
-def known_unsampled(traceparent: str) -> "otel_context.Context | None":
-    """The context ``extract`` read before from this lone ``traceparent`` (no tracestate)
-    of an unsampled caller, while it is kept; else None."""
-    return _extracted.get(traceparent) if w3c_default() else None
-
-
-# ``known_unsampled`` for a caller that has checked ``w3c_default()`` itself.
+# The context ``extract`` read before from this lone ``traceparent`` (no tracestate) of an
+# unsampled caller, while it is kept; else None.  Only while ``w3c_default()`` holds,
+# which the caller checks (the ingress, with the header names it reads).
 unsampled_context = _extracted.get
 
 
