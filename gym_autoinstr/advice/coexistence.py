@@ -13,11 +13,13 @@ from typing import Any
 
 from .._log import logger
 
-_native_live = False
+# Read as a plain module attribute on the per-request paths (a call per request and per
+# seam otherwise); ``native_telemetry_live()`` elsewhere.
+NATIVE_LIVE = False
 
 
 def native_telemetry_live() -> bool:
-    return _native_live
+    return NATIVE_LIVE
 
 
 def _handle_is_exporting() -> bool:
@@ -34,18 +36,18 @@ def _handle_is_exporting() -> bool:
 
 def init_telemetry_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """After ``nemo_gym.telemetry.setup.init_telemetry``: note whether Gym now exports."""
-    global _native_live
+    global NATIVE_LIVE
     result = wrapped(*args, **kwargs)
     try:
         live = _handle_is_exporting()
     except Exception:
         live = False
-    if live and not _native_live:
+    if live and not NATIVE_LIVE:
         logger.info("Gym's own OpenTelemetry call sites are live in this process: gym-autoinstr stands down")
-    _native_live = live
+    NATIVE_LIVE = live
     return result
 
 
 def set_native_live_for_tests(value: bool) -> None:
-    global _native_live
-    _native_live = value
+    global NATIVE_LIVE
+    NATIVE_LIVE = value

@@ -120,19 +120,23 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     # Plain function returning an awaitable: when the group is off, or the sampler dropped
     # the caller's span, the caller awaits Gym's own coroutine directly (no extra
     # coroutine frame per request).
-    if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.native_telemetry_live():
+    if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.NATIVE_LIVE:
         return wrapped(*args, **kwargs)
     try:
         context = propagation.current_context()
         dropped = sampling.dropped_span(context)
-        if dropped is not None and not job.dispatching():
-            # No span: the caller's own context injected, so that the next hop learns
-            # the decision (formatted once per span context).
-            carrier = propagation.unsampled_headers(dropped, context)
-            if carrier is None:
-                return wrapped(*args, **_with_context(dropped, kwargs, context))
-            headers = kwargs.get("headers")
-            return wrapped(*args, **{**kwargs, "headers": carrier if headers is None else _copy_with(headers, carrier)})
+        if dropped is not None:
+            # job.dispatching(), with the current span at hand: a /run sent under a
+            # dropped gym.job is a rollout of its own, sampled anew (traced below)
+            state = job.current_job()
+            if state is None or state.span is not dropped:
+                # No span: the caller's own context injected, so that the next hop learns
+                # the decision (formatted once per span context).
+                carrier = propagation.unsampled_headers(dropped, context)
+                if carrier is None:
+                    return wrapped(*args, **_with_context(dropped, kwargs, context))
+                headers = kwargs.get("headers")
+                return wrapped(*args, **{**kwargs, "headers": carrier if headers is None else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN["on"]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
 from . import startup
 from ..pipeline import concurrency, groups, logs, metrics, propagation, runtime, sampling
@@ -90,7 +90,8 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     A rollout the sampler dropped sends one unchanged traceparent to every hop: a lone
     traceparent whose unsampled context ``propagation`` already keeps skips parsing and
     the span checks; only the sampler is asked again."""
-    names = _Propagation.header_names()
+    textmap = propagate.get_global_textmap()  # header_names(), its answer kept
+    names = _Propagation.names if textmap is _Propagation.textmap else _Propagation.header_names()
     raw = None
     for key, value in scope.get("headers") or ():
         if key in names:
@@ -111,7 +112,7 @@ def _caller_from(carrier: dict) -> "tuple[otel_context.Context, bool]":
     if not carrier:
         return otel_context.Context(), False
     parent = propagation.extract(carrier)
-    return parent, sampling.dropped_parent(parent) is not None
+    return parent, sampling.dropped_span(parent) is not None
 
 
 def _carrier(scope: dict) -> dict[str, str]:
@@ -239,7 +240,10 @@ class GymServerMiddleware:
             except Exception as error:
                 warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
             if token is not None:
-                propagation.detach(token)
+                try:
+                    propagation.reset(token)
+                except Exception:
+                    propagation.detach(token)
 
     def _flushing_send(self, send: Any) -> Any:
         async def lifespan_send(message: dict) -> None:
@@ -291,13 +295,17 @@ class GymServerMiddleware:
                 self.in_flight[0] -= 1
             try:
                 facts = _route_facts(scope)  # once for the span and the metrics
-                self._finish(scope, span, status_code[0] if status_code else None, facts[0])
+                if type(span) is not NonRecordingSpan:  # (a root the sampler dropped: nothing to end)
+                    self._finish(scope, span, status_code[0] if status_code else None, facts[0])
                 if live:
                     _record(scope, first_byte, started, facts)
             except Exception as error:
                 warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
             finally:
-                otel_context.detach(token)
+                try:
+                    propagation.reset(token)
+                except Exception:
+                    propagation.detach(token)
 
     @staticmethod
     def _start(scope: dict, parent: otel_context.Context) -> tuple[Any, object]:
@@ -316,7 +324,7 @@ class GymServerMiddleware:
         if version:
             attributes["network.protocol.version"] = version
         span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        return span, otel_context.attach(trace.set_span_in_context(span, parent))
+        return span, propagation.attach(trace.set_span_in_context(span, parent))
 
     @staticmethod
     def _finish(scope: dict, span: Any, status: "int | None", route: "str | None") -> None:

@@ -292,6 +292,10 @@ def _record_counts(state: JobState) -> None:
     state.span.set_attribute(ROLLOUTS_FAILED, state.failed)
 
 
+# The job whose gym.job span this task runs under, if any (a bound ContextVar.get: no frame).
+current_job = _current_job.get
+
+
 def dispatching() -> bool:
     """Our ``gym.job`` is the current span: a ``/run`` sent now would be a rollout."""
     state = _current_job.get()

@@ -189,7 +189,7 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> "trace.Span | None":
     """The seam's span, or None: the sampler dropped the request's span (the handler then
     runs as it is), or starting it failed."""
     try:
-        if sampling.dropped_parent() is not None:
+        if sampling.dropped_span() is not None:
             return None
         attributes: dict[str, Any] = {SERVER_NAME: seam.server_name}
         rollout_id = current_rollout_id()
@@ -279,7 +279,7 @@ def _use(span: "trace.Span") -> Any:
 
 
 def _enabled(seam: Seam) -> bool:
-    return seam.group in groups.ENABLED and not coexistence.native_telemetry_live()
+    return seam.group in groups.ENABLED and not coexistence.NATIVE_LIVE
 
 
 def _is(kind_test: Callable[[Any], bool], handler: Any) -> bool:

@@ -63,6 +63,9 @@ _RUNTIME_VAR = _runtime_var()
 if _RUNTIME_VAR is not None:
     current_context = _RUNTIME_VAR.get
     attach = _RUNTIME_VAR.set
+    # detach without its frame, for the per-request paths: raises where detach logs (a
+    # token of another context), and the caller then calls detach
+    reset = _RUNTIME_VAR.reset
 
     def detach(token: Any) -> None:
         try:
@@ -72,7 +75,7 @@ if _RUNTIME_VAR is not None:
 else:  # pragma: no cover
     current_context = otel_context.get_current
     attach = otel_context.attach
-    detach = otel_context.detach
+    detach = reset = otel_context.detach
 
 
 def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
@@ -143,11 +146,17 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, st
     """A new dict of what ``inject_span(span, carrier, context)`` writes, for ``span``
     valid and unsampled (``sampling.dropped_span``'s); None when the global propagator is
     not W3C's or ``context`` has baggage (then ``inject_span`` itself)."""
-    if not w3c_default() or (_BAGGAGE_KEY is None or context.get(_BAGGAGE_KEY)):
+    if _BAGGAGE_KEY is None or context.get(_BAGGAGE_KEY):
         return None
-    hit = _unsampled_entry(span.get_span_context())
-    if hit is None:
+    textmap = propagate.get_global_textmap()  # w3c_default(), its answer kept
+    if not (_known[1] if textmap is _known[0] else w3c_default()):
         return None
+    span_context = span.get_span_context()
+    hit = _injected.get(id(span_context))  # _unsampled_entry(), a hit without its frame
+    if hit is None or hit[0] is not span_context:
+        hit = _unsampled_entry(span_context)
+        if hit is None:
+            return None
     return {"traceparent": hit[1], "tracestate": hit[2]} if hit[2] else {"traceparent": hit[1]}
 
 

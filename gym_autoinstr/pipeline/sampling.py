@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
+from . import spans as _spans
 from .propagation import current_context
 from .spans import tracer_in_use
 
@@ -110,7 +111,12 @@ def dropped_span(context: Any = None) -> Any:
         if len(_unsampled) >= _UNSAMPLED_MAX:
             _unsampled.clear()
         _unsampled[id(span)] = span  # (the entry keeps the span alive: its id stays its own)
-    return span if drops_unsampled_children() else None
+    # drops_unsampled_children(), without its two frames: this runs on every hop
+    tracer_now = _spans._tracer
+    sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
+    if sampler is not _follows[0]:
+        _check_sampler(sampler)
+    return span if _follows[1] else None
 
 
 # NonRecordingSpans found valid and unsampled, by id (bounded; cleared when full): a
@@ -122,14 +128,19 @@ _UNSAMPLED_MAX = 1024
 def drops_unsampled_children() -> bool:
     """Whether the tracer's sampler drops every child of an unsampled parent (worked out
     once per sampler object)."""
-    sampler = getattr(tracer_in_use(), "sampler", None)
+    tracer_now = _spans._tracer  # (the tracer ``tracer()`` last handed out: tracer_in_use())
+    sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
     if sampler is not _follows[0]:
-        try:
-            follows = _drops_under_unsampled_parent(sampler)
-        except Exception:
-            follows = False
-        _follows[0], _follows[1] = sampler, follows
+        _check_sampler(sampler)
     return _follows[1]
+
+
+def _check_sampler(sampler: Any) -> None:
+    try:
+        follows = _drops_under_unsampled_parent(sampler)
+    except Exception:
+        follows = False
+    _follows[0], _follows[1] = sampler, follows
 
 
 def dropped_parent(context: Any = None) -> "trace.SpanContext | None":

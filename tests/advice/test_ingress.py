@@ -276,3 +276,42 @@ def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the
     (span,) = _server_spans(spans)
     assert span.parent.span_id == int(PARENT_ID, 16) and format(span.context.trace_id, "032x") == TRACE_ID
     assert span.parent.is_remote and not span.parent.trace_flags.sampled
+
+
+def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_context_as_it_was(
+        instrumented, spans, monkeypatch):
+    """A request with no caller (an agent's ``/run``) that the sampler drops: the handler
+    runs under the SDK's non-recording span (its ids go on to the next hops), nothing is
+    exported, and the request's context is gone once it is served."""
+    import asyncio
+
+    from opentelemetry import context as otel_context
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+    from gym_autoinstr.pipeline.spans import tracer
+
+    monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.0)))
+    seen: list = []
+    app, receive = _context_seeing_app(seen)
+    sent: list = []
+
+    async def send(message):
+        sent.append(message.get("status"))
+
+    middleware = GymServerMiddleware(app, server_name="root_server")
+    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
+
+    async def caller():
+        before = otel_context.get_current()
+        await middleware(scope, receive, send)
+        await middleware(dict(scope), receive, send)
+        assert otel_context.get_current() is before
+
+    asyncio.run(caller())
+    first, second = seen
+    assert first.is_valid and second.is_valid and not first.trace_flags.sampled and not first.is_remote
+    assert first.trace_id != second.trace_id  # each request its own root, decided by the sampler
+    assert sent == [200, None, 200, None]
+    assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []

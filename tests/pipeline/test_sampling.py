@@ -71,7 +71,8 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
         sampler = None
 
     fake = FakeTracer()
-    monkeypatch.setattr(sampling, "tracer_in_use", lambda: fake)
+    # the tracer the dropped path reads its sampler from: the one tracer() last handed out
+    monkeypatch.setattr(sampling._spans, "_tracer", fake)
     for sampler, follows in [
         (sampling.JobKeepingSampler(ParentBased(TraceIdRatioBased(0.0))), True),
         (ParentBased(ALWAYS_ON), True),
