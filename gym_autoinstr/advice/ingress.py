@@ -67,17 +67,19 @@ class _Propagation:
     """
 
     textmap: object = None
-    names: frozenset[bytes] = frozenset()
+    # A tuple, not a set: every header of every request is looked up in it, and a few
+    # length-first bytes comparisons cost less than hashing each new header name.
+    names: "tuple[bytes, ...]" = ()
     w3c = False  # the textmap is W3C's (propagation.w3c_default)
 
     @classmethod
-    def header_names(cls) -> frozenset[bytes]:
+    def header_names(cls) -> "tuple[bytes, ...]":
         textmap = propagate.get_global_textmap()
         if textmap is not cls.textmap:
             names = {f.lower().encode("latin-1") for f in textmap.fields}
             if not accept_inbound_baggage():
                 names.discard(b"baggage")
-            cls.names = frozenset(names)
+            cls.names = tuple(sorted(names))
             cls.w3c = propagation.w3c_default()
             cls.textmap = textmap
         return cls.names

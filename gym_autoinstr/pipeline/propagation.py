@@ -197,4 +197,10 @@ def extract(carrier: dict) -> otel_context.Context:
         if len(_extracted) >= _CACHE_MAX:
             _extracted.clear()
         _extracted[header] = context
+        if version == "00" and len(header) == 55:
+            # already the traceparent this unsampled context is sent on with (the dropped
+            # path forwards its caller's context): _unsampled_entry's, without formatting
+            if len(_injected) >= _CACHE_MAX:
+                _injected.clear()
+            _injected[id(span_context)] = (span_context, header, None)
     return context

@@ -99,3 +99,22 @@ def test_an_unsampled_parent_is_written_the_same_every_time():
         theirs: dict = {}
         propagate.inject(theirs, context=trace.set_span_in_context(span))
         assert ours == theirs
+
+
+@pytest.mark.parametrize("header", [
+    TP.replace("-01", "-00"),  # as received, forwarded as received
+    " " + TP.replace("-01", "-00") + "\t",  # padded: forwarded as the SDK writes it
+    TP.replace("-01", "-02"),  # other flags, unsampled
+])
+def test_an_unsampled_callers_context_is_forwarded_as_the_sdk_would_write_it(header):
+    """The dropped path sends its caller's context on: what an extracted unsampled context
+    is written as (taken from the header it came in, when that already is the canonical
+    form) is what the SDK's propagator writes for it, by inject_span and unsampled_headers."""
+    parent = propagation.extract({"traceparent": header})
+    span = trace.get_current_span(parent)
+    theirs: dict = {}
+    propagate.inject(theirs, context=parent)
+    ours: dict = {}
+    propagation.inject_span(span, ours, parent)
+    assert ours == theirs == propagation.unsampled_headers(span, parent)
+    assert theirs["traceparent"] == header.strip()
