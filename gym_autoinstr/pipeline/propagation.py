@@ -34,12 +34,14 @@ _ZERO_SPAN = "0" * 16
 _known: list = [None, False]  # [the global textmap last checked, whether it is W3C's]
 
 # A rollout the sampler dropped carries one unchanged traceparent through every hop
-# (pipeline/sampling.py): the contexts read from, and the headers written for, such
-# unsampled parents are kept (bounded; cleared when full) and reused.  Contexts and span
-# contexts are immutable, so sharing them between requests is safe.
+# (pipeline/sampling.py): the contexts read from such unsampled parents, and, by span
+# object, the spans found valid and unsampled with the headers they are written as, are
+# kept (bounded; cleared when full) and reused.  A span's context never changes, and
+# contexts are never changed in place, so sharing them between requests is safe.  An
+# entry keeps its span alive, so an id cannot be reused while it is kept.
 _CACHE_MAX = 1024
 _extracted: dict[str, otel_context.Context] = {}
-_injected: dict[int, tuple[SpanContext, str, "str | None"]] = {}
+unsampled_spans: dict[int, tuple[Any, str, "str | None"]] = {}
 
 
 def _runtime_var() -> "contextvars.ContextVar | None":
@@ -112,10 +114,16 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
     if not w3c_default() or not _no_baggage(context):
         propagate.inject(carrier, context=trace.set_span_in_context(span, context))
         return
+    hit = unsampled_spans.get(id(span))
+    if hit is not None and hit[0] is span:  # unsampled, written before
+        carrier["traceparent"] = hit[1]
+        if hit[2]:
+            carrier["tracestate"] = hit[2]
+        return
     span_context = span.get_span_context()
     if not span_context.trace_flags & 0x01:
         # unsampled: the same parent goes out on every call of a dropped rollout
-        hit = _unsampled_entry(span_context)
+        hit = unsampled_entry(span)
         if hit is not None:
             carrier["traceparent"] = hit[1]
             if hit[2]:
@@ -128,17 +136,19 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
         carrier["tracestate"] = span_context.trace_state.to_header()
 
 
-def _unsampled_entry(span_context: SpanContext) -> "tuple[SpanContext, str, str | None] | None":
-    """(the span context, its traceparent, its tracestate header) for an unsampled span
-    context, formatted once while kept; None when it is not valid."""
-    hit = _injected.get(id(span_context))
-    if hit is None or hit[0] is not span_context:  # (an entry keeps its key's object alive)
-        if not span_context.is_valid:
-            return None
-        if len(_injected) >= _CACHE_MAX:
-            _injected.clear()
-        header = span_context.trace_state.to_header() if span_context.trace_state else None
-        hit = _injected[id(span_context)] = (span_context, _traceparent(span_context), header)
+def unsampled_entry(span: Any) -> "tuple[Any, str, str | None] | None":
+    """(``span``, its traceparent, its tracestate header or None) when ``span``'s context is
+    valid and unsampled, formatted once while kept; else None."""
+    hit = unsampled_spans.get(id(span))
+    if hit is not None and hit[0] is span:
+        return hit
+    span_context = span.get_span_context()
+    if span_context.trace_flags & 0x01 or not span_context.is_valid:
+        return None
+    if len(unsampled_spans) >= _CACHE_MAX:
+        unsampled_spans.clear()
+    header = span_context.trace_state.to_header() if span_context.trace_state else None
+    hit = unsampled_spans[id(span)] = (span, _traceparent(span_context), header)
     return hit
 
 
@@ -151,10 +161,9 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, st
     textmap = propagate.get_global_textmap()  # w3c_default(), its answer kept
     if not (_known[1] if textmap is _known[0] else w3c_default()):
         return None
-    span_context = span.get_span_context()
-    hit = _injected.get(id(span_context))  # _unsampled_entry(), a hit without its frame
-    if hit is None or hit[0] is not span_context:
-        hit = _unsampled_entry(span_context)
+    hit = unsampled_spans.get(id(span))  # unsampled_entry(), a hit without its frame
+    if hit is None or hit[0] is not span:
+        hit = unsampled_entry(span)
         if hit is None:
             return None
     return {"traceparent": hit[1], "tracestate": hit[2]} if hit[2] else {"traceparent": hit[1]}
@@ -192,15 +201,16 @@ def extract(carrier: dict) -> otel_context.Context:
     trace_flags = TraceFlags(int(flags, 16))
     span_context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace_flags,
                                trace_state=state)
-    context = trace.set_span_in_context(NonRecordingSpan(span_context), otel_context.Context())
+    span = NonRecordingSpan(span_context)
+    context = trace.set_span_in_context(span, otel_context.Context())
     if tracestate is None and not trace_flags & 0x01:
         if len(_extracted) >= _CACHE_MAX:
             _extracted.clear()
         _extracted[header] = context
         if version == "00" and len(header) == 55:
             # already the traceparent this unsampled context is sent on with (the dropped
-            # path forwards its caller's context): _unsampled_entry's, without formatting
-            if len(_injected) >= _CACHE_MAX:
-                _injected.clear()
-            _injected[id(span_context)] = (span_context, header, None)
+            # path forwards its caller's context): unsampled_entry's, without formatting
+            if len(unsampled_spans) >= _CACHE_MAX:
+                unsampled_spans.clear()
+            unsampled_spans[id(span)] = (span, header, None)
     return context

@@ -19,7 +19,7 @@ from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
 from . import spans as _spans
-from .propagation import current_context
+from .propagation import current_context, unsampled_entry, unsampled_spans
 from .spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
@@ -104,25 +104,16 @@ def dropped_span(context: Any = None) -> Any:
     # and the SDK's sampler decides as usual.
     if type(span) is not NonRecordingSpan:
         return None
-    if _unsampled.get(id(span)) is not span:  # a span's context never changes: checked once
-        span_context = span.get_span_context()
-        if span_context.trace_flags & 0x01 or not span_context.is_valid:
-            return None
-        if len(_unsampled) >= _UNSAMPLED_MAX:
-            _unsampled.clear()
-        _unsampled[id(span)] = span  # (the entry keeps the span alive: its id stays its own)
+    # a span's context never changes: checked once, kept with its headers (propagation)
+    hit = unsampled_spans.get(id(span))
+    if (hit is None or hit[0] is not span) and unsampled_entry(span) is None:
+        return None
     # drops_unsampled_children(), without its two frames: this runs on every hop
     tracer_now = _spans._tracer
     sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
     if sampler is not _follows[0]:
         _check_sampler(sampler)
     return span if _follows[1] else None
-
-
-# NonRecordingSpans found valid and unsampled, by id (bounded; cleared when full): a
-# dropped rollout's span is checked on every call a server makes for it.
-_unsampled: dict[int, NonRecordingSpan] = {}
-_UNSAMPLED_MAX = 1024
 
 
 def drops_unsampled_children() -> bool:
