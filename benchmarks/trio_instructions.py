@@ -38,6 +38,7 @@ are given beside them.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import pathlib
@@ -70,10 +71,12 @@ FULL_ONLY = "_PyDict_ClearFreeList"
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
 
 
-def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path) -> pathlib.Path:
+def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf: bool = False) -> pathlib.Path:
     """A venv directory for Gym's ``skip_venv_if_present``: its ``activate`` puts its own
     ``bin`` first, where ``python`` runs ``real``'s interpreter under callgrind with
-    counting off (switched on by ``callgrind_control -i on`` once the trio is warm)."""
+    counting off (switched on by ``callgrind_control -i on`` once the trio is warm).
+    ``perf``: with ``-X perf``, every Python function runs through a trampoline of its
+    own, which callgrind counts like a C function and ``/tmp/perf-<pid>.map`` names."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "activate").write_text(
@@ -82,7 +85,7 @@ def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path) -> p
     wrapper.write_text(
         "#!/bin/sh\n"
         f'exec valgrind -q --tool=callgrind --instr-atstart=no --callgrind-out-file="{dumps}/%p.out" '
-        f'"{real}/bin/python" "$@"\n')
+        f'"{real}/bin/python"{" -X perf" if perf else ""} "$@"\n')
     wrapper.chmod(0o755)
     return where
 
@@ -162,7 +165,8 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
     control(listed, "-d")
     out = {"seconds": seconds, "servers": {}}
     for name, pid in pids.items():
-        out["servers"][name] = read_dump(newest_dump(dumps, pid))
+        dump = newest_dump(dumps, pid)
+        out["servers"][name] = {**read_dump(dump), "dump": str(dump)}
     for key in ("ir", "gc", "collections", "full"):
         out[key] = sum(s[key] for s in out["servers"].values())
     if extra:
@@ -179,6 +183,10 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--idle-seconds", type=float, default=15.0, help="length of each idle window (default 15)")
     ap.add_argument("--variants", default="default,sampled",
                     help="comma-separated, besides bare: off, default, sampled, per_rollout, all (default: default,sampled)")
+    ap.add_argument("--by-function", type=int, default=0, metavar="N",
+                    help="also count by Python function (servers run with -X perf) and list the N functions of "
+                         "gym_autoinstr and OpenTelemetry whose instructions per rollout differ most from span "
+                         "groups off (or bare)")
     add_output_options(ap)
     a = ap.parse_args(argv)
     if printed_saved_report(a, report):
@@ -208,7 +216,7 @@ def main(argv: "list[str] | None" = None) -> int:
         for v in variants:
             dumps[v.key] = scratch / f"dumps-{v.key}"
             dumps[v.key].mkdir()
-            shim = shim_venv(v.venv, scratch / f"shim-{v.key}", dumps[v.key])
+            shim = shim_venv(v.venv, scratch / f"shim-{v.key}", dumps[v.key], perf=a.by_function > 0)
             log(f"{v.label}: starting its trio under valgrind (counting off)")
             v.trio = GymTrio(v.venv, GYM_VERSION, scratch / v.key, policy_url=policy.url, instrument=v.instrument,
                              env=v.env, server_venvs={name: shim for name in SERVERS})
@@ -242,12 +250,83 @@ def main(argv: "list[str] | None" = None) -> int:
                 log(f"repetition {rep + 1}/{a.reps}, {v.label}: {last['ir'] / last['n'] / 1e6:.2f}M instructions "
                     f"per rollout ({last['gc'] / last['n'] / 1e6:.2f}M in GC, {last['full']} full collections), "
                     f"{last['seconds']:.0f}s, idle trio before it {row['idle'][-1]['ir'] / row['idle'][-1]['seconds'] / 1e6:.2f}M/s")
+        if a.by_function:
+            results["by_function"] = {"top": a.by_function, "variants": {
+                key: by_function(pids[key], results["variants"][key]["load"]) for key in pids}}
     finally:
+        for pid in (p for key in pids for p in pids[key].values()):
+            pathlib.Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
         tear_down(variants, policy, collector, sink, scratch)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
     print(report(results))
     return 0
+
+
+_ANNOTATED = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+(?:\?\?\?:)?0x([0-9a-f]+)\s")
+_OURS = ("gym_autoinstr/", "opentelemetry/")
+
+
+def perf_map(pid: int) -> "list[tuple[int, int, str]]":
+    """The interpreter's perf map of a server (``-X perf``): (start, size, name) sorted."""
+    rows = []
+    for line in pathlib.Path(f"/tmp/perf-{pid}.map").read_text().splitlines():
+        start, size, name = line.split(" ", 2)
+        rows.append((int(start, 16), int(size, 16), name))
+    return sorted(rows)
+
+
+def function_name(name: str) -> str:
+    """``py::Qual.name:/.../site-packages/pkg/mod.py`` as ``pkg/mod.py:Qual.name``."""
+    qualname, _, path = name.removeprefix("py::").rpartition(":")
+    for marker in ("site-packages/", "gym_autoinstr/"):
+        if marker in path:
+            path = ("gym_autoinstr/" if marker == "gym_autoinstr/" else "") + path.split(marker, 1)[1]
+            break
+    return f"{path}:{qualname}"
+
+
+def by_function(pids: dict[str, int], loads: list) -> dict[str, float]:
+    """Inclusive instructions per rollout of every Python function of the servers (its
+    callees and any garbage collection that struck inside it included), over the load
+    windows; the outermost activation of a recursive function only."""
+    totals: dict[str, int] = {}
+    rollouts = sum(w["n"] for w in loads)
+    for name, pid in pids.items():
+        rows = perf_map(pid)
+        starts = [r[0] for r in rows]
+        for window in loads:
+            text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
+                                   window["servers"][name]["dump"]], capture_output=True, text=True).stdout
+            for line in text.splitlines():
+                m = _ANNOTATED.match(line)  # (a recursion level, 0x...'2, does not match: counted in its outermost)
+                if not m:
+                    continue
+                address = int(m.group(2), 16)
+                i = bisect.bisect_right(starts, address) - 1
+                if i >= 0 and address < rows[i][0] + rows[i][1]:
+                    key = function_name(rows[i][2])
+                    totals[key] = totals.get(key, 0) + int(m.group(1).replace(",", ""))
+    return {k: v / rollouts for k, v in totals.items()}
+
+
+def by_function_report(found: dict, labels: dict) -> "list[str]":
+    top = found["top"]
+    counts = found["variants"]
+    reference = "off" if "off" in counts else "bare"
+    lines = []
+    for key, mine in counts.items():
+        if key in (reference, "bare"):
+            continue
+        theirs = counts[reference]
+        rows = sorted(((mine.get(f, 0.0) - theirs.get(f, 0.0), f) for f in set(mine) | set(theirs)
+                       if any(marker in f for marker in _OURS)), key=lambda r: -abs(r[0]))[:top]
+        lines += ["", f"By Python function, {labels[key]} against {labels[reference]}: inclusive instructions per "
+                  "rollout (callees included, and any garbage collection that struck inside; a function's figure "
+                  "is not the sum of the rows below it)", "",
+                  f"| function | {labels[key]}, k | over {labels[reference]}, k |", "|---|---|---|"]
+        lines += [f"| `{f}` | {mine.get(f, 0.0) / 1e3:.1f} | {d / 1e3:+.1f} |" for d, f in rows]
+    return lines
 
 
 def idle_rate(results: dict) -> float:
@@ -322,6 +401,8 @@ def report(results: dict) -> str:
                   f"{over['sampled'][0] / over['default'][0]:.3f} outside GC"
                   + (f", {over['sampled'][1] / over['default'][1]:.3f} with young collections"
                      if over["default"][1] != over["default"][0] else "")]
+    if results.get("by_function"):
+        lines += by_function_report(results["by_function"], {k: r["label"] for k, r in rows.items()})
     return "\n".join(lines)
 
 
