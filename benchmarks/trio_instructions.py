@@ -32,7 +32,16 @@ and whether a window holds none, one or two moves its total more than tracing do
 collections are left out of the figures (their number is reported); young collections
 are given beside them.
 
-    ./run-benchmarks --trio-instructions [--rollouts 100] [--reps 3] [--variants off,default,sampled]
+``--by-function N`` runs the servers with ``-X perf``: every Python function then runs
+through a trampoline of its own, which callgrind counts like a C function and the
+interpreter's perf map names, and the report adds the N functions of gym_autoinstr and
+OpenTelemetry whose inclusive instructions per rollout differ most from span groups off
+(bare when off is not run).  Inclusive counts take in the garbage collections that
+struck inside a function, so a large function of Gym's moves from run to run; ours are
+small.  The trampolines add to every count: such a run's main table is not comparable
+with one without them.
+
+    ./run-benchmarks --trio-instructions [--rollouts 100] [--reps 3] [--variants off,default,sampled] [--by-function 20]
 """
 
 from __future__ import annotations
