@@ -78,6 +78,10 @@ COUNT_ENV = {
 GC_FUNCTION = "gc_collect_main"
 FULL_ONLY = "_PyDict_ClearFreeList"
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
+# Where ``-X perf`` makes the interpreter write its map of trampolines: CPython 3.12 and
+# 3.13 write it in the system's temporary directory under a fixed name; another
+# interpreter's place can be given as a pattern with ``{pid}``.
+PERF_MAP = os.environ.get("GYM_AUTOINSTR_PERF_MAP", os.path.join(os.sep, "tmp", "perf-{pid}.map"))
 
 
 def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf: bool = False) -> pathlib.Path:
@@ -85,7 +89,8 @@ def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf
     ``bin`` first, where ``python`` runs ``real``'s interpreter under callgrind with
     counting off (switched on by ``callgrind_control -i on`` once the trio is warm).
     ``perf``: with ``-X perf``, every Python function runs through a trampoline of its
-    own, which callgrind counts like a C function and ``/tmp/perf-<pid>.map`` names."""
+    own, which callgrind counts like a C function and the interpreter's perf map
+    (``PERF_MAP``) names."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "activate").write_text(
@@ -264,7 +269,7 @@ def main(argv: "list[str] | None" = None) -> int:
                 key: by_function(pids[key], results["variants"][key]["load"]) for key in pids}}
     finally:
         for pid in (p for key in pids for p in pids[key].values()):
-            pathlib.Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
+            pathlib.Path(PERF_MAP.format(pid=pid)).unlink(missing_ok=True)
         tear_down(variants, policy, collector, sink, scratch)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
@@ -279,7 +284,7 @@ _OURS = ("gym_autoinstr/", "opentelemetry/")
 def perf_map(pid: int) -> "list[tuple[int, int, str]]":
     """The interpreter's perf map of a server (``-X perf``): (start, size, name) sorted."""
     rows = []
-    for line in pathlib.Path(f"/tmp/perf-{pid}.map").read_text().splitlines():
+    for line in pathlib.Path(PERF_MAP.format(pid=pid)).read_text().splitlines():
         start, size, name = line.split(" ", 2)
         rows.append((int(start, 16), int(size, 16), name))
     return sorted(rows)

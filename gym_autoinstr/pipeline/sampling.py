@@ -132,9 +132,3 @@ def _check_sampler(sampler: Any) -> None:
     except Exception:
         follows = False
     _follows[0], _follows[1] = sampler, follows
-
-
-def dropped_parent(context: Any = None) -> "trace.SpanContext | None":
-    """``dropped_span``'s span context, or None."""
-    span = dropped_span(context)
-    return None if span is None else span.get_span_context()

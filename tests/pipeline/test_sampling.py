@@ -59,6 +59,12 @@ def _under(span_context, call):
         return call()
 
 
+def _dropped_parent(context=None):
+    """The span context of the span ``sampling.dropped_span`` finds dropped, or None."""
+    span = sampling.dropped_span(context)
+    return None if span is None else span.get_span_context()
+
+
 def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sampler(monkeypatch):
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
     from opentelemetry.trace import SpanContext, TraceFlags
@@ -84,10 +90,10 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
     ]:
         fake.sampler = sampler
         expected = unsampled if follows else None
-        assert _under(unsampled, sampling.dropped_parent) == expected, sampler
-        assert sampling.dropped_parent(trace.set_span_in_context(trace.NonRecordingSpan(unsampled))) == expected
-        assert _under(sampled, sampling.dropped_parent) is None
-        assert _under(invalid, sampling.dropped_parent) is None
+        assert _under(unsampled, _dropped_parent) == expected, sampler
+        assert _dropped_parent(trace.set_span_in_context(trace.NonRecordingSpan(unsampled))) == expected
+        assert _under(sampled, _dropped_parent) is None
+        assert _under(invalid, _dropped_parent) is None
     fake.sampler = ParentBased(ALWAYS_ON)
     monkeypatch.setenv(sampling.FAST_PATH_ENV, "0")  # the switch, read when the sampler is checked
-    assert _under(unsampled, sampling.dropped_parent) is None
+    assert _under(unsampled, _dropped_parent) is None
