@@ -7,9 +7,12 @@ sampler dropped.  Here the three servers of each variant's trio run under ``valg
 runs the real interpreter under valgrind, with counting off until the trio is warm).  Per
 window, every server's counter is zeroed, ``N`` rollouts are run one at a time (so each
 takes the same steps every time), and every server's instructions are dumped
-(``callgrind_control``): all threads, the interpreter, the C extensions, garbage
-collection, the span export.  Variants take turns, a few repetitions; before each load
-window an idle one of the same trio.
+(``callgrind_control``), thread by thread: the interpreter, the C extensions, garbage
+collection, the span export.  Only the threads that ran Python in the window are summed
+(the event loop, the span exporter, any worker thread of the app); the rest are Ray's
+C++ threads, whose work is per second and the same in every variant, and would only add
+noise (their share is reported).  Variants take turns, a few repetitions; before each
+load window an idle one of the same trio.
 
 A count does not depend on what else the machine is doing, but it is not CPU time:
 cache misses and the like are not in it, so read it beside the CPU ratios, not instead.
@@ -24,7 +27,8 @@ each second): the per-second work (the metric export, the loop-lag probe) is mea
 CPU time by ``--attribution --idle-seconds``.  The spans a window leaves in a server's
 queue (fewer than 256) are encoded inside it but posted after it.  What is left running
 when idle (uvicorn's ticks, Ray's threads) is the same in every variant; each load window
-is charged the median idle rate over all idle windows for its length.
+is charged the median idle rate (of its Python threads) over all idle windows for its
+length.
 
 Garbage collection is counted apart (the inclusive count of CPython's ``gc_collect_main``,
 and its calls): a full collection of a server's heap is tens of millions of instructions,
@@ -76,6 +80,7 @@ COUNT_ENV = {
     "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS": "3600000",
 }
 GC_FUNCTION = "gc_collect_main"
+EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
 FULL_ONLY = "_PyDict_ClearFreeList"
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
 # Where ``-X perf`` makes the interpreter write its map of trampolines: CPython 3.12 and
@@ -98,7 +103,8 @@ def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf
     wrapper = bin_dir / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'exec valgrind -q --tool=callgrind --instr-atstart=no --callgrind-out-file="{dumps}/%p.out" '
+        f'exec valgrind -q --tool=callgrind --instr-atstart=no --separate-threads=yes '
+        f'--callgrind-out-file="{dumps}/%p.out" '
         f'"{real}/bin/python"{" -X perf" if perf else ""} "$@"\n')
     wrapper.chmod(0o755)
     return where
@@ -124,20 +130,24 @@ def control(pids: "list[int]", *options: str) -> None:
             raise RuntimeError(f"callgrind_control {' '.join(options)} {pid}: {done.stdout}{done.stderr}")
 
 
-def newest_dump(dumps: pathlib.Path, pid: int) -> pathlib.Path:
-    found = sorted(dumps.glob(f"{pid}.out.*"), key=lambda p: int(p.name.rsplit(".", 1)[1].split("-")[0]))
-    if not found:
+def newest_dump(dumps: pathlib.Path, pid: int) -> "list[pathlib.Path]":
+    """The files of a server's newest dump: one per thread (``<pid>.out.<n>-<thread>``)."""
+    by_number: dict[int, list[pathlib.Path]] = {}
+    for path in dumps.glob(f"{pid}.out.*"):
+        by_number.setdefault(int(path.name.rsplit(".", 1)[1].split("-")[0]), []).append(path)
+    if not by_number:
         raise RuntimeError(f"no callgrind dump of pid {pid} in {dumps}")
-    return found[-1]
+    return sorted(by_number[max(by_number)])
 
 
 def read_dump(path: pathlib.Path) -> dict:
-    """One callgrind dump (one event, Ir): ``ir``, all instructions; ``gc``, those inside
-    ``gc_collect_main`` and what it called; ``collections``, the calls of it; ``full``,
-    the full collections among them (a full collection, and only a full one, clears the
-    dict free list from inside ``gc_collect_main``)."""
+    """One callgrind dump of one thread (one event, Ir): ``ir``, all instructions; ``gc``,
+    those inside ``gc_collect_main`` and what it called; ``collections``, the calls of it;
+    ``full``, the full collections among them (a full collection, and only a full one,
+    clears the dict free list from inside ``gc_collect_main``); ``python``, whether the
+    thread ran Python code (the interpreter's ``_PyEval_EvalFrameDefault``)."""
     names: dict[str, str] = {}
-    out = {"ir": 0, "gc": 0, "collections": 0, "full": 0}
+    out = {"ir": 0, "gc": 0, "collections": 0, "full": 0, "python": False}
     current = callee = ""
 
     def name_of(text: str) -> str:
@@ -154,6 +164,8 @@ def read_dump(path: pathlib.Path) -> dict:
                 out["ir"] = max(out["ir"], int(line.split()[1]))
             elif line.startswith("fn="):
                 current = name_of(line[3:])
+                if current == EVAL_FUNCTION:
+                    out["python"] = True
             elif line.startswith("cfn="):
                 callee = name_of(line[4:])
             elif line.startswith("calls="):  # the next cost line is that call's inclusive cost
@@ -179,9 +191,13 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
     control(listed, "-d")
     out = {"seconds": seconds, "servers": {}}
     for name, pid in pids.items():
-        dump = newest_dump(dumps, pid)
-        out["servers"][name] = {**read_dump(dump), "dump": str(dump)}
-    for key in ("ir", "gc", "collections", "full"):
+        threads = [(path, read_dump(path)) for path in newest_dump(dumps, pid)]
+        python = [(path, counts) for path, counts in threads if counts["python"]]
+        server = {key: sum(counts[key] for _, counts in python) for key in ("ir", "gc", "collections", "full")}
+        server["ir_all_threads"] = sum(counts["ir"] for _, counts in threads)
+        server["dumps"] = [str(path) for path, _ in python]
+        out["servers"][name] = server
+    for key in ("ir", "gc", "collections", "full", "ir_all_threads"):
         out[key] = sum(s[key] for s in out["servers"].values())
     if extra:
         out.update(extra)
@@ -310,8 +326,9 @@ def by_function(pids: dict[str, int], loads: list) -> dict[str, float]:
         rows = perf_map(pid)
         starts = [r[0] for r in rows]
         for window in loads:
-            text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
-                                   window["servers"][name]["dump"]], capture_output=True, text=True).stdout
+            text = "\n".join(subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
+                                            capture_output=True, text=True).stdout
+                             for dump in window["servers"][name]["dumps"])
             for line in text.splitlines():
                 m = _ANNOTATED.match(line)  # (a recursion level, 0x...'2, does not match: counted in its outermost)
                 if not m:
@@ -341,6 +358,11 @@ def by_function_report(found: dict, labels: dict) -> "list[str]":
                   f"| function | {labels[key]}, k | over {labels[reference]}, k |", "|---|---|---|"]
         lines += [f"| `{f}` | {mine.get(f, 0.0) / 1e3:.1f} | {d / 1e3:+.1f} |" for d, f in rows]
     return lines
+
+
+def _by_thread(results: dict) -> bool:
+    """The windows were counted thread by thread (runs before that counted every thread)."""
+    return all("ir_all_threads" in w for row in results["variants"].values() for w in row["load"])
 
 
 def idle_rate(results: dict) -> float:
@@ -382,9 +404,10 @@ def report(results: dict) -> str:
     rate = idle_rate(results)
     lines = [f"Instructions per rollout, real Gym {results['gym']} trio under valgrind callgrind "
              f"({results['rollouts']} rollouts per window at concurrency {results['concurrency']}, "
-             f"{len(bare['load'])} windows per variant taking turns; per-second timers kept out; each window less "
-             f"the idle trio's {rate / 1e6:.2f}M instructions per second, the median of the idle windows, over its "
-             "length)", "",
+             f"{len(bare['load'])} windows per variant taking turns; per-second timers kept out; "
+             + ("the threads that ran Python only; " if _by_thread(results) else "")
+             + f"each window less the idle trio's {rate / 1e6:.2f}M instructions per second, the median of the idle "
+             "windows, over its length)", "",
              "| variant | outside GC, M per rollout: mean (windows) | young collections, M | collections per rollout "
              "(full ones, all windows) | over bare, M | with young collections, over bare, M | bare over variant |",
              "|---|---|---|---|---|---|---|"]
@@ -410,6 +433,11 @@ def report(results: dict) -> str:
               "over bare, M per rollout: " + ", ".join(
                   f"{row['label']} {(summary(row, rate)['all'] - base['all']) / 1e6:+.3f}"
                   for key, row in rows.items() if key != "bare")]
+    if _by_thread(results):
+        loads = [w for row in rows.values() for w in row["load"]]
+        left = sum(w["ir_all_threads"] - w["ir"] for w in loads) / sum(w["ir_all_threads"] for w in loads)
+        lines += ["", f"Threads that ran no Python in a window (Ray's C++ threads) are left out: {left:.1%} of "
+                  "all the load windows' instructions."]
     if "default" in over and "sampled" in over and over["default"][0] > 0:
         lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
                   f"{over['sampled'][0] / over['default'][0]:.3f} outside GC"
