@@ -315,3 +315,49 @@ def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_con
     assert first.trace_id != second.trace_id  # each request its own root, decided by the sampler
     assert sent == [200, None, 200, None]
     assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
+
+
+def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrumented, spans):
+    """The ingress reads a lone traceparent through a dict of the headers only when they
+    are a list or tuple without a repeated name; headers of another shape (a one-shot
+    iterable) or with a repeated name go the general way.  Every shape gets the caller's
+    context, sampled or not; a tracestate alone (no traceparent) makes a root."""
+    import asyncio
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+
+    seen: list = []
+    app, receive = _context_seeing_app(seen)
+
+    async def send(message):
+        pass
+
+    middleware = GymServerMiddleware(app, server_name="shapes_server")
+    host = (b"host", b"127.0.0.1:8000")
+
+    def request(headers):
+        scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
+                 "server": ("127.0.0.1", 8000), "headers": headers}
+        asyncio.run(middleware(scope, receive, send))
+        return seen[-1]
+
+    for flags in ("00", "01"):
+        parent = (b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-{flags}".encode())
+        shapes = {
+            "list": [host, parent],
+            "tuple": (host, parent),
+            "repeated header": [host, (b"accept", b"*/*"), (b"accept", b"text/plain"), parent],
+            "one-shot iterable": iter([host, parent]),
+        }
+        for shape, headers in shapes.items():
+            context = request(headers)
+            assert format(context.trace_id, "032x") == TRACE_ID, (flags, shape)
+            if flags == "00":  # no span: the caller's own context is current
+                assert context.span_id == int(PARENT_ID, 16) and context.is_remote, shape
+            else:  # our SERVER span, the caller's child
+                assert context.span_id != int(PARENT_ID, 16) and not context.is_remote, shape
+    servers = _server_spans(spans)
+    assert len(servers) == 4 and {s.parent.span_id for s in servers} == {int(PARENT_ID, 16)}
+
+    root = request([host, (b"tracestate", b"vendor=1")])
+    assert format(root.trace_id, "032x") != TRACE_ID and _server_spans(spans)[-1].parent is None
