@@ -136,9 +136,7 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
                 if carrier is None:
                     return wrapped(*args, **_with_context(dropped, kwargs, context))
                 headers = kwargs.get("headers")
-                if headers is not None:  # (a dict: what _copy_with makes of it, without its frame)
-                    carrier = {**headers, **carrier} if type(headers) is dict else _copy_with(headers, carrier)
-                return wrapped(*args, **{**kwargs, "headers": carrier})
+                return wrapped(*args, **{**kwargs, "headers": carrier if headers is None else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN["on"]:

@@ -67,23 +67,47 @@ class _Propagation:
     """
 
     textmap: object = None
-    names: "frozenset[bytes]" = frozenset()
+    # A tuple, not a set: every header of every request is looked up in it, and a few
+    # length-first bytes comparisons cost less than hashing each new header name.
+    names: "tuple[bytes, ...]" = ()
     w3c = False  # the textmap is W3C's (propagation.w3c_default)
 
     @classmethod
-    def header_names(cls) -> "frozenset[bytes]":
+    def header_names(cls) -> "tuple[bytes, ...]":
         textmap = propagate.get_global_textmap()
         if textmap is not cls.textmap:
             names = {f.lower().encode("latin-1") for f in textmap.fields}
             if not accept_inbound_baggage():
                 names.discard(b"baggage")
-            cls.names = frozenset(names)
+            cls.names = tuple(sorted(names))
             cls.w3c = propagation.w3c_default()
             cls.textmap = textmap
         return cls.names
 
 
-_LONE_TRACEPARENT = frozenset((b"traceparent",))
+def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
+    """The caller's context read from the request's headers, and whether the caller's span
+    was dropped by the sampler (then this request records no span: pipeline/sampling.py).
+
+    A rollout the sampler dropped sends one unchanged traceparent to every hop: a lone
+    traceparent whose unsampled context ``propagation`` already keeps skips parsing and
+    the span checks; only the sampler is asked again."""
+    textmap = propagate.get_global_textmap()  # header_names(), its answer kept
+    names = _Propagation.names if textmap is _Propagation.textmap else _Propagation.header_names()
+    raw = None
+    for key, value in scope.get("headers") or ():
+        if key in names:
+            if key != b"traceparent" or raw is not None:  # tracestate, baggage, a repeat: the general way
+                return _caller_from(_carrier(scope))
+            raw = value
+    if raw is None:
+        return otel_context.Context(), False
+    header = raw.decode("latin-1")
+    # (header_names above looked at the global textmap: unsampled_context holds while it is W3C's)
+    known = propagation.unsampled_context(header) if _Propagation.w3c else None
+    if known is not None and sampling.drops_unsampled_children():
+        return known, True
+    return _caller_from({"traceparent": header})
 
 
 def _caller_from(carrier: dict) -> "tuple[otel_context.Context, bool]":
@@ -167,31 +191,7 @@ class GymServerMiddleware:
 
     def _http(self, scope: dict, receive: Any, send: Any) -> Any:
         try:
-            # The caller's context from the request's headers, and whether the sampler
-            # dropped the caller's span (then this request records no span:
-            # pipeline/sampling.py).  Inline, as it runs on every request: the headers go
-            # into a dict in C, and only the propagator's names are looked up in it.
-            textmap = propagate._HTTP_TEXT_FORMAT if propagation.DIRECT_TEXTMAP else propagate.get_global_textmap()
-            names = _Propagation.names if textmap is _Propagation.textmap else _Propagation.header_names()
-            headers = scope.get("headers") or ()
-            # (a list or tuple only: another iterable may be read once, and it is the app's)
-            table = dict(headers) if type(headers) is list or type(headers) is tuple else None
-            ours = table.keys() & names if table is not None else None
-            if ours is not None and not ours:  # no trace context: a root
-                parent, dropped = otel_context.Context(), False
-            elif ours == _LONE_TRACEPARENT and len(table) == len(headers):  # (no repeated header)
-                # A rollout the sampler dropped sends one unchanged traceparent to every
-                # hop: one whose unsampled context ``propagation`` keeps needs no parsing,
-                # only the sampler's rule (unsampled_context holds while the textmap,
-                # looked at above, is W3C's).
-                header = table[b"traceparent"].decode("latin-1")
-                parent = propagation.unsampled_context(header) if _Propagation.w3c else None
-                if parent is not None and sampling.drops_unsampled_children():
-                    dropped = True
-                else:
-                    parent, dropped = _caller_from({"traceparent": header})
-            else:  # tracestate, baggage, a repeated header: the general way
-                parent, dropped = _caller_from(_carrier(scope))
+            parent, dropped = _caller(scope)
             if dropped:
                 # The caller's span was dropped by the sampler (pipeline/sampling.py): no
                 # span, only its context, so that this server's own calls carry the

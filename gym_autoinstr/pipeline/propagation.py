@@ -26,24 +26,12 @@ try:  # the key baggage lives under (since API 1.0); get_all() copies it into a 
 except ImportError:  # pragma: no cover
     _BAGGAGE_KEY = None
 
-try:  # where the API keeps the current span in a context (since API 1.0)
-    from opentelemetry.trace.propagation import _SPAN_KEY
-except ImportError:  # pragma: no cover
-    _SPAN_KEY = None
-
 _MAX_TRACESTATE = 512
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 _known: list = [None, False]  # [the global textmap last checked, whether it is W3C's]
-
-# The global propagator is looked at on every hop of the dropped path.
-# ``propagate.get_global_textmap()`` returns a module global of the API's, which
-# ``set_global_textmap`` rebinds; where that global is there (API 1.x) it is read as an
-# attribute, without the function's frame: ``propagate._HTTP_TEXT_FORMAT if DIRECT_TEXTMAP
-# else propagate.get_global_textmap()``.
-DIRECT_TEXTMAP = getattr(propagate, "_HTTP_TEXT_FORMAT", None) is propagate.get_global_textmap()
 
 # A rollout the sampler dropped carries one unchanged traceparent through every hop
 # (pipeline/sampling.py): the contexts read from such unsampled parents, and, by span
@@ -100,7 +88,7 @@ def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
 
 def w3c_default() -> bool:
     """The global propagator is W3C Trace Context, alone or with W3C Baggage."""
-    textmap = propagate._HTTP_TEXT_FORMAT if DIRECT_TEXTMAP else propagate.get_global_textmap()
+    textmap = propagate.get_global_textmap()
     if textmap is _known[0]:
         return _known[1]
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -170,7 +158,7 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, st
     not W3C's or ``context`` has baggage (then ``inject_span`` itself)."""
     if _BAGGAGE_KEY is None or context.get(_BAGGAGE_KEY):
         return None
-    textmap = propagate._HTTP_TEXT_FORMAT if DIRECT_TEXTMAP else propagate.get_global_textmap()  # w3c_default(), kept
+    textmap = propagate.get_global_textmap()  # w3c_default(), its answer kept
     if not (_known[1] if textmap is _known[0] else w3c_default()):
         return None
     hit = unsampled_spans.get(id(span))  # unsampled_entry(), a hit without its frame
@@ -214,9 +202,7 @@ def extract(carrier: dict) -> otel_context.Context:
     span_context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace_flags,
                                trace_state=state)
     span = NonRecordingSpan(span_context)
-    # trace.set_span_in_context(span, Context()), without its two frames
-    context = otel_context.Context({_SPAN_KEY: span}) if _SPAN_KEY is not None else trace.set_span_in_context(
-        span, otel_context.Context())
+    context = trace.set_span_in_context(span, otel_context.Context())
     if tracestate is None and not trace_flags & 0x01:
         if len(_extracted) >= _CACHE_MAX:
             _extracted.clear()

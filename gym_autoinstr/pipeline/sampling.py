@@ -19,8 +19,13 @@ from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
 from . import spans as _spans
-from .propagation import _SPAN_KEY, current_context, unsampled_entry, unsampled_spans
+from .propagation import current_context, unsampled_entry, unsampled_spans
 from .spans import tracer_in_use
+
+try:  # where the API keeps the current span in a context (since API 1.0)
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # pragma: no cover
+    _SPAN_KEY = None
 
 JOB_SPAN_NAME = "gym.job"
 

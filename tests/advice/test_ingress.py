@@ -318,10 +318,9 @@ def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_con
 
 
 def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrumented, spans):
-    """The ingress reads a lone traceparent through a dict of the headers only when they
-    are a list or tuple without a repeated name; headers of another shape (a one-shot
-    iterable) or with a repeated name go the general way.  Every shape gets the caller's
-    context, sampled or not; a tracestate alone (no traceparent) makes a root."""
+    """The ASGI headers as a list, a tuple, a one-shot iterable, or with a repeated header
+    of another name: every shape gets the caller's context, sampled or not; a tracestate
+    alone (no traceparent) makes a root."""
     import asyncio
 
     from gym_autoinstr.advice.ingress import GymServerMiddleware
