@@ -195,6 +195,7 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
         python = [(path, counts) for path, counts in threads if counts["python"]]
         server = {key: sum(counts[key] for _, counts in python) for key in ("ir", "gc", "collections", "full")}
         server["ir_all_threads"] = sum(counts["ir"] for _, counts in threads)
+        server["threads"] = {path.name.rsplit("-", 1)[-1]: (counts["ir"], counts["python"]) for path, counts in threads}
         server["dumps"] = [str(path) for path, _ in python]
         out["servers"][name] = server
     for key in ("ir", "gc", "collections", "full", "ir_all_threads"):
