@@ -439,7 +439,7 @@ def report(results: dict) -> str:
     if _by_thread(results):
         loads = [w for row in rows.values() for w in row["load"]]
         left = sum(w["ir_all_threads"] - w["ir"] for w in loads) / sum(w["ir_all_threads"] for w in loads)
-        lines += ["", f"Threads that ran no Python in a window (Ray's C++ threads) are left out: {left:.1%} of "
+        lines += ["", f"Threads that ran no Python in a window (Ray's C++ threads and the like) are left out: {left:.1%} of "
                   "all the load windows' instructions."]
     if "default" in over and "sampled" in over and over["default"][0] > 0:
         lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
