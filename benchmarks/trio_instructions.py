@@ -9,8 +9,8 @@ window, every server's counter is zeroed, ``N`` rollouts are run one at a time (
 takes the same steps every time), and every server's instructions are dumped
 (``callgrind_control``), thread by thread: the interpreter, the C extensions, garbage
 collection, the span export.  Only the threads that ran Python in the window are summed
-(the event loop, the span exporter, any worker thread of the app); the rest are Ray's
-C++ threads, whose work is per second and the same in every variant, and would only add
+(the event loop, the span exporter, any worker thread of the app); the rest (Ray's C++
+threads and the like) do work per second, the same in every variant, and would only add
 noise (their share is reported).  Variants take turns, a few repetitions; before each
 load window an idle one of the same trio.
 
