@@ -7,11 +7,17 @@ the same few pre-built attribute dicts with plain values, so that work buys noth
 
 When every metric reader of the provider our configurator built exports through a
 ``MergingExporter`` (the configurator wraps each exporter it makes), ``histogram()``
-hands out a ``FastHistogram`` instead: ``record`` is a dict lookup, a ``bisect`` and
-four additions under a lock.  At each export the exporter takes a snapshot of every
-fast histogram and adds it to the SDK's batch as the SDK itself would write it (same
-name, unit, description, scope, bucket bounds, count, sum, min, max, cumulative start
-time), so every exporter (OTLP, the run directory, console) sees one batch.
+hands out a ``FastHistogram`` instead: ``record`` finds the attribute set's point by the
+dict's identity and appends the value to the point's pending list, no lock taken.  The
+values are folded into the point's count, sum, min, max and buckets in bulk, by C-level
+steps (sort, ``sum``, one ``bisect`` per bucket bound), at each export or when a point
+holds ``FOLD_AT`` of them (then by the recording thread).  Counted by valgrind, a value
+recorded and folded so costs a tenth of a value added to the point at once in Python.
+
+At each export the exporter takes a snapshot of every fast histogram and adds it to the
+SDK's batch as the SDK itself would write it (same name, unit, description, scope,
+bucket bounds, count, sum, min, max, cumulative start time), so every exporter (OTLP,
+the run directory, console) sees one batch.
 
 The SDK's reader calls its exporter only when its own batch has data; in our processes
 it always has (the runtime's GC counters, ``runtime.py``, are observed at every
@@ -29,7 +35,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_right
+from math import isfinite
 from typing import Any, Sequence
 
 from .._env import switched_off
@@ -40,6 +47,7 @@ ENV = "GYM_AUTOINSTR_FAST_HISTOGRAMS"
 MAX_ATTRIBUTE_SETS = 2000
 _OVERFLOW = (("otel.metric.overflow", True),)
 _NO_ATTRIBUTES: frozenset = frozenset()
+_INFINITY = float("inf")
 
 _state: dict[str, Any] = {"provider": None, "histograms": [], "lock": threading.Lock()}
 
@@ -48,8 +56,12 @@ def enabled_by_env() -> bool:
     return not switched_off(ENV)
 
 
+# Values a point holds before the thread recording the next one folds them in.
+FOLD_AT = 512
+
+
 class _Point:
-    __slots__ = ("start", "count", "sum", "min", "max", "buckets")
+    __slots__ = ("start", "count", "sum", "min", "max", "buckets", "pending")
 
     def __init__(self, size: int) -> None:
         self.start = time.time_ns()
@@ -58,6 +70,9 @@ class _Point:
         self.min = float("inf")
         self.max = float("-inf")
         self.buckets = [0] * size
+        # values recorded and not folded yet; appended to without the lock (one C-level
+        # append), taken off its front only under the lock (see ``_fold``)
+        self.pending: list = []
 
 
 class FastHistogram:
@@ -76,30 +91,57 @@ class FastHistogram:
         self._lock = threading.Lock()
 
     def record(self, amount: float, attributes: "dict | None" = None, context: Any = None) -> None:
-        if amount < 0:  # the SDK drops them too
-            warn_once(f"histogram-negative:{self.name}", "%s: negative value dropped", self.name)
-            return
-        # acquire/release rather than ``with``: the same lock, half the interpreter's work
-        # on a path every request takes
-        lock = self._lock
-        lock.acquire()
-        try:
-            seen = self._seen.get(id(attributes))
-            if seen is not None and seen[0] is attributes:
-                point = seen[1]
-            else:
+        seen = self._seen.get(id(attributes))
+        if seen is not None and seen[0] is attributes:
+            point = seen[1]
+        else:
+            if not 0 <= amount < _INFINITY:  # the SDK drops them too (a known set's: at the fold)
+                warn_once(f"histogram-dropped:{self.name}", "%s: negative or non-finite value dropped", self.name)
+                return
+            with self._lock:
                 point = self._point_of(attributes)
-                if point is None:
-                    return
-            point.count += 1
-            point.sum += amount
-            if amount < point.min:
-                point.min = amount
-            if amount > point.max:
-                point.max = amount
-            point.buckets[bisect_left(self.boundaries, amount)] += 1
-        finally:
-            lock.release()
+            if point is None:
+                return
+        pending = point.pending
+        pending.append(amount)
+        if len(pending) >= FOLD_AT:
+            with self._lock:
+                self._fold(point)
+
+    def _fold(self, point: _Point) -> None:
+        """Add the point's pending values to it (lock held).  Values appended meanwhile
+        stay pending: only the ones counted here are taken off the list's front."""
+        pending = point.pending
+        taken = len(pending)
+        if not taken:
+            return
+        amounts = pending[:taken]
+        del pending[:taken]
+        total = sum(amounts)
+        if not isfinite(total) or min(amounts) < 0:  # a negative, infinite or NaN value somewhere
+            kept = [a for a in amounts if 0 <= a < _INFINITY]
+            warn_once(f"histogram-dropped:{self.name}", "%s: %d negative or non-finite value(s) dropped",
+                      self.name, len(amounts) - len(kept))
+            amounts, total = kept, sum(kept)
+            if not amounts:
+                return
+        amounts.sort()
+        point.count += len(amounts)
+        point.sum += total
+        if amounts[0] < point.min:
+            point.min = amounts[0]
+        if amounts[-1] > point.max:
+            point.max = amounts[-1]
+        # bucket i holds bounds[i-1] < value <= bounds[i] (the SDK's bisect_left on the
+        # bounds); on the sorted values, how many are <= a bound is bisect_right's index
+        buckets, below = point.buckets, 0
+        for i, bound in enumerate(self.boundaries):
+            upto = bisect_right(amounts, bound)
+            if upto != below:
+                buckets[i] += upto - below
+                below = upto
+        if below != len(amounts):
+            buckets[-1] += len(amounts) - below
 
     def _point_of(self, attributes: "dict | None") -> "_Point | None":
         """The point of ``attributes`` (lock held), made on first use; remembered by the
@@ -126,7 +168,10 @@ class FastHistogram:
         from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
 
         with self._lock:
-            snapshot = [(dict(key), p.start, p.count, p.sum, p.min, p.max, list(p.buckets)) for key, p in self._points.items()]
+            for point in self._points.values():
+                self._fold(point)
+            snapshot = [(dict(key), p.start, p.count, p.sum, p.min, p.max, list(p.buckets))
+                        for key, p in self._points.items() if p.count]
         if not snapshot:
             return None
         # (SDKs before exemplars have no such field)

@@ -76,7 +76,10 @@ def _unbind():
 
 
 def test_the_same_values_export_as_the_sdks_histogram_would():
-    values = [0, 0.5, 5, 5.0001, 10, 24.9, 25, 250, 250.1, 10_000] + [random.uniform(0, 400) for _ in range(500)]
+    # more values than a point holds before it folds them; negative and non-finite values
+    # (dropped by both) after each set's first value; ints beside floats
+    values = [0, 0.5, 5, 5.0001, 10, 24.9, 25, 250, 250.1, 10_000, -1, -0.5, 7, 25.0] + [
+        random.uniform(0, 400) for _ in range(3 * histograms.FOLD_AT + 7)] + [float("inf"), -3, float("nan")]
     attribute_sets = [{"outcome": "success"}, {"outcome": "failure", "server": "a"}, {}]
     exported = {}
     for fast in (False, True):
@@ -173,4 +176,36 @@ def test_a_provider_not_bound_gets_the_sdks_histogram():
     assert not histograms.bind(provider, [reader])
     made = histograms.histogram(provider.get_meter("m"), provider, "h", "ms", "d", BOUNDS)
     assert not isinstance(made, histograms.FastHistogram)
+    provider.shutdown()
+
+
+def test_values_recorded_from_many_threads_while_exports_run_are_each_counted_once():
+    import threading
+
+    provider, inner, histogram, _ = _pipeline(True)
+    attributes = {"k": "v"}
+    threads, per_thread = 8, 4 * histograms.FOLD_AT + 3
+    start = threading.Barrier(threads + 1)
+
+    def record(offset):
+        start.wait()
+        for i in range(per_thread):
+            histogram.record((i + offset) % 300, attributes)
+
+    workers = [threading.Thread(target=record, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    while any(worker.is_alive() for worker in workers):
+        provider.force_flush()
+    for worker in workers:
+        worker.join()
+    provider.force_flush()
+    last = _points(_by_name(inner.batches[-1])["gym.test.duration_ms"][1])
+    ((count, total, low, high, buckets, _bounds),) = last.values()
+    expected = [(i + n) % 300 for n in range(threads) for i in range(per_thread)]
+    assert count == len(expected) == sum(buckets)
+    assert (total, low, high) == (sum(expected), 0, 299)
+    assert buckets == [sum(1 for v in expected if lo < v <= hi) for lo, hi in
+                       zip((float("-inf"),) + BOUNDS, BOUNDS + (float("inf"),))]
     provider.shutdown()
