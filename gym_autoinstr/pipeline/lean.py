@@ -41,6 +41,8 @@ from .._log import logger
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _DEFAULT = TraceFlags(TraceFlags.DEFAULT)
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", None)
+_DEFAULT_RANDOM = TraceFlags(_DEFAULT | _RANDOM) if _RANDOM is not None else _DEFAULT
+_UNCHECKED = object()
 _UNSET = Status(StatusCode.UNSET)
 _time_ns = time.time_ns
 
@@ -188,6 +190,9 @@ class LeanTracer(trace_api.Tracer):
         self.event = Event
         random = getattr(self.id_generator, "is_trace_id_random", None)
         self._random_root = bool(_RANDOM is not None and random is not None and random())
+        # how the sampler decides roots (sampling.root_decision), for the sampler it was worked out for
+        self._roots_of: Any = _UNCHECKED
+        self._roots: "tuple[int, int, str | None] | None" = None
 
     def start_span(
         self,
@@ -206,6 +211,15 @@ class LeanTracer(trace_api.Tracer):
             parent = None
             trace_id = self.id_generator.generate_trace_id()
             random = self._random_root
+            if self.sampler is not self._roots_of:
+                self._check_roots()
+            roots = self._roots
+            if roots is not None and trace_id & roots[0] >= roots[1] and name != roots[2]:
+                # The sampler drops this root whatever else it is asked (its decision rests
+                # on the trace id alone): the span it would make, without asking it.
+                return trace_api.NonRecordingSpan(SpanContext(
+                    trace_id, self.id_generator.generate_span_id(), is_remote=False,
+                    trace_flags=_DEFAULT_RANDOM if random else _DEFAULT))
         else:
             trace_id = parent.trace_id
             random = _RANDOM is not None and bool(parent.trace_flags & _RANDOM)
@@ -228,6 +242,16 @@ class LeanTracer(trace_api.Tracer):
             span.attributes = dict(list(values.items())[excess:])
             span.dropped_attributes += excess
         return span
+
+    def _check_roots(self) -> None:
+        from .sampling import root_decision
+
+        sampler = self.sampler
+        try:
+            roots = root_decision(sampler)
+        except Exception:
+            roots = None
+        self._roots_of, self._roots = sampler, roots
 
     def start_as_current_span(
         self,

@@ -92,6 +92,30 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
         getattr(sampler, "_local_parent_not_sampled", None))
 
 
+def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
+    """When ``sampler`` decides a root span by its trace id alone (``parentbased_traceidratio``,
+    ``parentbased_always_off``, either wrapped in ``JobKeepingSampler``): ``(mask, bound,
+    kept)``, where a root is dropped when ``trace_id & mask >= bound`` and its name is not
+    ``kept`` (``gym.job`` when the job-keeping wrapper is there, else None), sampled
+    otherwise.  None for any other sampler (or with the fast paths switched off): the
+    sampler decides every root itself."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler, TraceIdRatioBased
+
+    if switched_off(FAST_PATH_ENV):
+        return None
+    kept = JOB_SPAN_NAME if type(sampler) is JobKeepingSampler else None
+    if kept:
+        sampler = sampler.delegate
+    if type(sampler) is not ParentBased:
+        return None
+    root = getattr(sampler, "_root", None)
+    if type(root) is TraceIdRatioBased and type(root.bound) is int and type(root.TRACE_ID_LIMIT) is int:
+        return root.TRACE_ID_LIMIT, root.bound, kept
+    if type(root) is StaticSampler and getattr(root, "_decision", None) is Decision.DROP:
+        return 0, 0, kept
+    return None
+
+
 def dropped_span(context: Any = None) -> Any:
     """The current (or ``context``'s) span when it is valid and not sampled and the
     tracer's sampler drops every child of such a parent; else None."""

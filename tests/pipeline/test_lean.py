@@ -148,3 +148,61 @@ def test_lean_only_behind_our_pipeline_alone(monkeypatch):
     provider, _ = _pipeline()
     monkeypatch.setenv("GYM_AUTOINSTR_LEAN_SPANS", "0")
     assert lean.lean_tracer_for(provider, provider.get_tracer("t")) is None
+
+
+class _Ids:
+    """A deterministic id generator: the same ids for the lean and the SDK tracer."""
+
+    def __init__(self):
+        import random
+
+        self._random = random.Random(7)
+
+    def generate_trace_id(self):
+        return self._random.getrandbits(128) or 1
+
+    def generate_span_id(self):
+        return self._random.getrandbits(64) or 1
+
+    def is_trace_id_random(self):
+        return True
+
+
+@pytest.mark.parametrize("sampler", ["ratio", "job-keeping ratio", "always off", "job-keeping always off",
+                                     "always on", "ratio, not parent-based"])
+def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.pipeline import sampling
+
+    def make():
+        base = {"ratio": ParentBased(TraceIdRatioBased(0.3)), "always off": ParentBased(ALWAYS_OFF),
+                "always on": ParentBased(ALWAYS_ON), "ratio, not parent-based": TraceIdRatioBased(0.3)}
+        name = sampler.removeprefix("job-keeping ")
+        return sampling.JobKeepingSampler(base[name]) if sampler.startswith("job-keeping") else base[name]
+
+    provider, _ = _pipeline(sampler=make(), id_generator=_Ids())
+    ours = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
+    assert ours is not None
+    theirs = TracerProvider(sampler=make(), id_generator=_Ids()).get_tracer("gym_autoinstr")
+    decided = ours.sampler is not None and sampling.root_decision(ours.sampler) is not None
+    assert decided == (sampler not in ("always on", "ratio, not parent-based"))
+    asked = []
+    ask = ours.sampler.should_sample
+    ours.sampler.should_sample = lambda *args, **kwargs: asked.append(args[2]) or ask(*args, **kwargs)
+    outcomes = []
+    for i in range(400):
+        name = "gym.job" if i % 7 == 0 else "POST"
+        a, b = ours.start_span(name, kind=SpanKind.SERVER), theirs.start_span(name, kind=SpanKind.SERVER)
+        assert a.is_recording() == b.is_recording()
+        assert a.get_span_context() == b.get_span_context()  # ids, flags, trace state
+        outcomes.append((name, a.is_recording()))
+        a.end(), b.end()
+    kept = [name for name, recording in outcomes if recording]
+    if "ratio" in sampler:
+        assert 0 < kept.count("POST") < 343  # some of each
+    jobs = [recording for name, recording in outcomes if name == "gym.job"]
+    assert all(jobs) == (sampler.startswith("job-keeping") or sampler == "always on")
+    # where the decision rests on the trace id alone, the sampler is asked only about the
+    # roots it keeps; otherwise about every root
+    assert len(asked) == (len(kept) if decided else 400)
