@@ -124,19 +124,19 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         return wrapped(*args, **kwargs)
     try:
         context = propagation.current_context()
-        dropped = sampling.dropped_span(context)
+        dropped = sampling.dropped_call(context)
         if dropped is not None:
             # job.dispatching(), with the current span at hand: a /run sent under a
             # dropped gym.job is a rollout of its own, sampled anew (traced below)
             state = job.current_job()
-            if state is None or state.span is not dropped:
+            if state is None or state.span is not dropped[0]:
                 # No span: the caller's own context injected, so that the next hop learns
-                # the decision (formatted once per span context).
-                carrier = propagation.unsampled_headers(dropped, context)
+                # the decision (formatted once per span context, kept with the context).
+                carrier = dropped[1]
                 if carrier is None:
-                    return wrapped(*args, **_with_context(dropped, kwargs, context))
+                    return wrapped(*args, **_with_context(dropped[0], kwargs, context))
                 headers = kwargs.get("headers")
-                return wrapped(*args, **{**kwargs, "headers": carrier if headers is None else _copy_with(headers, carrier)})
+                return wrapped(*args, **{**kwargs, "headers": {**carrier} if headers is None else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN["on"]:

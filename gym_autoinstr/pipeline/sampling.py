@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
 from . import spans as _spans
-from .propagation import current_context, unsampled_entry, unsampled_spans
+from .propagation import current_context, unsampled_entry, unsampled_headers, unsampled_spans
 from .spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
@@ -116,13 +116,32 @@ def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
     return None
 
 
+# Contexts found holding a dropped span, by id: (the context, the sampler that drops the
+# children of its span, the span, and once a call was sent under it: the global textmap
+# and the headers ``propagation.unsampled_headers`` made for it).  A request of a dropped
+# rollout runs under one context (its caller's, read from the header once per rollout and
+# server, or its dropped root's), asked about at each seam and call: from the second time
+# on, the answer is one lookup.  Contexts are never changed in place; an entry keeps its
+# context alive, so an id cannot be reused while it is kept.  Bounded; cleared when full.
+_dropped_contexts: dict[int, tuple] = {}
+_DROPPED_CONTEXTS_MAX = 1024
+_NO_HEADERS = (None, None)
+
+
 def dropped_span(context: Any = None) -> Any:
     """The current (or ``context``'s) span when it is valid and not sampled and the
     tracer's sampler drops every child of such a parent; else None."""
+    if context is None:
+        context = current_context()
+    hit = _dropped_contexts.get(id(context))
+    if hit is not None and hit[0] is context:
+        tracer_now = _spans._tracer
+        if tracer_now is not None and getattr(tracer_now, "sampler", None) is hit[1]:
+            return hit[2]
     if _SPAN_KEY is None:  # pragma: no cover
         span = trace.get_current_span(context)
     else:
-        span = (current_context() if context is None else context).get(_SPAN_KEY)
+        span = context.get(_SPAN_KEY)
     # A span the sampler dropped is a NonRecordingSpan, whether the SDK made it or a
     # caller's header did; any other span (a recording one, none) is not dropped here,
     # and the SDK's sampler decides as usual.
@@ -132,12 +151,42 @@ def dropped_span(context: Any = None) -> Any:
     hit = unsampled_spans.get(id(span))
     if (hit is None or hit[0] is not span) and unsampled_entry(span) is None:
         return None
-    # drops_unsampled_children(), without its two frames: this runs on every hop
+    # drops_unsampled_children(), without its two frames
     tracer_now = _spans._tracer
     sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
     if sampler is not _follows[0]:
         _check_sampler(sampler)
-    return span if _follows[1] else None
+    if not _follows[1]:
+        return None
+    if tracer_now is not None:  # (the sampler the check above reads)
+        if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
+            _dropped_contexts.clear()
+        _dropped_contexts[id(context)] = (context, sampler, span, *_NO_HEADERS)
+    return span
+
+
+def dropped_call(context: Any) -> "tuple[Any, dict[str, str] | None] | None":
+    """For a call sent under ``context``: ``(dropped_span(context), the headers that carry
+    its context on)`` when that span is dropped, else None.  The headers are
+    ``propagation.unsampled_headers``' (None: inject the usual way); the same dict for
+    every call under ``context``, so not to be changed: copy it."""
+    hit = _dropped_contexts.get(id(context))
+    if hit is not None and hit[0] is context:
+        if hit[3] is not None:
+            tracer_now = _spans._tracer
+            if tracer_now is not None and getattr(tracer_now, "sampler", None) is hit[1] and \
+                    hit[3] is propagate.get_global_textmap():
+                return hit[2], hit[4]
+    elif _SPAN_KEY is not None and type(context.get(_SPAN_KEY)) is not NonRecordingSpan:
+        return None  # (a recording span, or none: dropped_span's first test, without its frame)
+    span = dropped_span(context)
+    if span is None:
+        return None
+    headers = unsampled_headers(span, context)
+    hit = _dropped_contexts.get(id(context))
+    if hit is not None and hit[0] is context and hit[2] is span:  # (kept by dropped_span just now)
+        _dropped_contexts[id(context)] = (*hit[:3], propagate.get_global_textmap(), headers)
+    return span, headers
 
 
 def drops_unsampled_children() -> bool:

@@ -97,3 +97,55 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
     fake.sampler = ParentBased(ALWAYS_ON)
     monkeypatch.setenv(sampling.FAST_PATH_ENV, "0")  # the switch, read when the sampler is checked
     assert _under(unsampled, _dropped_parent) is None
+
+
+def test_a_context_found_dropped_is_answered_from_memory_while_the_sampler_is_the_same(monkeypatch):
+    from opentelemetry import propagate
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    class FakeTracer:
+        sampler = ParentBased(ALWAYS_ON)
+
+    fake = FakeTracer()
+    monkeypatch.setattr(sampling._spans, "_tracer", fake)
+    monkeypatch.setattr(sampling, "_DROPPED_CONTEXTS_MAX", 3)
+    sampling._dropped_contexts.clear()
+    spans = [NonRecordingSpan(SpanContext(7, 9 + i, is_remote=True, trace_flags=TraceFlags(0))) for i in range(5)]
+    contexts = [trace.set_span_in_context(span) for span in spans]
+    assert [sampling.dropped_span(c) for c in contexts] == spans
+    assert len(sampling._dropped_contexts) <= 3  # bounded
+    span, context = spans[-1], contexts[-1]
+    headers = {"traceparent": f"00-{7:032x}-{9 + 4:016x}-00"}
+    assert sampling.dropped_call(context) == (span, headers)
+    # From here on the span check itself answers "not dropped": what still says dropped
+    # was answered from memory.
+    monkeypatch.setattr(sampling, "unsampled_spans", {})
+    monkeypatch.setattr(sampling, "unsampled_entry", lambda span: None)
+    assert sampling.dropped_span(context) is span
+    assert sampling.dropped_call(context) == (span, headers)
+    with trace.use_span(span):  # the same span under a context of its own: worked out anew
+        assert sampling.dropped_span() is None
+    fake.sampler = ALWAYS_ON  # another sampler: worked out anew
+    assert sampling.dropped_span(context) is None and sampling.dropped_call(context) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(sampling._spans, "_tracer", fake)
+    fake.sampler = ParentBased(ALWAYS_ON)
+    assert sampling.dropped_call(context) == (span, headers)
+    # another global propagator: the headers are made anew (here: by its rules, none)
+    monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", TraceContextTextMapPropagator())
+    assert sampling.dropped_call(context) == (span, headers)  # W3C's alone: the same headers
+    from opentelemetry.propagators.textmap import TextMapPropagator
+
+    class Other(TextMapPropagator):
+        fields = {"x-other"}
+
+        def extract(self, carrier, context=None, getter=None):
+            return context
+
+        def inject(self, carrier, context=None, setter=None):
+            pass
+
+    monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", Other())
+    assert sampling.dropped_call(context) == (span, None)  # not W3C's: injected the usual way
