@@ -11,8 +11,9 @@ hands out a ``FastHistogram`` instead: ``record`` finds the attribute set's poin
 dict's identity and appends the value to the point's pending list, no lock taken.  The
 values are folded into the point's count, sum, min, max and buckets in bulk, by C-level
 steps (sort, ``sum``, one ``bisect`` per bucket bound), at each export or when a point
-holds ``FOLD_AT`` of them (then by the recording thread).  Counted by valgrind, a value
-recorded and folded so costs a tenth of a value added to the point at once in Python.
+holds ``FOLD_AT`` of them (then by the recording thread).  Counted by valgrind
+(``./run-benchmarks --instructions``), that is about 2,000 instructions less per record
+than adding each value to its point in Python, as this module did before.
 
 At each export the exporter takes a snapshot of every fast histogram and adds it to the
 SDK's batch as the SDK itself would write it (same name, unit, description, scope,
