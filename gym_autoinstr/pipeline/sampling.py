@@ -125,7 +125,6 @@ def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
 # context alive, so an id cannot be reused while it is kept.  Bounded; cleared when full.
 _dropped_contexts: dict[int, tuple] = {}
 _DROPPED_CONTEXTS_MAX = 1024
-_NO_HEADERS = (None, None)
 
 
 def dropped_span(context: Any = None) -> Any:
@@ -161,7 +160,7 @@ def dropped_span(context: Any = None) -> Any:
     if tracer_now is not None:  # (the sampler the check above reads)
         if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
             _dropped_contexts.clear()
-        _dropped_contexts[id(context)] = (context, sampler, span, *_NO_HEADERS)
+        _dropped_contexts[id(context)] = (context, sampler, span, None, None)  # (no headers yet)
     return span
 
 
