@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
+import sys
 import time
 
 import psutil
@@ -605,9 +607,16 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
                 # poll and its read of the process's command line, Ray reports the zombie
                 # instead (psutil.ZombieProcess, once in CI). Again, after a pause, at most
                 # twice more; any other failure is the test's.
-                if attempt == attempts - 1 or not any(sign in str(error) for sign in _CLIENT_SERVER_START_LOST):
+                if not any(sign in str(error) for sign in _CLIENT_SERVER_START_LOST):
                     raise
-                time.sleep(5)
+                # what the lost per-client server wrote, for the report (Ray names its file)
+                lost = "\n".join(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}"
+                                 for name in set(re.findall(r"ray_client_server_\d+\.(?:err|out)", str(error)))
+                                 for path in cluster.temp_root.rglob(name))
+                if attempt == attempts - 1:
+                    raise GymTrioError(f"{error}\n{lost}") from error
+                print(f"Ray client server lost a start (attempt {attempt + 1}):\n{lost}", file=sys.stderr)
+                time.sleep(5 * (attempt + 1))
         with trio:
             results = [trio.rollout(row, rollout_index=index) for index, row in enumerate(rows)]
             log = trio.log_text()
