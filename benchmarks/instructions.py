@@ -37,14 +37,16 @@ CALLS = 2000
 # The variants counted per site (micro.py has them all); the default report: our
 # per-request paths beside the call they wrap.
 SITES = {
-    "ingress": ("unwrapped", "off+metrics", "dropped+metrics", "root-dropped+metrics", "on+metrics"),
+    "ingress": ("unwrapped", "off+metrics", "dropped+metrics", "dropped-first+metrics", "root-dropped+metrics",
+                "on+metrics"),
+    "hop": ("unwrapped", "dropped-first+metrics", "root-dropped+metrics"),
     "request": ("unwrapped", "off", "dropped", "on"),
     "handler": ("unwrapped", "dropped", "on"),
     "semaphore": ("unwrapped", "off+metrics"),
     "job_rollout": ("unwrapped", "on"),
     "ray_submit": ("unwrapped", "off"),
 }
-DEFAULT_SITES = ("ingress", "request", "handler")
+DEFAULT_SITES = ("ingress", "request", "handler", "hop")
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 

@@ -16,6 +16,12 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   recorded, and ``pipeline/sampling.py`` lets our advice skip the span altogether);
   "root-dropped+metrics" (ingress): a request with no caller context that a ratio
   sampler of 0 drops at its root, as the agent's ``POST /run`` of a rollout left out;
+  "dropped-first+metrics" (ingress): "dropped+metrics" with a ``traceparent`` not seen
+  before (every rollout is a trace of its own: each server reads one per rollout);
+* hop: a request whose handler makes one call (the egress) before it answers, bare, and
+  for a dropped rollout's first request at a server ("dropped-first+metrics") and at its
+  root ("root-dropped+metrics"): the work a dropped rollout costs a server once, with the
+  first call made under the request's context;
 * semaphore: a free ``asyncio.Semaphore`` acquired and released, as Gym's servers do
   around their limited work, bare and once ``pipeline/concurrency.py`` observes it
   (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
@@ -186,6 +192,17 @@ def build() -> Bench:
 
     middleware = GymServerMiddleware(app, server_name="example_single_tool_call")
 
+    def calling_app(call):
+        async def app(scope, receive, send):  # a handler that calls another server first
+            await call("POST", url, json=None)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        return app
+
+    bare_hop = calling_app(request)
+    hop = GymServerMiddleware(calling_app(wrapped_request), server_name="example_single_tool_call")
+
     class Route:  # what Starlette leaves in the scope: the matched route, our marked endpoint
         path = "/verify"
         endpoint = wrapped_verify
@@ -200,6 +217,15 @@ def build() -> Bench:
                      (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")]}
     # The same request with no caller context (a rollout's root at the agent).
     root_scope = {**scope, "headers": [(b"content-type", b"application/json")]}
+    # Dropped callers' requests, each of a rollout not seen before (more than the caches hold)
+    import itertools
+    import random
+
+    ids = random.Random(5)
+    first_scopes = itertools.cycle([
+        {**scope, "headers": [(b"content-type", b"application/json"),
+                              (b"traceparent", f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-00".encode())]}
+        for _ in range(4096)])
     from opentelemetry import context as otel_context
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
@@ -274,6 +300,12 @@ def build() -> Bench:
             "dropped": lambda: _drive(middleware(dropped_scope, receive, send)),
             "dropped+metrics": lambda: _drive(middleware(dropped_scope, receive, send)),
             "root-dropped+metrics": lambda: _drive(middleware(root_scope, receive, send)),
+            "dropped-first+metrics": lambda: _drive(middleware(next(first_scopes), receive, send)),
+        },
+        "hop": {
+            "unwrapped": lambda: _drive(bare_hop(next(first_scopes), receive, send)),
+            "dropped-first+metrics": lambda: _drive(hop(next(first_scopes), receive, send)),
+            "root-dropped+metrics": lambda: _drive(hop(root_scope, receive, send)),
         },
         "semaphore": {
             "unwrapped": lambda: acquire_release(bare_semaphore),
@@ -291,7 +323,7 @@ def build() -> Bench:
     enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS,
                "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS,
                "dropped": groups.ALL_GROUPS, "dropped+metrics": groups.ALL_GROUPS,
-               "root-dropped+metrics": groups.ALL_GROUPS}
+               "root-dropped+metrics": groups.ALL_GROUPS, "dropped-first+metrics": groups.ALL_GROUPS}
     return Bench(cases, enabled, dropped_context, provider, lambda: Discard.exported)
 
 

@@ -104,9 +104,15 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
         return otel_context.Context(), False
     header = raw.decode("latin-1")
     # (header_names above looked at the global textmap: unsampled_context holds while it is W3C's)
-    known = propagation.unsampled_context(header) if _Propagation.w3c else None
-    if known is not None and sampling.drops_unsampled_children():
-        return known, True
+    if _Propagation.w3c:
+        known = propagation.unsampled_context(header)
+        if known is not None:
+            if sampling.drops_unsampled_children():
+                return known, True
+        else:  # the first request of a rollout here: read in the SDK's form, or the general way
+            known = propagation.unsampled_lone(header)
+            if known is not None and sampling.forwarded(known, header):
+                return known, True
     return _caller_from({"traceparent": header})
 
 
@@ -326,7 +332,14 @@ class GymServerMiddleware:
         if version:
             attributes["network.protocol.version"] = version
         span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        return span, propagation.attach(trace.set_span_in_context(span, parent))
+        context = trace.set_span_in_context(span, parent)
+        if type(span) is NonRecordingSpan:  # a root the sampler dropped: every call under it says so
+            try:
+                sampling.dropped_root(context, span)
+            except Exception as error:
+                warn_once("ingress:dropped-root", "ingress: keeping a dropped root failed (%r); its calls ask "
+                          "as usual.", error)
+        return span, propagation.attach(context)
 
     @staticmethod
     def _finish(scope: dict, span: Any, status: "int | None", route: "str | None") -> None:

@@ -36,6 +36,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from opentelemetry.util import types
 
 from .._env import switched_off
+from .propagation import span_context
 from .._log import logger
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -217,9 +218,8 @@ class LeanTracer(trace_api.Tracer):
             if roots is not None and trace_id & roots[0] >= roots[1] and name != roots[2]:
                 # The sampler drops this root whatever else it is asked (its decision rests
                 # on the trace id alone): the span it would make, without asking it.
-                return trace_api.NonRecordingSpan(SpanContext(
-                    trace_id, self.id_generator.generate_span_id(), is_remote=False,
-                    trace_flags=_DEFAULT_RANDOM if random else _DEFAULT))
+                return trace_api.NonRecordingSpan(span_context(
+                    trace_id, self.id_generator.generate_span_id(), False, _DEFAULT_RANDOM if random else _DEFAULT))
         else:
             trace_id = parent.trace_id
             random = _RANDOM is not None and bool(parent.trace_flags & _RANDOM)
@@ -228,14 +228,11 @@ class LeanTracer(trace_api.Tracer):
         flags = _SAMPLED if decision.is_sampled() else _DEFAULT
         if random:
             flags = TraceFlags(flags | _RANDOM)
-        span_context = SpanContext(
-            trace_id, self.id_generator.generate_span_id(), is_remote=False, trace_flags=flags,
-            trace_state=result.trace_state,
-        )
+        context_made = span_context(trace_id, self.id_generator.generate_span_id(), False, flags, result.trace_state)
         if not decision.is_recording():
-            return trace_api.NonRecordingSpan(span_context)
+            return trace_api.NonRecordingSpan(context_made)
         values, invalid = _cleaned(result.attributes)
-        span = LeanSpan(self, name, span_context, parent, kind, values, tuple(links), start_time or _time_ns())
+        span = LeanSpan(self, name, context_made, parent, kind, values, tuple(links), start_time or _time_ns())
         span.dropped_attributes = invalid
         if len(values) > self.max_attributes:  # as the SDK's bounded map: the newest are kept
             excess = len(values) - self.max_attributes

@@ -21,6 +21,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+try:  # where the API keeps the current span in a context (since API 1.0)
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # pragma: no cover
+    _SPAN_KEY = None
+
 try:  # the key baggage lives under (since API 1.0); get_all() copies it into a proxy
     from opentelemetry.baggage import _BAGGAGE_KEY
 except ImportError:  # pragma: no cover
@@ -28,6 +33,8 @@ except ImportError:  # pragma: no cover
 
 _MAX_TRACESTATE = 512
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
+# The form the SDK writes an unsampled context in (version 00, flags 00, nothing around it)
+_SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-00")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
@@ -80,6 +87,71 @@ else:  # pragma: no cover
     detach = reset = otel_context.detach
 
 
+_UNSAMPLED_FLAGS = TraceFlags(0)
+_MAX_TRACE_ID = (1 << 128) - 1
+_MAX_SPAN_ID = (1 << 64) - 1
+
+
+def _span_context_by_constructor(trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags,
+                                 trace_state: "TraceState | None" = None) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=is_remote, trace_flags=trace_flags, trace_state=trace_state)
+
+
+def _span_context_by_layout() -> Any:
+    """``SpanContext(trace_id, span_id, is_remote, trace_flags, trace_state)`` made as the
+    API's own ``__new__`` makes it (a tuple of the five fields and whether the ids are
+    valid), without its Python frame: only when this API's SpanContext is laid out so
+    (checked here, once, against its constructor), else the constructor itself."""
+    try:
+        from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
+        def fields(made: Any) -> tuple:
+            return (tuple(made), made.trace_id, made.span_id, made.is_remote, made.trace_flags, made.trace_state,
+                    made.is_valid, type(made))
+
+        state = TraceState([("k", "v")])
+        samples = [((0x1F, 0x2F, True, _UNSAMPLED_FLAGS, None), (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, DEFAULT_TRACE_STATE, True)),
+                   ((0x1F, 0, False, TraceFlags(1), state), (0x1F, 0, False, TraceFlags(1), state, False))]
+        same = all(fields(SpanContext(t, s, is_remote=r, trace_flags=f, trace_state=ts)) == fields(tuple.__new__(SpanContext, made))
+                   for (t, s, r, f, ts), made in samples)
+    except Exception:  # pragma: no cover (another API)
+        same = False
+    if not same:  # pragma: no cover
+        return _span_context_by_constructor
+    new = tuple.__new__
+
+    def span_context(trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags,
+                     trace_state: "TraceState | None" = None) -> SpanContext:
+        return new(SpanContext, (trace_id, span_id, is_remote, trace_flags,
+                                 DEFAULT_TRACE_STATE if trace_state is None else trace_state,
+                                 0 < trace_id <= _MAX_TRACE_ID and 0 < span_id <= _MAX_SPAN_ID))
+
+    return span_context
+
+
+# ``SpanContext(...)`` (positional, ``trace_flags`` a ``TraceFlags``) for the paths that make
+# one per request: a caller's context read here, a span the lean tracer starts.
+span_context = _span_context_by_layout()
+
+
+def _context_of_span_by_layout() -> Any:
+    """``trace.set_span_in_context(span, Context())``: a new context holding only ``span``,
+    made directly when the API keeps spans under ``_SPAN_KEY`` (checked here, once)."""
+    try:
+        sample = NonRecordingSpan(span_context(0x1F, 0x2F, True, _UNSAMPLED_FLAGS))
+        same = _SPAN_KEY is not None and otel_context.Context({_SPAN_KEY: sample}) == trace.set_span_in_context(
+            sample, otel_context.Context()) and trace.get_current_span(otel_context.Context({_SPAN_KEY: sample})) is sample
+    except Exception:  # pragma: no cover
+        same = False
+    if not same:  # pragma: no cover
+        return lambda span: trace.set_span_in_context(span, otel_context.Context())
+    new, key = otel_context.Context, _SPAN_KEY
+    return lambda span: new({key: span})
+
+
+_context_of_span = _context_of_span_by_layout()
+
+
 def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
     if _BAGGAGE_KEY is None:  # pragma: no cover
         return not otel_baggage.get_all(context)
@@ -104,8 +176,17 @@ def w3c_default() -> bool:
     return w3c
 
 
-def _traceparent(span_context: SpanContext) -> str:
-    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+_FLAGS_HEX = tuple(f"{flags:02x}" for flags in range(256))
+
+
+def traceparent(span_context: SpanContext) -> str:
+    """The ``traceparent`` the SDK's propagator writes for a valid ``span_context``.  The
+    ids through ``bytes.hex`` (a format spec per id costs about twice as much)."""
+    try:
+        return (f"00-{span_context.trace_id.to_bytes(16, 'big').hex()}-{span_context.span_id.to_bytes(8, 'big').hex()}"
+                f"-{_FLAGS_HEX[span_context.trace_flags]}")
+    except (OverflowError, IndexError, TypeError, AttributeError):  # ids or flags out of range: as the SDK formats
+        return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
 
 
 def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None" = None) -> None:
@@ -131,7 +212,7 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
         return
     if not span_context.is_valid:
         return
-    carrier["traceparent"] = _traceparent(span_context)
+    carrier["traceparent"] = traceparent(span_context)
     if span_context.trace_state:
         carrier["tracestate"] = span_context.trace_state.to_header()
 
@@ -148,7 +229,7 @@ def unsampled_entry(span: Any) -> "tuple[Any, str, str | None] | None":
     if len(unsampled_spans) >= _CACHE_MAX:
         unsampled_spans.clear()
     header = span_context.trace_state.to_header() if span_context.trace_state else None
-    hit = unsampled_spans[id(span)] = (span, _traceparent(span_context), header)
+    hit = unsampled_spans[id(span)] = (span, traceparent(span_context), header)
     return hit
 
 
@@ -175,6 +256,26 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, st
 unsampled_context = _extracted.get
 
 
+def unsampled_lone(header: str) -> "otel_context.Context | None":
+    """``extract({"traceparent": header})`` for a lone traceparent in the form the SDK
+    writes an unsampled context in (``00-<trace id>-<span id>-00``), kept as ``extract``
+    keeps it; None for any other header (then ``extract`` itself).  What every server
+    reads once per rollout the sampler dropped (each is a new trace id), the parse and
+    the objects made without the general path's frames.  Only while ``w3c_default()``
+    holds, which the caller checks (the ingress, with the header names it reads)."""
+    if len(header) != 55 or _SDK_UNSAMPLED.fullmatch(header) is None:
+        return None
+    trace_id, span_id = int(header[3:35], 16), int(header[36:52], 16)
+    if not trace_id or not span_id:  # (all-zero ids: an invalid context, the general way)
+        return None
+    span = NonRecordingSpan(span_context(trace_id, span_id, True, _UNSAMPLED_FLAGS))
+    context = _context_of_span(span)
+    if len(_extracted) >= _CACHE_MAX:
+        _extracted.clear()
+    _extracted[header] = context
+    return context
+
+
 def extract(carrier: dict) -> otel_context.Context:
     """A context holding the caller's span context read from ``carrier`` (header names in
     lower case), as the global propagator would extract it (an unsampled caller's without
@@ -199,10 +300,8 @@ def extract(carrier: dict) -> otel_context.Context:
     if tracestate is not None and len(tracestate) <= _MAX_TRACESTATE:
         state = TraceState.from_header([tracestate])
     trace_flags = TraceFlags(int(flags, 16))
-    span_context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace_flags,
-                               trace_state=state)
-    span = NonRecordingSpan(span_context)
-    context = trace.set_span_in_context(span, otel_context.Context())
+    span = NonRecordingSpan(span_context(int(trace_id, 16), int(span_id, 16), True, trace_flags, state))
+    context = _context_of_span(span)
     if tracestate is None and not trace_flags & 0x01:
         if len(_extracted) >= _CACHE_MAX:
             _extracted.clear()

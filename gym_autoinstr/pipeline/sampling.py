@@ -19,7 +19,8 @@ from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
 from . import spans as _spans
-from .propagation import current_context, unsampled_entry, unsampled_headers, unsampled_spans
+from .propagation import (_BAGGAGE_KEY, current_context, traceparent, unsampled_entry, unsampled_headers,
+                          unsampled_spans, w3c_default)
 from .spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
@@ -186,6 +187,51 @@ def dropped_call(context: Any) -> "tuple[Any, dict[str, str] | None] | None":
     if hit is not None and hit[0] is context and hit[2] is span:  # (kept by dropped_span just now)
         _dropped_contexts[id(context)] = (*hit[:3], propagate.get_global_textmap(), headers)
     return span, headers
+
+
+def forwarded(context: Any, header: str) -> bool:
+    """For the context ``propagation.unsampled_lone`` just read from ``header``: whether
+    the tracer's sampler drops every child of its span; when it does, the context is
+    kept as ``dropped_call`` would keep it after its first call, with ``header`` as what
+    carries it on (a lone traceparent in the SDK's form is what ``unsampled_headers``
+    writes for it), so that no hop under it works that out again."""
+    tracer_now = _spans._tracer  # drops_unsampled_children(), without its frame
+    sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
+    if sampler is not _follows[0]:
+        _check_sampler(sampler)
+    if not _follows[1]:
+        return False
+    if tracer_now is not None and _SPAN_KEY is not None:  # (the sampler the check above reads)
+        if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
+            _dropped_contexts.clear()
+        _dropped_contexts[id(context)] = (context, sampler, context[_SPAN_KEY], propagate.get_global_textmap(),
+                                          {"traceparent": header})
+    return True
+
+
+def dropped_root(context: Any, span: Any) -> None:
+    """For a context holding ``span``, a root the sampler dropped (the lean tracer's
+    ``NonRecordingSpan``): kept as ``dropped_call`` would keep it after its first call,
+    with the headers that carry it on, when the sampler drops the children of such a
+    span (else nothing is kept, and each hop asks as usual)."""
+    tracer_now = _spans._tracer
+    if tracer_now is None or _SPAN_KEY is None:
+        return
+    sampler = getattr(tracer_now, "sampler", None)
+    if sampler is not _follows[0]:
+        _check_sampler(sampler)
+    if not _follows[1]:
+        return
+    # what unsampled_headers(span, context) writes, for a root: no baggage, W3C's propagator
+    if context.get(_BAGGAGE_KEY) or not w3c_default():
+        return
+    made = span.get_span_context()
+    if made.trace_flags & 0x01 or not made.is_valid or made.trace_state:
+        return  # (not the lean tracer's dropped root: each hop asks as usual)
+    if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
+        _dropped_contexts.clear()
+    _dropped_contexts[id(context)] = (context, sampler, span, propagate.get_global_textmap(),
+                                      {"traceparent": traceparent(made)})
 
 
 def drops_unsampled_children() -> bool:

@@ -360,3 +360,109 @@ def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrume
 
     root = request([host, (b"tracestate", b"vendor=1")])
     assert format(root.trace_id, "032x") != TRACE_ID and _server_spans(spans)[-1].parent is None
+
+
+def _calls_seeing_app(seen: list):
+    """A bare ASGI app that notes, before any call is made under it, what the dropped path
+    has kept for its context, then what a call under it is sent with."""
+    from gym_autoinstr.pipeline import propagation, sampling
+
+    async def app(scope, receive, send):
+        context = propagation.current_context()
+        kept = sampling._dropped_contexts.get(id(context))
+        seen.append((context, kept and kept[0] is context and kept[4], sampling.dropped_call(context)))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    return app, receive
+
+
+def _what_the_sdk_sends_under(context) -> dict:
+    from opentelemetry import propagate
+
+    carrier: dict = {}
+    propagate.inject(carrier, context=context)
+    return carrier
+
+
+def test_a_dropped_rollouts_first_request_leaves_the_headers_of_its_calls_ready(instrumented, spans, monkeypatch):
+    """The first request of a dropped rollout at a server (a traceparent not seen before, in
+    the SDK's unsampled form): its context is kept with the header its calls carry on
+    before any call is made, and that header is the SDK's own for the context; a sampler
+    that records the children of unsampled callers gets no such shortcut."""
+    import asyncio
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+    from gym_autoinstr.pipeline import sampling
+    from gym_autoinstr.pipeline.spans import tracer
+
+    monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.5)))
+    seen: list = []
+    app, receive = _calls_seeing_app(seen)
+
+    async def send(message):
+        pass
+
+    middleware = GymServerMiddleware(app, server_name="first_request_server")
+
+    def request(header: str):
+        scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
+                 "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000"),
+                                                           (b"traceparent", header.encode())]}
+        asyncio.run(middleware(scope, receive, send))
+        return seen[-1]
+
+    header = f"00-{'3' * 32}-{PARENT_ID}-00"
+    context, kept, (span, headers) = request(header)
+    assert kept == headers == {"traceparent": header} == _what_the_sdk_sends_under(context)
+    assert span is trace.get_current_span(context) and span.get_span_context().span_id == int(PARENT_ID, 16)
+    again, kept_again, _ = request(header)  # the rollout's next request here: the same context
+    assert again is context and kept_again == kept
+    sampling._dropped_contexts.clear()  # worked out anew, the same answer
+    assert sampling.dropped_call(context) == (span, {"traceparent": header})
+    assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
+
+    monkeypatch.setattr(tracer(), "sampler", ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON))
+    other = f"00-{'4' * 32}-{PARENT_ID}-00"
+    context, kept, dropped = request(other)
+    assert not kept and dropped is None
+    (server,) = _server_spans(spans)
+    assert server.parent.span_id == int(PARENT_ID, 16) and format(server.context.trace_id, "032x") == "4" * 32
+
+
+def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, spans, monkeypatch):
+    """A root the sampler drops (an agent's /run): kept with the header its calls carry on
+    before any call is made, the SDK's own for its context; a new one per request."""
+    import asyncio
+
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+    from gym_autoinstr.pipeline import sampling
+    from gym_autoinstr.pipeline.spans import tracer
+
+    monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.0)))
+    seen: list = []
+    app, receive = _calls_seeing_app(seen)
+
+    async def send(message):
+        pass
+
+    middleware = GymServerMiddleware(app, server_name="root_server")
+    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
+    for _ in range(2):
+        asyncio.run(middleware(dict(scope), receive, send))
+    for context, kept, (span, headers) in seen:
+        assert kept == headers == _what_the_sdk_sends_under(context)
+        assert not int(headers["traceparent"][-2:], 16) & 0x01 and len(headers["traceparent"]) == 55  # unsampled
+    assert seen[0][1] != seen[1][1]
+    sampling._dropped_contexts.clear()  # worked out anew, the same answer
+    assert sampling.dropped_call(seen[0][0])[1] == seen[0][1]
+    assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []

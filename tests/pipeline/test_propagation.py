@@ -118,3 +118,80 @@ def test_an_unsampled_callers_context_is_forwarded_as_the_sdk_would_write_it(hea
     propagation.inject_span(span, ours, parent)
     assert ours == theirs == propagation.unsampled_headers(span, parent)
     assert theirs["traceparent"] == header.strip()
+
+
+def _random_headers(count: int, flags: str = "00") -> list[str]:
+    import random
+
+    rng = random.Random(7)
+    return [f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-{flags}" for _ in range(count)]
+
+
+@pytest.mark.parametrize("header", [
+    *_random_headers(20),
+    f"00-{1:032x}-{1:016x}-00",  # the smallest ids
+    f"00-{'f' * 32}-{'f' * 16}-00",  # the largest
+])
+def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_it(header):
+    """A dropped rollout's first request at each server: its traceparent, read on the
+    short path, gives the context the SDK's propagator gives, kept for the next request."""
+    propagation._extracted.pop(header, None)
+    read = propagation.unsampled_lone(header)
+    assert read is not None and _seen(read) == _seen(propagate.extract({"traceparent": header}))
+    span_context = trace.get_current_span(read).get_span_context()
+    assert span_context.is_valid and span_context.is_remote and type(span_context) is SpanContext
+    assert propagation.unsampled_context(header) is read  # kept, as extract keeps it
+    assert propagation.extract({"traceparent": header}) is read
+
+
+@pytest.mark.parametrize("header", [
+    *_random_headers(3, flags="01"),  # sampled
+    TP.replace("-01", "-02"),  # other flags
+    TP.replace("-01", "-00").upper(),  # upper-case hex
+    " " + TP.replace("-01", "-00"),  # padded
+    TP.replace("-01", "-00") + "-extra",
+    "01" + TP.replace("-01", "-00")[2:],  # another version
+    "00-" + "0" * 32 + "-b7ad6b7169203331-00",  # all-zero ids
+    "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-00",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333g-00",  # not hex
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0",  # short
+    "garbage",
+])
+def test_any_other_traceparent_is_left_to_the_general_path(header):
+    assert propagation.unsampled_lone(header) is None
+    assert _seen(propagation.extract({"traceparent": header})) == _seen(propagate.extract({"traceparent": header}))
+
+
+@pytest.mark.parametrize("trace_id,span_id,is_remote,flags,state", [
+    (0xABC, 0xDEF, True, 0, None),
+    (0xABC, 0xDEF, False, 1, TraceState([("v", "1")])),
+    (0, 0xDEF, False, 1, None),  # invalid ids: made, and not valid
+    (0xABC, 0, True, 0, None),
+    ((1 << 128) - 1, (1 << 64) - 1, False, 3, None),  # the largest valid ids
+    (1 << 128, 5, False, 1, None),  # out of range: not valid
+    (5, 1 << 64, False, 1, None),
+])
+def test_span_contexts_are_made_as_the_api_makes_them(trace_id, span_id, is_remote, flags, state):
+    ours = propagation.span_context(trace_id, span_id, is_remote, TraceFlags(flags), state)
+    theirs = SpanContext(trace_id, span_id, is_remote=is_remote, trace_flags=TraceFlags(flags), trace_state=state)
+    fields = ("trace_id", "span_id", "is_remote", "trace_flags", "trace_state", "is_valid")
+    assert type(ours) is type(theirs) and ours == theirs
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+
+
+@pytest.mark.parametrize("trace_id,span_id,flags", [
+    (0xABC, 0xDEF, 0), (0xABC, 0xDEF, 1), (0xABC, 0xDEF, 2), (0xABC, 0xDEF, 0xFF),
+    ((1 << 128) - 1, (1 << 64) - 1, 1), (1, 1, 0),
+])
+def test_traceparent_is_written_as_the_sdk_writes_it(trace_id, span_id, flags):
+    span_context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))
+    theirs: dict = {}
+    propagate.inject(theirs, context=trace.set_span_in_context(NonRecordingSpan(span_context)))
+    assert propagation.traceparent(span_context) == theirs["traceparent"]
+
+
+def test_traceparent_of_ids_out_of_range_is_formatted_as_before():
+    """Ids no W3C header can hold (a custom id generator's): formatted by the format spec,
+    as before, never an exception on the request path."""
+    span_context = SpanContext(1 << 128, 5, is_remote=False, trace_flags=TraceFlags(1))
+    assert propagation.traceparent(span_context) == f"00-{1 << 128:032x}-{5:016x}-01"
