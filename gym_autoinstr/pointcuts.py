@@ -99,22 +99,14 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="keep FastAPI's built-in telemetry off the head server (orchestrator plumbing, not rollout work)",
     ),
     Pointcut(
-        name="egress.attempts",
-        module="aiohttp.client",
-        attribute="ClientSession.request",
-        advice=egress.count_attempt_advice,
-        versions="any aiohttp",
-        group=groups.HTTP_CLIENT,
-        purpose="count the attempts inside one traced request (http.request.resend_count)",
-    ),
-    Pointcut(
         name="egress.pool",
         module="nemo_gym.server_utils",
         attribute="set_global_aiohttp_client",
         advice=egress.global_client_advice,
         versions="0.2.0+",
         group=None,
-        purpose="metrics: time waits for an aiohttp connection slot on Gym's client, by destination server",
+        purpose="count the attempts inside one traced request (http.request.resend_count) on Gym's client; "
+                "metrics: time waits for an aiohttp connection slot on it, by destination server",
         rebind_copies=True,
     ),
     Pointcut(

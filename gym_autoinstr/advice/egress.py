@@ -25,7 +25,6 @@ Calls to anything that is not a Gym server of the fleet, the collection driver's
 
 from __future__ import annotations
 
-import contextvars
 import os
 import sys
 import time
@@ -69,8 +68,9 @@ def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> boo
 _LEAN = {"on": client_spans_on_failure_only()}
 
 
-# One mutable cell per traced request: aiohttp attempts made inside it.
-_attempts: contextvars.ContextVar["list[int] | None"] = contextvars.ContextVar("gym_autoinstr_attempts", default=None)
+# One mutable cell per traced request: the attempts made inside it (counted on Gym's
+# client session, ``pool.count_attempts``).
+_attempts = pool.attempts
 
 
 def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
@@ -314,21 +314,18 @@ def _with_context(span: Any, kwargs: dict, context: "otel_context.Context | None
     return kwargs
 
 
-def count_attempt_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Around ``aiohttp.ClientSession.request``: count attempts inside a traced request."""
-    attempts = _attempts.get()
-    if attempts is not None:
-        attempts[0] += 1
-    return wrapped(*args, **kwargs)
-
-
 # -- connection pool -------------------------------------------------------------------
 
 
 def global_client_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """After ``server_utils.set_global_aiohttp_client``: time waits for a pool slot on
-    Gym's one client session (``gym.http.connection_pool.queue_duration_ms``)."""
+    """After ``server_utils.set_global_aiohttp_client``: count the attempts of traced
+    requests on Gym's one client session (``http.request.resend_count``), and time waits
+    for a pool slot on it (``gym.http.connection_pool.queue_duration_ms``)."""
     session = wrapped(*args, **kwargs)
+    try:
+        pool.count_attempts(session)
+    except Exception as error:
+        warn_once("egress:attempts", "resends are not counted (%r); requests are unaffected.", error)
     if metrics.LIVE:
         try:
             pool.attach(session)

@@ -296,3 +296,34 @@ def test_client_spans_setting_values():
     assert lean({}) is False and lean({"GYM_AUTOINSTR_CLIENT_SPANS": " All "}) is False
     assert lean({"GYM_AUTOINSTR_CLIENT_SPANS": "FAILURES"}) is True
     assert lean({"GYM_AUTOINSTR_CLIENT_SPANS": "lean"}) is False  # unknown: the default, with a warning
+
+
+def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
+    """The attempts are counted through Gym's own client session (an attribute of that
+    session): aiohttp's ClientSession class is left as it is, so no other session's call
+    pays for it, and an untraced call through Gym's session counts nothing."""
+    import aiohttp
+    import wrapt
+    from nemo_gym import server_utils
+
+    from gym_autoinstr.pipeline import pool
+
+    app = _echo_app()
+    with serve(app) as base:
+        assert _call(f"{base}/echo", json={}) == 200
+    session = server_utils.get_global_aiohttp_client()
+    assert "request" in vars(session)  # the counter, on this session
+    assert not isinstance(vars(aiohttp.ClientSession)["request"], wrapt.FunctionWrapper)
+    other = aiohttp.ClientSession.__new__(aiohttp.ClientSession)
+    assert "request" not in getattr(other, "__dict__", {})
+    cell = [0]
+    token = pool.attempts.set(cell)
+    try:
+        session.request("GET", "http://127.0.0.1:9/never")._coro.close()  # made, not sent
+    finally:
+        pool.attempts.reset(token)
+    assert cell == [1]
+    session.request("GET", "http://127.0.0.1:9/never")._coro.close()  # no traced request: nothing counted
+    assert cell == [1]
+    (span,) = _client_spans(spans)
+    assert "http.request.resend_count" not in span.attributes  # one attempt: no resend
