@@ -110,10 +110,13 @@ def _span_context_by_layout() -> Any:
                     made.is_valid, type(made))
 
         state = TraceState([("k", "v")])
-        samples = [((0x1F, 0x2F, True, _UNSAMPLED_FLAGS, None), (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, DEFAULT_TRACE_STATE, True)),
-                   ((0x1F, 0, False, TraceFlags(1), state), (0x1F, 0, False, TraceFlags(1), state, False))]
-        same = all(fields(SpanContext(t, s, is_remote=r, trace_flags=f, trace_state=ts)) == fields(tuple.__new__(SpanContext, made))
-                   for (t, s, r, f, ts), made in samples)
+        samples = [  # (the constructor's arguments, the tuple it should hold)
+            ((0x1F, 0x2F, True, _UNSAMPLED_FLAGS, None), (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, DEFAULT_TRACE_STATE, True)),
+            ((0x1F, 0, False, TraceFlags(1), state), (0x1F, 0, False, TraceFlags(1), state, False)),
+        ]
+        same = all(
+            fields(SpanContext(t, s, is_remote=r, trace_flags=f, trace_state=ts)) == fields(tuple.__new__(SpanContext, made))
+            for (t, s, r, f, ts), made in samples)
     except Exception:  # pragma: no cover (another API)
         same = False
     if not same:  # pragma: no cover
@@ -139,8 +142,9 @@ def _context_of_span_by_layout() -> Any:
     made directly when the API keeps spans under ``_SPAN_KEY`` (checked here, once)."""
     try:
         sample = NonRecordingSpan(span_context(0x1F, 0x2F, True, _UNSAMPLED_FLAGS))
-        same = _SPAN_KEY is not None and otel_context.Context({_SPAN_KEY: sample}) == trace.set_span_in_context(
-            sample, otel_context.Context()) and trace.get_current_span(otel_context.Context({_SPAN_KEY: sample})) is sample
+        made = otel_context.Context({_SPAN_KEY: sample}) if _SPAN_KEY is not None else None
+        same = made is not None and made == trace.set_span_in_context(sample, otel_context.Context()) \
+            and trace.get_current_span(made) is sample
     except Exception:  # pragma: no cover
         same = False
     if not same:  # pragma: no cover
