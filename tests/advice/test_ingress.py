@@ -362,10 +362,16 @@ def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrume
     assert format(root.trace_id, "032x") != TRACE_ID and _server_spans(spans)[-1].parent is None
 
 
-def _calls_seeing_app(seen: list):
-    """A bare ASGI app that notes, before any call is made under it, what the dropped path
-    has kept for its context, then what a call under it is sent with."""
+def _calls_seeing_middleware(monkeypatch, sampler, server_name: str):
+    """Our middleware, with ``sampler`` installed, around a bare ASGI app that notes, before
+    any call is made under it, what the dropped path has kept for its context, then what
+    a call under it is sent with: ``(middleware, seen, receive, send)``."""
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.pipeline import propagation, sampling
+    from gym_autoinstr.pipeline.spans import tracer
+
+    monkeypatch.setattr(tracer(), "sampler", sampler)
+    seen: list = []
 
     async def app(scope, receive, send):
         context = propagation.current_context()
@@ -377,7 +383,10 @@ def _calls_seeing_app(seen: list):
     async def receive():
         return {"type": "http.request", "body": b"{}"}
 
-    return app, receive
+    async def send(message):
+        pass
+
+    return GymServerMiddleware(app, server_name=server_name), seen, receive, send
 
 
 def _what_the_sdk_sends_under(context) -> dict:
@@ -398,18 +407,11 @@ def test_a_dropped_rollouts_first_request_leaves_the_headers_of_its_calls_ready(
     from opentelemetry import trace
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.pipeline import sampling
     from gym_autoinstr.pipeline.spans import tracer
 
-    monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.5)))
-    seen: list = []
-    app, receive = _calls_seeing_app(seen)
-
-    async def send(message):
-        pass
-
-    middleware = GymServerMiddleware(app, server_name="first_request_server")
+    middleware, seen, receive, send = _calls_seeing_middleware(
+        monkeypatch, ParentBased(TraceIdRatioBased(0.5)), "first_request_server")
 
     def request(header: str):
         scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
@@ -443,18 +445,10 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
 
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.pipeline import sampling
-    from gym_autoinstr.pipeline.spans import tracer
 
-    monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.0)))
-    seen: list = []
-    app, receive = _calls_seeing_app(seen)
-
-    async def send(message):
-        pass
-
-    middleware = GymServerMiddleware(app, server_name="root_server")
+    middleware, seen, receive, send = _calls_seeing_middleware(monkeypatch, ParentBased(TraceIdRatioBased(0.0)),
+                                                               "root_server")
     scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
              "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
     for _ in range(2):
