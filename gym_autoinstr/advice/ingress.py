@@ -107,7 +107,7 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     if _Propagation.w3c:
         known = propagation.unsampled_context(header)
         if known is not None:
-            if sampling.drops_unsampled_children():
+            if sampling.dropping_sampler() is not None:
                 return known, True
         else:  # the first request of a rollout here: read in the SDK's form, or the general way
             known = propagation.unsampled_lone(header)

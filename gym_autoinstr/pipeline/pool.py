@@ -303,14 +303,14 @@ def _url(str_or_url: Any) -> Any:
         return None
 
 
-def count_attempts(session: Any) -> bool:
+def count_attempts(session: Any) -> None:
     """Count the attempts Gym's ``server_utils.request`` makes on ``session`` (its retries
     call ``session.request`` again) into the cell of the traced request they are made in
     (``attempts``), through an instance attribute on this session alone: a patch of
     ``ClientSession.request`` would make every call on every session build a bound
     wrapper first (about 9 k instructions a call; this costs about a fifth of that)."""
     if getattr(session, "__dict__", {}).get("request") is not None:
-        return True  # counted already
+        return  # counted already
     request = session.request
     cell = attempts
 
@@ -322,7 +322,6 @@ def count_attempts(session: Any) -> bool:
 
     # An instance attribute, past ClientSession's debug-mode __setattr__ warning
     object.__setattr__(session, "request", counted)
-    return True
 
 
 def attach(session: Any) -> bool:

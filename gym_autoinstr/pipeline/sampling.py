@@ -151,18 +151,18 @@ def dropped_span(context: Any = None) -> Any:
     hit = unsampled_spans.get(id(span))
     if (hit is None or hit[0] is not span) and unsampled_entry(span) is None:
         return None
-    # drops_unsampled_children(), without its two frames
-    tracer_now = _spans._tracer
-    sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
-    if sampler is not _follows[0]:
-        _check_sampler(sampler)
-    if not _follows[1]:
+    sampler = dropping_sampler()
+    if sampler is None:
         return None
-    if tracer_now is not None:  # (the sampler the check above reads)
-        if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
-            _dropped_contexts.clear()
-        _dropped_contexts[id(context)] = (context, sampler, span, None, None)  # (no headers yet)
+    _keep((context, sampler, span, None, None))  # (no headers yet)
     return span
+
+
+def _keep(entry: tuple) -> None:
+    """Remember ``entry`` (``_dropped_contexts``' shape) for its context; bounded."""
+    if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
+        _dropped_contexts.clear()
+    _dropped_contexts[id(entry[0])] = entry
 
 
 def dropped_call(context: Any) -> "tuple[Any, dict[str, str] | None] | None":
@@ -185,7 +185,7 @@ def dropped_call(context: Any) -> "tuple[Any, dict[str, str] | None] | None":
     headers = unsampled_headers(span, context)
     hit = _dropped_contexts.get(id(context))
     if hit is not None and hit[0] is context and hit[2] is span:  # (kept by dropped_span just now)
-        _dropped_contexts[id(context)] = (*hit[:3], propagate.get_global_textmap(), headers)
+        _keep((*hit[:3], propagate.get_global_textmap(), headers))
     return span, headers
 
 
@@ -195,32 +195,21 @@ def forwarded(context: Any, header: str) -> bool:
     kept as ``dropped_call`` would keep it after its first call, with ``header`` as what
     carries it on (a lone traceparent in the SDK's form is what ``unsampled_headers``
     writes for it), so that no hop under it works that out again."""
-    tracer_now = _spans._tracer  # drops_unsampled_children(), without its frame
-    sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
-    if sampler is not _follows[0]:
-        _check_sampler(sampler)
-    if not _follows[1]:
+    sampler = dropping_sampler()
+    if sampler is None:
         return False
-    if tracer_now is not None and _SPAN_KEY is not None:  # (the sampler the check above reads)
-        if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
-            _dropped_contexts.clear()
-        _dropped_contexts[id(context)] = (context, sampler, context[_SPAN_KEY], propagate.get_global_textmap(),
-                                          {"traceparent": header})
+    if _SPAN_KEY is not None:
+        _keep((context, sampler, context[_SPAN_KEY], propagate.get_global_textmap(), {"traceparent": header}))
     return True
 
 
 def dropped_root(context: Any, span: Any) -> None:
-    """For a context holding ``span``, a root the sampler dropped (the lean tracer's
-    ``NonRecordingSpan``): kept as ``dropped_call`` would keep it after its first call,
-    with the headers that carry it on, when the sampler drops the children of such a
-    span (else nothing is kept, and each hop asks as usual)."""
-    tracer_now = _spans._tracer
-    if tracer_now is None or _SPAN_KEY is None:
-        return
-    sampler = getattr(tracer_now, "sampler", None)
-    if sampler is not _follows[0]:
-        _check_sampler(sampler)
-    if not _follows[1]:
+    """For a context holding ``span``, a span the sampler dropped at its start (a root, as
+    the lean tracer makes it): kept as ``dropped_call`` would keep it after its first
+    call, with the headers that carry it on, when the sampler drops the children of such
+    a span (else nothing is kept, and each hop asks as usual)."""
+    sampler = dropping_sampler()
+    if sampler is None or _SPAN_KEY is None:
         return
     # what unsampled_headers(span, context) writes, for a root: no baggage, W3C's propagator
     if context.get(_BAGGAGE_KEY) or not w3c_default():
@@ -228,20 +217,17 @@ def dropped_root(context: Any, span: Any) -> None:
     made = span.get_span_context()
     if made.trace_flags & 0x01 or not made.is_valid or made.trace_state:
         return  # (not the lean tracer's dropped root: each hop asks as usual)
-    if len(_dropped_contexts) >= _DROPPED_CONTEXTS_MAX:
-        _dropped_contexts.clear()
-    _dropped_contexts[id(context)] = (context, sampler, span, propagate.get_global_textmap(),
-                                      {"traceparent": traceparent(made)})
+    _keep((context, sampler, span, propagate.get_global_textmap(), {"traceparent": traceparent(made)}))
 
 
-def drops_unsampled_children() -> bool:
-    """Whether the tracer's sampler drops every child of an unsampled parent (worked out
-    once per sampler object)."""
+def dropping_sampler() -> Any:
+    """The tracer's sampler when it drops every child of an unsampled parent (worked out
+    once per sampler object), else None."""
     tracer_now = _spans._tracer  # (the tracer ``tracer()`` last handed out: tracer_in_use())
     sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
     if sampler is not _follows[0]:
         _check_sampler(sampler)
-    return _follows[1]
+    return sampler if _follows[1] else None
 
 
 def _check_sampler(sampler: Any) -> None:
