@@ -3,8 +3,8 @@
 Per call, with ``timeit``, variants interleaved in every repetition:
 
 * egress: ``nemo_gym.server_utils.request``'s shape (an async function) unwrapped, and
-  wrapped exactly as the egress pointcut wraps it (``wrapt.FunctionWrapper`` around
-  ``egress.request_advice``) with the ``http_client`` group off and on;
+  wrapped exactly as the egress pointcut wraps it (``patching.wrap``: a wrapt
+  ``FunctionWrapper`` around ``egress.request_advice``) with the ``http_client`` group off and on;
 * route seam: an async handler unwrapped, and ``routes.wrap_handler`` around it (the
   ``gym.verify`` seam) with its group off and on;
 * ingress: a trivial ASGI app bare, and behind ``GymServerMiddleware`` with the
@@ -173,7 +173,12 @@ def build() -> Bench:
     async def request(method, url, **kwargs):  # nemo_gym.server_utils.request's shape
         return Response
 
-    wrapped_request = wrapt.FunctionWrapper(request, egress.request_advice)
+    try:  # as the egress pointcut wraps it (older trees, for --code: a bare FunctionWrapper)
+        from gym_autoinstr.patching import wrap
+    except ImportError:
+        def wrap(original, advice, module_level):
+            return wrapt.FunctionWrapper(original, advice)
+    wrapped_request = wrap(request, egress.request_advice, module_level=True)
 
     class Body:
         pass

@@ -1,8 +1,9 @@
 """Applying and removing pointcuts, reversibly and without ever raising into Gym.
 
 A patch replaces one attribute with a wrapt ``FunctionWrapper`` around the original
-(resolved through the class ``__dict__``, so classmethods stay classmethods) and keeps
-the original object, so that removing it restores Gym by identity.  Targets that other
+(resolved through the class ``__dict__``, so classmethods stay classmethods; a
+module-level function through a twin of it, see ``_answering_self``) and keeps the
+original object, so that removing it restores Gym by identity.  Targets that other
 modules copy by name (``from nemo_gym.server_utils import request``) are patched in a
 post-import hook, which runs before any importer can bind the name; when we arrive
 late (the module was imported before instrumentation), the copies already made are
@@ -14,7 +15,7 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 import wrapt
@@ -152,11 +153,41 @@ def _patch(pointcut: Pointcut, module: ModuleType) -> AppliedPatch:
     # A Ray worker's promotion wrapper (RAY_WORKER_POINTCUTS) is meant to be wrapped again.
     if getattr(original, "_self_gym_autoinstr", False) and not getattr(original, "_self_gym_autoinstr_stacks", False):
         raise RuntimeError("already wrapped by another gym-autoinstr instrumentor")
-    wrapper = wrapt.FunctionWrapper(original, pointcut.advice)
-    wrapper._self_gym_autoinstr = True
+    wrapper = wrap(original, pointcut.advice, module_level=isinstance(owner, ModuleType))
     inherited = isinstance(owner, type) and name not in vars(owner)
     setattr(owner, name, wrapper)
     return AppliedPatch(pointcut, owner, name, original, wrapper, inherited=inherited)
+
+
+def wrap(original: Any, advice: Any, *, module_level: bool) -> Any:
+    """The wrapper a pointcut puts in place of ``original`` (also used by the benchmarks)."""
+    wrapper = wrapt.FunctionWrapper(_answering_self(original) if module_level else original, advice)
+    wrapper._self_gym_autoinstr = True
+    return wrapper
+
+
+def _answering_self(function: Any) -> Any:
+    """For a module-level function: a twin that answers ``__self__`` with None.
+
+    Called unbound, wrapt's wrapper asks what it wraps for ``__self__`` on every call
+    (a bound method has one); a plain function has none, so each call raised and
+    cleared an AttributeError, about half of what the egress costs with its group off.
+    The twin shares the original's code, globals, defaults, closure and attributes, so
+    it behaves as the original; Gym's own function is left as it was, and is what
+    removing the patch restores.
+    """
+    if type(function) is not FunctionType or "__self__" in vars(function):
+        return function
+    twin = FunctionType(
+        function.__code__, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
+    twin.__kwdefaults__ = function.__kwdefaults__
+    for name in ("__module__", "__qualname__", "__doc__", "__annotations__", "__type_params__"):
+        if hasattr(function, name):
+            setattr(twin, name, getattr(function, name))
+    twin.__dict__.update(vars(function))
+    twin.__self__ = None
+    return twin
 
 
 def _original_callable(patch: AppliedPatch) -> Any:

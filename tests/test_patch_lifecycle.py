@@ -169,3 +169,39 @@ def test_a_changed_signature_skips_that_seam_alone_with_one_warning():
     assert result["out"] == {"request": False, "run_webserver": True}
     warnings = [line for line in result["err"].splitlines() if "signature changed" in line]
     assert len(warnings) == 1 and "egress" in warnings[0] and "method, url" in warnings[0]
+
+
+def test_a_module_function_is_wrapped_through_a_twin_and_restored_by_identity():
+    """wrapt asks an unbound wrapper's target for ``__self__`` on every call: the twin
+    answers None (no AttributeError raised and cleared per call); Gym's function is not
+    touched, the twin behaves as it, and removal puts the original back."""
+    out = run_case(
+        """
+        import asyncio, inspect
+        import nemo_gym.server_utils as su
+        original = vars(su)["request"]
+        kept = [original]  # late instrumentation rebinds module-level copies such as `original`
+        instrumentor = GymInstrumentor()
+        instrumentor.instrument()
+        twin = su.request.__wrapped__
+        original = kept[0]
+        same = {name: getattr(twin, name) is getattr(original, name) or getattr(twin, name) == getattr(original, name)
+                for name in ("__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__",
+                             "__name__", "__qualname__", "__module__", "__doc__", "__annotations__")}
+        facts = {
+            "twin_is_not_original": twin is not original,
+            "twin_self": repr(twin.__self__),
+            "original_has_no_self": not hasattr(original, "__self__"),
+            "same": same,
+            "signature": str(inspect.signature(su.request)) == str(inspect.signature(original)),
+            "coroutine_function": inspect.iscoroutinefunction(su.request),
+        }
+        instrumentor.uninstrument()
+        original = kept[0]
+        facts["restored"] = su.request is original and not hasattr(original, "__self__")
+        print(json.dumps(facts))
+        """
+    )["out"]
+    assert out["twin_is_not_original"] and out["twin_self"] == "None" and out["original_has_no_self"]
+    assert out["same"] == {k: True for k in out["same"]}
+    assert out["signature"] and out["coroutine_function"] and out["restored"]
