@@ -101,7 +101,7 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
                 return _caller_from(_carrier(scope))
             raw = value
     if raw is None:
-        return otel_context.Context(), False
+        return _NO_CALLER, False
     header = raw.decode("latin-1")
     # (header_names above looked at the global textmap: unsampled_context holds while it is W3C's)
     if _Propagation.w3c:
@@ -114,6 +114,31 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
             if known is not None and sampling.forwarded(known, header):
                 return known, True
     return _caller_from({"traceparent": header})
+
+
+# What ``_caller`` answers for a request that came with no context: a root starts here.
+_NO_CALLER = otel_context.Context()
+
+
+def _root(scope: dict) -> "tuple[otel_context.Context, bool, int | None]":
+    """A root, decided before anything is made for it: when the lean tracer's sampler
+    drops it on its trace id alone, the context of the span it would have made, kept as
+    a dropped caller's is (``sampling.dropped_root``), and True; otherwise the trace id it
+    drew, for ``start_span`` to use (a root is decided once: deciding twice would keep r x r
+    of them)."""
+    decide = getattr(tracer(), "decide_root", None)
+    if decide is None:  # the SDK's tracer: start_span decides
+        return _NO_CALLER, False, None
+    trace_id, span = decide(scope.get("method", "HTTP"))
+    if span is None:
+        return _NO_CALLER, False, trace_id
+    context = trace.set_span_in_context(span, _NO_CALLER)
+    try:
+        sampling.dropped_root(context, span)
+    except Exception as error:
+        warn_once("ingress:dropped-root", "ingress: keeping a dropped root failed (%r); its calls ask "
+                  "as usual.", error)
+    return context, True, None
 
 
 def _caller_from(carrier: dict) -> "tuple[otel_context.Context, bool]":
@@ -198,6 +223,9 @@ class GymServerMiddleware:
     def _http(self, scope: dict, receive: Any, send: Any) -> Any:
         try:
             parent, dropped = _caller(scope)
+            root_id = None
+            if parent is _NO_CALLER:
+                parent, dropped, root_id = _root(scope)
             if dropped:
                 # The caller's span was dropped by the sampler (pipeline/sampling.py): no
                 # span, only its context, so that this server's own calls carry the
@@ -208,7 +236,7 @@ class GymServerMiddleware:
         except Exception as error:  # our half failed: serve the request untraced
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             return self.app(scope, receive, send)
-        return self._traced(scope, receive, send, parent)
+        return self._traced(scope, receive, send, parent, root_id)
 
     async def _lifespan(self, scope: dict, receive: Any, send: Any) -> None:
         runtime.watch_running_loop()
@@ -266,9 +294,10 @@ class GymServerMiddleware:
 
         return lifespan_send
 
-    async def _traced(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context) -> None:
+    async def _traced(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context,
+                      root_id: "int | None" = None) -> None:
         try:
-            span, token = self._start(scope, parent)
+            span, token = self._start(scope, parent, root_id)
         except Exception as error:  # our half failed: serve the request untraced
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             await self.app(scope, receive, send)
@@ -316,7 +345,7 @@ class GymServerMiddleware:
                     propagation.detach(token)
 
     @staticmethod
-    def _start(scope: dict, parent: otel_context.Context) -> tuple[Any, object]:
+    def _start(scope: dict, parent: otel_context.Context, root_id: "int | None" = None) -> tuple[Any, object]:
         method = scope.get("method", "HTTP")
         attributes: dict[str, Any] = {
             "http.request.method": method,
@@ -331,7 +360,11 @@ class GymServerMiddleware:
         version = scope.get("http_version")
         if version:
             attributes["network.protocol.version"] = version
-        span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        if root_id is None:
+            span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        else:  # a root _root drew the trace id of
+            span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes,
+                                       root_id=root_id)
         context = trace.set_span_in_context(span, parent)
         if type(span) is NonRecordingSpan:  # a root the sampler dropped: every call under it says so
             try:

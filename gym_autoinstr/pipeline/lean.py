@@ -205,21 +205,21 @@ class LeanTracer(trace_api.Tracer):
         start_time: "int | None" = None,
         record_exception: bool = True,
         set_status_on_exception: bool = True,
+        *,
+        root_id: "int | None" = None,
     ) -> trace_api.Span:
+        """As the SDK tracer's; ``root_id``: the trace id ``decide_root(name)`` gave a root it
+        did not drop (a root is decided once, whoever asks first)."""
         links = links or ()
         parent = trace_api.get_current_span(context).get_span_context()
         if parent is None or not parent.is_valid:
             parent = None
-            trace_id = self.id_generator.generate_trace_id()
             random = self._random_root
-            if self.sampler is not self._roots_of:
-                self._check_roots()
-            roots = self._roots
-            if roots is not None and trace_id & roots[0] >= roots[1] and name != roots[2]:
-                # The sampler drops this root whatever else it is asked (its decision rests
-                # on the trace id alone): the span it would make, without asking it.
-                return trace_api.NonRecordingSpan(span_context(
-                    trace_id, self.id_generator.generate_span_id(), False, _DEFAULT_RANDOM if random else _DEFAULT))
+            if root_id is None:
+                root_id, dropped = self.decide_root(name)
+                if dropped is not None:
+                    return dropped
+            trace_id = root_id
         else:
             trace_id = parent.trace_id
             random = _RANDOM is not None and bool(parent.trace_flags & _RANDOM)
@@ -239,6 +239,21 @@ class LeanTracer(trace_api.Tracer):
             span.attributes = dict(list(values.items())[excess:])
             span.dropped_attributes += excess
         return span
+
+    def decide_root(self, name: str) -> "tuple[int, trace_api.NonRecordingSpan | None]":
+        """A new root's trace id, and the span the sampler would give it when it drops it
+        on the trace id alone (its decision rests on nothing else), without asking it.
+        For a caller that can skip its own work on a dropped root before starting it; a
+        root it goes on with is started with ``start_span(..., root_id=)``."""
+        trace_id = self.id_generator.generate_trace_id()
+        if self.sampler is not self._roots_of:
+            self._check_roots()
+        roots = self._roots
+        if roots is not None and trace_id & roots[0] >= roots[1] and name != roots[2]:
+            return trace_id, trace_api.NonRecordingSpan(span_context(
+                trace_id, self.id_generator.generate_span_id(), False,
+                _DEFAULT_RANDOM if self._random_root else _DEFAULT))
+        return trace_id, None
 
     def _check_roots(self) -> None:
         from .sampling import root_decision

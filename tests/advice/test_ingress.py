@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
+import pytest
+
 from fastapi import FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -362,15 +364,48 @@ def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrume
     assert format(root.trace_id, "032x") != TRACE_ID and _server_spans(spans)[-1].parent is None
 
 
-def _calls_seeing_middleware(monkeypatch, sampler, server_name: str):
-    """Our middleware, with ``sampler`` installed, around a bare ASGI app that notes, before
-    any call is made under it, what the dropped path has kept for its context, then what
-    a call under it is sent with: ``(middleware, seen, receive, send)``."""
+def _lean_tracer(monkeypatch, sampler):
+    """A lean tracer (``lean.py``: what a process behind our own pipeline starts spans with)
+    over its own provider with ``sampler``, made the package's tracer for this test; its
+    spans are encoded and never sent."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gym_autoinstr.advice import ingress
+    from gym_autoinstr.pipeline import batching, lean, spans
+
+    class Discard:
+        def export(self, batch):
+            class Ok:
+                name = "SUCCESS"
+
+            return Ok
+
+        def shutdown(self):
+            pass
+
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(batching.EncodingSpanProcessor(
+        Discard(), max_queue_size=4096, schedule_delay_millis=60_000, max_export_batch_size=512))
+    lean_tracer = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
+    assert lean_tracer is not None
+    monkeypatch.setattr(ingress, "tracer", lambda: lean_tracer)
+    monkeypatch.setattr(spans, "_tracer", lean_tracer)  # what the dropped path reads its sampler from
+    return lean_tracer
+
+
+def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer: bool = False):
+    """Our middleware, with ``sampler`` installed (on a lean tracer when ``lean_tracer``),
+    around a bare ASGI app that notes, before any call is made under it, what the dropped
+    path has kept for its context, then what a call under it is sent with:
+    ``(middleware, seen, receive, send)``."""
     from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.pipeline import propagation, sampling
     from gym_autoinstr.pipeline.spans import tracer
 
-    monkeypatch.setattr(tracer(), "sampler", sampler)
+    if lean_tracer:
+        _lean_tracer(monkeypatch, sampler)
+    else:
+        monkeypatch.setattr(tracer(), "sampler", sampler)
     seen: list = []
 
     async def app(scope, receive, send):
@@ -438,9 +473,11 @@ def test_a_dropped_rollouts_first_request_leaves_the_headers_of_its_calls_ready(
     assert server.parent.span_id == int(PARENT_ID, 16) and format(server.context.trace_id, "032x") == "4" * 32
 
 
-def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, spans, monkeypatch):
+@pytest.mark.parametrize("lean_tracer", [False, True], ids=["sdk tracer", "lean tracer"])
+def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, spans, monkeypatch, lean_tracer):
     """A root the sampler drops (an agent's /run): kept with the header its calls carry on
-    before any call is made, the SDK's own for its context; a new one per request."""
+    before any call is made, the SDK's own for its context; a new one per request.  With
+    the lean tracer the root is decided before its span is started (``_root``)."""
     import asyncio
 
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -448,7 +485,7 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
     from gym_autoinstr.pipeline import sampling
 
     middleware, seen, receive, send = _calls_seeing_middleware(monkeypatch, ParentBased(TraceIdRatioBased(0.0)),
-                                                               "root_server")
+                                                               "root_server", lean_tracer)
     scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
              "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
     for _ in range(2):
@@ -460,3 +497,43 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
     sampling._dropped_contexts.clear()  # worked out anew, the same answer
     assert sampling.dropped_call(seen[0][0])[1] == seen[0][1]
     assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
+
+
+def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
+    """Decided before its span is made (``ingress._root``) and started with the trace id it
+    was decided on: a ratio of 1/2 keeps about half of the roots (deciding twice would
+    keep a quarter), each kept one recording under the id that kept it."""
+    import asyncio
+
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+
+    sampler = ParentBased(TraceIdRatioBased(0.5))
+    lean_tracer = _lean_tracer(monkeypatch, sampler)
+    asked: list = []
+    decide = lean_tracer.decide_root
+    monkeypatch.setattr(lean_tracer, "decide_root", lambda name: asked.append(name) or decide(name))
+    seen: list = []
+    app, receive = _context_seeing_app(seen)
+
+    async def send(message):
+        pass
+
+    middleware = GymServerMiddleware(app, server_name="root_server")
+    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
+
+    async def serve():
+        for _ in range(400):
+            await middleware(dict(scope), receive, send)
+
+    asyncio.run(serve())
+    assert asked == ["POST"] * 400  # every root decided up front
+    kept = [c for c in seen if c.trace_flags.sampled]
+    assert 150 <= len(kept) <= 250, len(kept)  # Binomial(400, 1/2); a quarter would be ~100
+    bound = sampler._root.bound
+    assert all(c.trace_id & 0xFFFFFFFFFFFFFFFF < bound for c in kept)
+    dropped = [c for c in seen if not c.trace_flags.sampled]
+    assert all(c.is_valid and c.trace_id & 0xFFFFFFFFFFFFFFFF >= bound for c in dropped)
+    assert len(set(c.trace_id for c in seen)) == 400

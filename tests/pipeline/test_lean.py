@@ -168,9 +168,13 @@ class _Ids:
         return True
 
 
+@pytest.mark.parametrize("decided_first", [False, True], ids=["start_span", "decide_root first"])
 @pytest.mark.parametrize("sampler", ["ratio", "job-keeping ratio", "always off", "job-keeping always off",
                                      "always on", "ratio, not parent-based"])
-def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler):
+def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_first):
+    """Also when the ingress decides a root before starting it (``decide_root``, then
+    ``start_span(root_id=)`` for one it keeps): each root is decided once, so a ratio keeps
+    r of them, not r x r."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
     from gym_autoinstr.pipeline import sampling
@@ -193,7 +197,13 @@ def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler):
     outcomes = []
     for i in range(400):
         name = "gym.job" if i % 7 == 0 else "POST"
-        a, b = ours.start_span(name, kind=SpanKind.SERVER), theirs.start_span(name, kind=SpanKind.SERVER)
+        if decided_first:
+            trace_id, a = ours.decide_root(name)
+            if a is None:
+                a = ours.start_span(name, kind=SpanKind.SERVER, root_id=trace_id)
+        else:
+            a = ours.start_span(name, kind=SpanKind.SERVER)
+        b = theirs.start_span(name, kind=SpanKind.SERVER)
         assert a.is_recording() == b.is_recording()
         assert a.get_span_context() == b.get_span_context()  # ids, flags, trace state
         outcomes.append((name, a.is_recording()))
