@@ -12,10 +12,12 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   count, ``http.server.request.duration`` and the seam's ``gym.verify.duration_ms``, on
   the real SDK meter provider: two histogram records per request);
 * "dropped" (egress, seam, ingress): "on", for a caller whose span the sampler dropped
-  (``traceparent`` flags ``00``; under the default parent-based sampler nothing is
+  (``traceparent`` flags ``02``, unsampled with a random trace id, as every root our
+  tracer makes from the SDK's random ids is written; under the default parent-based sampler nothing is
   recorded, and ``pipeline/sampling.py`` lets our advice skip the span altogether);
   "root-dropped+metrics" (ingress): a request with no caller context that a ratio
-  sampler of 0 drops at its root, as the agent's ``POST /run`` of a rollout left out;
+  sampler of 0 (``OTEL_TRACES_SAMPLER=parentbased_traceidratio``, as configured) drops
+  at its root, as the agent's ``POST /run`` of a rollout left out;
   "dropped-first+metrics" (ingress): "dropped+metrics" with a ``traceparent`` not seen
   before (every rollout is a trace of its own: each server reads one per rollout);
 * hop: a request whose handler makes one call (the egress) before it answers, bare, and
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -92,12 +95,12 @@ class Bench:
         # ratio sampler does at the agent's POST /run to a rollout it leaves out)
         tracer, sampler = None, None
         if name.startswith("root-dropped"):
-            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-            from gym_autoinstr.pipeline import spans
+            from gym_autoinstr.pipeline import sampling, spans
 
             tracer = spans.tracer()
-            sampler, tracer.sampler = tracer.sampler, ParentBased(TraceIdRatioBased(0))
+            # the sampler OTEL_TRACES_SAMPLER=parentbased_traceidratio, _ARG=0 makes
+            with _environ(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0"):
+                sampler, tracer.sampler = tracer.sampler, sampling.configured_sampler()
         try:
             yield
         finally:
@@ -105,6 +108,20 @@ class Bench:
                 otel_context.detach(token)
             if tracer is not None:
                 tracer.sampler = sampler
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def build() -> Bench:
@@ -219,7 +236,7 @@ def build() -> Bench:
 
     # The same request from a caller whose span the sampler dropped (flags 00).
     dropped_scope = {**scope, "headers": [(b"content-type", b"application/json"),
-                     (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")]}
+                     (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-02")]}
     # The same request with no caller context (a rollout's root at the agent).
     root_scope = {**scope, "headers": [(b"content-type", b"application/json")]}
     # Dropped callers' requests, each of a rollout not seen before (more than the caches hold)
@@ -229,7 +246,7 @@ def build() -> Bench:
     ids = random.Random(5)
     first_scopes = itertools.cycle([
         {**scope, "headers": [(b"content-type", b"application/json"),
-                              (b"traceparent", f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-00".encode())]}
+                              (b"traceparent", f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-02".encode())]}
         for _ in range(4096)])
     from opentelemetry import context as otel_context
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags

@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover
 _MAX_TRACESTATE = 512
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
 # The form the SDK writes an unsampled context in (version 00, flags 00, nothing around it)
-_SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-00")
+# 00 or, from an SDK that marks random trace ids (W3C level 2; every root ours makes), 02.
+_SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[02]")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
@@ -88,6 +89,7 @@ else:  # pragma: no cover
 
 
 _UNSAMPLED_FLAGS = TraceFlags(0)
+_UNSAMPLED_RANDOM_FLAGS = TraceFlags(2)  # the random-trace-id flag alone
 _MAX_TRACE_ID = (1 << 128) - 1
 _MAX_SPAN_ID = (1 << 64) - 1
 
@@ -262,8 +264,9 @@ unsampled_context = _extracted.get
 
 def unsampled_lone(header: str) -> "otel_context.Context | None":
     """``extract({"traceparent": header})`` for a lone traceparent in the form the SDK
-    writes an unsampled context in (``00-<trace id>-<span id>-00``), kept as ``extract``
-    keeps it; None for any other header (then ``extract`` itself).  What every server
+    writes an unsampled context in (``00-<trace id>-<span id>-00``, or ``-02`` when its
+    trace id is marked random, as the SDK marks every root it makes from random ids),
+    kept as ``extract`` keeps it; None for any other header (then ``extract`` itself).  What every server
     reads once per rollout the sampler dropped (each is a new trace id), the parse and
     the objects made without the general path's frames.  Only while ``w3c_default()``
     holds, which the caller checks (the ingress, with the header names it reads)."""
@@ -272,7 +275,8 @@ def unsampled_lone(header: str) -> "otel_context.Context | None":
     trace_id, span_id = int(header[3:35], 16), int(header[36:52], 16)
     if not trace_id or not span_id:  # (all-zero ids: an invalid context, the general way)
         return None
-    span = NonRecordingSpan(span_context(trace_id, span_id, True, _UNSAMPLED_FLAGS))
+    flags = _UNSAMPLED_FLAGS if header[54] == "0" else _UNSAMPLED_RANDOM_FLAGS
+    span = NonRecordingSpan(span_context(trace_id, span_id, True, flags))
     context = _context_of_span(span)
     if len(_extracted) >= _CACHE_MAX:
         _extracted.clear()

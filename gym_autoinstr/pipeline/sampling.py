@@ -93,6 +93,19 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
         getattr(sampler, "_local_parent_not_sampled", None))
 
 
+def _parent_based_types() -> "tuple[type, ...]":
+    """``ParentBased`` and the SDK's subclasses of it that only choose its root sampler
+    (``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` makes a ``ParentBasedTraceIdRatio``)."""
+    from opentelemetry.sdk.trace import sampling as sdk_sampling
+
+    found = [sdk_sampling.ParentBased]
+    for name in ("ParentBasedTraceIdRatio",):
+        cls = getattr(sdk_sampling, name, None)
+        if isinstance(cls, type) and issubclass(cls, sdk_sampling.ParentBased) and "should_sample" not in vars(cls):
+            found.append(cls)
+    return tuple(found)
+
+
 def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
     """When ``sampler`` decides a root span by its trace id alone (``parentbased_traceidratio``,
     ``parentbased_always_off``, either wrapped in ``JobKeepingSampler``): ``(mask, bound,
@@ -107,7 +120,7 @@ def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
     kept = JOB_SPAN_NAME if type(sampler) is JobKeepingSampler else None
     if kept:
         sampler = sampler.delegate
-    if type(sampler) is not ParentBased:
+    if type(sampler) not in _parent_based_types():
         return None
     root = getattr(sampler, "_root", None)
     if type(root) is TraceIdRatioBased and type(root.bound) is int and type(root.TRACE_ID_LIMIT) is int:

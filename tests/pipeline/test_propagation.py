@@ -129,8 +129,10 @@ def _random_headers(count: int, flags: str = "00") -> list[str]:
 
 @pytest.mark.parametrize("header", [
     *_random_headers(20),
+    *_random_headers(10, flags="02"),  # a random trace id: how the SDK writes every root it makes
     f"00-{1:032x}-{1:016x}-00",  # the smallest ids
     f"00-{'f' * 32}-{'f' * 16}-00",  # the largest
+    f"00-{'f' * 32}-{'f' * 16}-02",
 ])
 def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_it(header):
     """A dropped rollout's first request at each server: its traceparent, read on the
@@ -140,13 +142,16 @@ def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_
     assert read is not None and _seen(read) == _seen(propagate.extract({"traceparent": header}))
     span_context = trace.get_current_span(read).get_span_context()
     assert span_context.is_valid and span_context.is_remote and type(span_context) is SpanContext
+    assert span_context.trace_flags == int(header[-2:], 16) and type(span_context.trace_flags) is TraceFlags
     assert propagation.unsampled_context(header) is read  # kept, as extract keeps it
     assert propagation.extract({"traceparent": header}) is read
 
 
 @pytest.mark.parametrize("header", [
     *_random_headers(3, flags="01"),  # sampled
-    TP.replace("-01", "-02"),  # other flags
+    TP.replace("-01", "-03"),  # sampled, random trace id
+    TP.replace("-01", "-04"),  # other flags
+    TP.replace("-01", "-20"),
     TP.replace("-01", "-00").upper(),  # upper-case hex
     " " + TP.replace("-01", "-00"),  # padded
     TP.replace("-01", "-00") + "-extra",

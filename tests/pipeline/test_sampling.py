@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -149,3 +150,35 @@ def test_a_context_found_dropped_is_answered_from_memory_while_the_sampler_is_th
 
     monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", Other())
     assert sampling.dropped_call(context) == (span, None)  # not W3C's: injected the usual way
+
+
+@pytest.mark.parametrize("name,arg,decided", [
+    ("parentbased_traceidratio", "0", True),
+    ("parentbased_traceidratio", "0.25", True),
+    ("parentbased_always_off", "", True),
+    ("parentbased_always_on", "", False),
+    ("traceidratio", "0", False),  # not parent-based: asked about every span
+])
+def test_roots_of_the_samplers_the_environment_configures_are_decided_on_their_ids(monkeypatch, name, arg, decided):
+    """``OTEL_TRACES_SAMPLER`` makes the SDK's own classes (``parentbased_traceidratio`` a
+    ``ParentBasedTraceIdRatio``, a subclass of ``ParentBased``): the root shortcut must
+    know them, and decide as the sampler itself does."""
+    from opentelemetry.sdk.trace.sampling import Decision
+    from opentelemetry.trace import SpanKind
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", name)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    sampler = sampling.configured_sampler()
+    roots = sampling.root_decision(sampler)
+    assert (roots is not None) == decided
+    if roots is None:
+        return
+    mask, bound, kept = roots
+    assert kept == "gym.job"
+    import random
+
+    rng = random.Random(3)
+    for _ in range(400):
+        trace_id = rng.getrandbits(128) or 1
+        theirs = sampler.should_sample(None, trace_id, "POST", SpanKind.SERVER).decision
+        assert (trace_id & mask < bound) == (theirs is Decision.RECORD_AND_SAMPLE)
