@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover
 
 _MAX_TRACESTATE = 512
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
-# The form the SDK writes an unsampled context in (version 00, flags 00, nothing around it)
+# The form the SDK writes an unsampled context in (version 00, nothing around it), flags
 # 00 or, from an SDK that marks random trace ids (W3C level 2; every root ours makes), 02.
 _SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[02]")
 _ZERO_TRACE = "0" * 32
