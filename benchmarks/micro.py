@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -95,12 +94,13 @@ class Bench:
         # ratio sampler does at the agent's POST /run to a rollout it leaves out)
         tracer, sampler = None, None
         if name.startswith("root-dropped"):
+            from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
+
             from gym_autoinstr.pipeline import sampling, spans
 
             tracer = spans.tracer()
-            # the sampler OTEL_TRACES_SAMPLER=parentbased_traceidratio, _ARG=0 makes
-            with _environ(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0"):
-                sampler, tracer.sampler = tracer.sampler, sampling.configured_sampler()
+            # what OTEL_TRACES_SAMPLER=parentbased_traceidratio, _ARG=0 makes (configured_sampler)
+            sampler, tracer.sampler = tracer.sampler, sampling.JobKeepingSampler(ParentBasedTraceIdRatio(0))
         try:
             yield
         finally:
@@ -108,20 +108,6 @@ class Bench:
                 otel_context.detach(token)
             if tracer is not None:
                 tracer.sampler = sampler
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def build() -> Bench:
