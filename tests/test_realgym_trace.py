@@ -117,6 +117,46 @@ def _server_spans_for(spans: list[dict], service: str) -> list[dict]:
     return [s for s in spans if s["kind"] == "SERVER" and service_of(s) == service]
 
 
+def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(tmp_path, policy_model, collector):
+    """Every server under ``parentbased_traceidratio`` at 1/2 and no caller context: the
+    agent's ``POST /run`` is the root, decided at the ingress before its span is made.
+    A kept rollout is one connected trace across every server; a dropped one leaves no
+    span anywhere, yet its decision still reaches the model's upstream (an unsampled
+    ``traceparent`` on each of its calls), and Gym's answers are unchanged."""
+    reset_upstream(policy_model)
+    env = otel_env(collector, "http/protobuf", OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                   OTEL_TRACES_SAMPLER_ARG="0.5")
+    trio = GymTrio(gym_venv("0.4.0"), "0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    n = 30
+    with trio:
+        results = [trio.rollout() for _ in range(n)]
+        upstream = received_upstream(policy_model)
+    # stopping the trio flushed every server's spans
+    assert collector.sink.wait_for(lambda spans: rollout_traces(spans, f"nemo-gym/{AGENT}"), timeout=30), trio.log_tail(40)
+    time.sleep(2)
+    spans = collector.sink.spans()
+    traces = rollout_traces(spans, f"nemo-gym/{AGENT}")
+    # Binomial(30, 1/2): outside 3..27 has probability ~1e-5
+    assert 3 <= len(traces) <= 27, len(traces)
+    for trace in traces.values():
+        assert_one_connected_trace(trace, trio)
+    # the model server's upstream calls: two per rollout, each rollout its own trace id,
+    # sampled exactly for the kept ones
+    calls = [r for r in upstream if r["path"].endswith("/responses")]
+    assert len(calls) == 2 * n and all(r.get("traceparent") for r in calls)
+    flags: dict[str, set[int]] = {}
+    for r in calls:
+        _, trace_id, _, flag = r["traceparent"].split("-")
+        flags.setdefault(trace_id, set()).add(int(flag, 16) & 0x01)
+    assert len(flags) == n and all(len(f) == 1 for f in flags.values())
+    assert {t for t, f in flags.items() if f == {1}} == set(traces)
+    # a dropped rollout left nothing anywhere, and no /run but the kept ones' was recorded
+    dropped = {t for t, f in flags.items() if f == {0}}
+    assert not [s for s in spans if s["trace_id"] in dropped]
+    assert sum(s["name"] == "POST /run" for s in spans) == len(traces)
+    assert all(r == results[0] or strip_ids(r) == strip_ids(results[0]) for r in results)
+
+
 def test_completed_requests_are_exported_when_servers_stop(tmp_path, policy_model, collector):
     """A long batch delay means only the exit flush can deliver: SIGTERM the model
     server, SIGINT the resources server, then Gym's own shutdown for the rest."""
