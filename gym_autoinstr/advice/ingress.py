@@ -19,6 +19,7 @@ in every worker before re-raising the signal: the flush happens there, off the l
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import time
 from typing import Any
@@ -360,11 +361,10 @@ class GymServerMiddleware:
         version = scope.get("http_version")
         if version:
             attributes["network.protocol.version"] = version
-        if root_id is None:
-            span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        else:  # a root _root drew the trace id of
-            span = tracer().start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes,
-                                       root_id=root_id)
+        start = tracer().start_span
+        if root_id is not None:  # a root _root drew the trace id of (the lean tracer's)
+            start = functools.partial(start, root_id=root_id)
+        span = start(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         context = trace.set_span_in_context(span, parent)
         if type(span) is NonRecordingSpan:  # a root the sampler dropped: every call under it says so
             try:

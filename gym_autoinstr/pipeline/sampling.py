@@ -93,17 +93,15 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
         getattr(sampler, "_local_parent_not_sampled", None))
 
 
-def _parent_based_types() -> "tuple[type, ...]":
-    """``ParentBased`` and the SDK's subclasses of it that only choose its root sampler
-    (``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` makes a ``ParentBasedTraceIdRatio``)."""
+def _stock_parent_based(sampler: Any) -> bool:
+    """``ParentBased`` itself, or the SDK's ``ParentBasedTraceIdRatio`` (what
+    ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` makes), a subclass that only chooses
+    the root sampler."""
     from opentelemetry.sdk.trace import sampling as sdk_sampling
 
-    found = [sdk_sampling.ParentBased]
-    for name in ("ParentBasedTraceIdRatio",):
-        cls = getattr(sdk_sampling, name, None)
-        if isinstance(cls, type) and issubclass(cls, sdk_sampling.ParentBased) and "should_sample" not in vars(cls):
-            found.append(cls)
-    return tuple(found)
+    cls = type(sampler)
+    return cls is sdk_sampling.ParentBased or (
+        cls is getattr(sdk_sampling, "ParentBasedTraceIdRatio", None) and "should_sample" not in vars(cls))
 
 
 def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
@@ -113,14 +111,14 @@ def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
     ``kept`` (``gym.job`` when the job-keeping wrapper is there, else None), sampled
     otherwise.  None for any other sampler (or with the fast paths switched off): the
     sampler decides every root itself."""
-    from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import StaticSampler, TraceIdRatioBased
 
     if switched_off(FAST_PATH_ENV):
         return None
     kept = JOB_SPAN_NAME if type(sampler) is JobKeepingSampler else None
     if kept:
         sampler = sampler.delegate
-    if type(sampler) not in _parent_based_types():
+    if not _stock_parent_based(sampler):
         return None
     root = getattr(sampler, "_root", None)
     if type(root) is TraceIdRatioBased and type(root.bound) is int and type(root.TRACE_ID_LIMIT) is int:
