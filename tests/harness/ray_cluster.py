@@ -55,6 +55,13 @@ class RayCluster:
         if self.client_server:
             # a per-client server starting on a busy machine may take longer than Ray's 30 s
             env.setdefault("RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S", "120")
+            # Ray's client server forks each per-client server (Popen with a preexec_fn)
+            # while its own gRPC threads poll; gRPC's fork handlers then abort the child
+            # at random ("Check failed: next_worker->state == KICKED", ray-project/ray#63202),
+            # with or without OpenTelemetry loaded, three starts in a row in one CI run.
+            # The child execs at once, so it needs none of them: they are off, as gRPC
+            # advises for fork-then-exec.
+            env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         return env
 
@@ -127,6 +134,14 @@ class RayCluster:
     def log_tail(self, lines: int = 30) -> str:
         out = []
         for path in sorted(self.workdir.glob("ray-node-*.log")):
+            out.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(out)
+
+    def client_server_log(self, lines: int = 40) -> str:
+        """The end of the head's client-server log (where a per-client server's start is
+        reported; the per-client server's own files are empty when gRPC aborted it)."""
+        out = []
+        for path in sorted(self.temp_root.glob("n0/session_*/logs/ray_client_server.err")):
             out.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(out)
 
