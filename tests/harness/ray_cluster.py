@@ -132,18 +132,12 @@ class RayCluster:
         raise RuntimeError(f"ray cluster not up with {count} nodes: {last}\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
-        out = []
-        for path in sorted(self.workdir.glob("ray-node-*.log")):
-            out.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
-        return "\n".join(out)
+        return _tails(sorted(self.workdir.glob("ray-node-*.log")), lines)
 
     def client_server_log(self, lines: int = 40) -> str:
         """The end of the head's client-server log (where a per-client server's start is
         reported; the per-client server's own files are empty when gRPC aborted it)."""
-        out = []
-        for path in sorted(self.temp_root.glob("n0/session_*/logs/ray_client_server.err")):
-            out.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
-        return "\n".join(out)
+        return _tails(sorted(self.temp_root.glob("n0/session_*/logs/ray_client_server.err")), lines)
 
     def processes(self) -> list[psutil.Process]:
         found: list[psutil.Process] = []
@@ -186,3 +180,9 @@ class RayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _tails(paths: list[pathlib.Path], lines: int) -> str:
+    """The last ``lines`` lines of each file, each under its name."""
+    return "\n".join(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+                     for path in paths)
