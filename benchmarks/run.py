@@ -283,6 +283,27 @@ def rotated(items: list, turn: int) -> list:
     return items[turn:] + items[:turn]
 
 
+def bracketed_windows(bare: Variant, order: "list[Variant]", window: Any) -> None:
+    """One repetition's concurrency-n windows: bare before the first variant, between any
+    two and after the last (``window(v)`` measures one).  Each variant's window is compared
+    with the two bare windows around it, pooled (their CPU over their rollouts; their
+    rollouts over their seconds): a reference taken within a window's length of the
+    variant's own, on either side, so that the machine's drift between windows
+    (several ms per rollout on a shared host) mostly cancels.  The variant's sample gets
+    them as ``bare_cpu_ms`` and ``bare_rps``; bare's samples are every bare window."""
+    before = window(bare)
+    bare.samples["cn"].append(before)
+    for v in order:
+        sample = window(v)
+        after = window(bare)
+        bare.samples["cn"].append(after)
+        n = before["n"] + after["n"]
+        sample["bare_cpu_ms"] = (before["cpu_ms"] * before["n"] + after["cpu_ms"] * after["n"]) / n
+        sample["bare_rps"] = n / (before["seconds"] + after["seconds"])
+        v.samples["cn"].append(sample)
+        before = after
+
+
 def load_together(variants: "list[Variant]", sink: CountingSink, body: bytes, seconds: float, concurrency: int,
                   phase: int) -> "tuple[dict, float]":
     """Every variant loaded at the same time for ``seconds`` (one closed-loop load
@@ -447,6 +468,14 @@ def machine() -> dict:
             "python_runner": platform.python_version(), "load_avg_at_start": os.getloadavg()}
 
 
+def capacity_ratios(row: dict, bare: dict) -> "list[float]":
+    """Bare's CPU per rollout over the variant's, per window: against the bare windows
+    around it (``bare_cpu_ms``), or, in results saved before those existed, against the
+    repetition's one bare window."""
+    reference = row.get("bare_cpu_ms") or bare["cpu_ms"]
+    return [b / c for b, c in zip(reference, row["cpu_ms"]) if c > 0]
+
+
 def _verdict(values, target: float, at_least: bool) -> "tuple[str, str]":
     if not values:
         return "not measured", "-"
@@ -461,8 +490,7 @@ def budget_table(results: dict) -> "list[str]":
     bare = results["variants"][0]
 
     def capacity(key):
-        r = rows.get(key)
-        return [b / c for b, c in zip(bare["cpu_ms"], r["cpu_ms"]) if c > 0] if r else []
+        return capacity_ratios(rows[key], bare) if key in rows else []
 
     generic = (results.get("cpu_overhead_vs_generic") or {}).get("default", [])
     together = together_ratios(results.get("sampled_together") or {})[0]
@@ -522,14 +550,16 @@ def report(results: dict) -> str:
     lines.append(f"mode: {results['mode']}; {results['reps']} repetitions, each: {results['t1']:g} s of rollouts at "
                  f"concurrency 1 and {results['tn']:g} s at concurrency {results['concurrency']} per variant, "
                  f"variants interleaved ({results['rollouts']} rollouts in all); ratios per repetition, "
-                 "median [min-max]")
+                 "median [min-max]"
+                 + ("; each variant's concurrency-n window between two of bare's, its reference"
+                    if any(v.get("bare_cpu_ms") for v in variants[1:]) else ""))
     lines.append("")
     lines.append(f"| variant | rollouts/s c=1 | ratio to bare c=1 | rollouts/s c={results['concurrency']} | "
                  f"ratio to bare c={results['concurrency']} | server CPU ms/rollout | CPU overhead ms/rollout | "
                  "CPU capacity ratio | p50 / p99 ms (c=1) | spans/rollout |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for v in variants:
-        capacity = [b / c for b, c in zip(bare["cpu_ms"], v["cpu_ms"]) if c > 0]
+        capacity = capacity_ratios(v, bare)
         lines.append(
             f"| {v['label']} | {_median(v['rps_c1']):.1f} | {_spread(v['ratio_c1'])} | {_median(v['rps_cn']):.1f} | "
             f"{_spread(v['ratio_cn'])} | {_median(v['cpu_ms']):.2f} | "
@@ -537,8 +567,9 @@ def report(results: dict) -> str:
             f"{'-' if v is bare else _spread(capacity)} | "
             f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f} | {v['spans_per_rollout']:.1f} |")
     lines.append("")
-    lines.append("CPU capacity ratio: bare's server CPU per rollout over the variant's, per repetition (the "
-                 "rollouts/s ratio a CPU-bound machine converges to; steadier than rollouts/s on a shared host).")
+    lines.append("CPU capacity ratio: bare's server CPU per rollout over the variant's, per repetition (bare's "
+                 "from the bare windows just before and after the variant's, where taken; the rollouts/s ratio a "
+                 "CPU-bound machine converges to; steadier than rollouts/s on a shared host).")
     lines.append("")
     g = results.get("cpu_overhead_vs_generic")
     if g:
@@ -685,17 +716,17 @@ def main(argv: "list[str] | None" = None) -> int:
         measure_idle(variants)
         log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
         by_run_before = {v.key: sink.run_counts(v.run_id) for v in variants}
+        bare, others = variants[0], variants[1:]
         for rep in range(reps):
             order = rotated(variants, rep)
             for v in order:
                 v.samples["c1"].append(measure(v, PHASE_C1, t1, 1, body))
-            for v in reversed(order):
-                v.samples["cn"].append(measure(v, PHASE_CN, tn, conc, body, sink))
+            bracketed_windows(bare, list(reversed(rotated(others, rep))), lambda v: measure(
+                v, PHASE_CN, tn, conc, body, sink))
             log(f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
                 + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants))
         wait_settled(sink)
 
-        bare = variants[0]
         rows = []
         for v in variants:
             rollouts = sum(s["n"] for s in v.samples["c1"] + v.samples["cn"])
@@ -709,9 +740,10 @@ def main(argv: "list[str] | None" = None) -> int:
                 "key": v.key, "label": v.label,
                 "rps_c1": [s["rps"] for s in v.samples["c1"]], "rps_cn": [s["rps"] for s in v.samples["cn"]],
                 "ratio_c1": [s["rps"] / b["rps"] for s, b in zip(v.samples["c1"], bare.samples["c1"])],
-                "ratio_cn": [s["rps"] / b["rps"] for s, b in zip(v.samples["cn"], bare.samples["cn"])],
+                "ratio_cn": [s["rps"] / s.get("bare_rps", s["rps"]) for s in v.samples["cn"]],
                 "cpu_ms": [s["cpu_ms"] for s in v.samples["cn"]],
-                "cpu_overhead_ms": [s["cpu_ms"] - b["cpu_ms"] for s, b in zip(v.samples["cn"], bare.samples["cn"])],
+                "bare_cpu_ms": [s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
+                "cpu_overhead_ms": [s["cpu_ms"] - s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
                 "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3,
                 "p50_cn_ms": _pct([x for s in v.samples["cn"] for x in s["latencies"]], 50) * 1e3,
                 "spans_per_rollout": spans / rollouts if rollouts else 0.0,
