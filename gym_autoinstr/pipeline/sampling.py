@@ -83,8 +83,8 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
         return False
     if isinstance(sampler, JobKeepingSampler):  # keeps only parentless job spans
         sampler = sampler.delegate
-    if not isinstance(sampler, ParentBased):
-        return False
+    if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not ParentBased.should_sample:
+        return False  # (a subclass with its own should_sample may decide otherwise: it is asked)
 
     def drops(delegate: Any) -> bool:
         return isinstance(delegate, StaticSampler) and getattr(delegate, "_decision", None) is Decision.DROP

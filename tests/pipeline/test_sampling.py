@@ -77,10 +77,20 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
     class FakeTracer:
         sampler = None
 
+    class KeepsErrors(ParentBased):  # a user's own rule on top of the parent's decision
+        def should_sample(self, *args, **kwargs):
+            return super().should_sample(*args, **kwargs)
+
+    class Renamed(ParentBased):  # a subclass that only names itself: ParentBased decides
+        def get_description(self):
+            return "renamed"
+
     fake = FakeTracer()
     # the tracer the dropped path reads its sampler from: the one tracer() last handed out
     monkeypatch.setattr(sampling._spans, "_tracer", fake)
     for sampler, follows in [
+        (KeepsErrors(ALWAYS_ON), False),  # its should_sample must be asked for every span
+        (Renamed(ALWAYS_ON), True),
         (sampling.JobKeepingSampler(ParentBased(TraceIdRatioBased(0.0))), True),
         (ParentBased(ALWAYS_ON), True),
         (ALWAYS_ON, False),  # not parent-based: a new decision at every hop
