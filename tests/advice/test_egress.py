@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from fastapi import FastAPI, Request
 from opentelemetry.trace import SpanKind, StatusCode
@@ -314,11 +313,17 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
     session = server_utils.get_global_aiohttp_client()
     assert "request" in vars(session)  # the counter, on this session
     assert not isinstance(vars(aiohttp.ClientSession)["request"], wrapt.FunctionWrapper)
-    other = aiohttp.ClientSession.__new__(aiohttp.ClientSession)
-    assert "request" not in getattr(other, "__dict__", {})
     cell = [0]
+
+    async def other_session_request() -> None:  # another session, under a traced call's counter
+        async with aiohttp.ClientSession() as other:
+            assert "request" not in vars(other)
+            other.request("GET", "http://127.0.0.1:9/never")._coro.close()  # made, not sent
+
     token = pool.attempts.set(cell)
     try:
+        run_async(other_session_request())
+        assert cell == [0]  # not Gym's session: not counted
         session.request("GET", "http://127.0.0.1:9/never")._coro.close()  # made, not sent
     finally:
         pool.attempts.reset(token)
