@@ -673,6 +673,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--variants", help=f"comma-separated subset of: {','.join(VARIANT_KEYS)} "
                     "(bare is always included: it is the reference; sampled: ours default with "
                     "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent)")
+    ap.add_argument("--together-windows", type=int,
+                    help="windows with bare, default and sampled out loaded together (default 8, --quick 4)")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
     add_output_options(ap)
     a = ap.parse_args(argv)
@@ -770,6 +772,7 @@ def main(argv: "list[str] | None" = None) -> int:
 
         if "together" not in a.skip:
             n_windows, seconds = (4, 5.0) if quick else (8, 8.0)
+            n_windows = a.together_windows or n_windows
             log(f"sampled out, loaded together with bare and the default: {n_windows} windows of {seconds:g} s")
             results["together_window"] = {"seconds": seconds, "concurrency": max(1, conc // 2)}
             results["sampled_together"] = sampled_together(variants, sink, body, n_windows, seconds, max(1, conc // 2))
