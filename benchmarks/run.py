@@ -469,12 +469,16 @@ def machine() -> dict:
             "python_runner": platform.python_version(), "load_avg_at_start": os.getloadavg()}
 
 
+def bare_reference(row: dict, bare: dict) -> "list[float]":
+    """Bare's CPU per rollout to compare a variant's windows with: the bare windows around
+    each (``bare_cpu_ms``), or, in results saved before those existed, the repetition's
+    one bare window."""
+    return list(row.get("bare_cpu_ms") or bare["cpu_ms"])
+
+
 def capacity_ratios(row: dict, bare: dict) -> "list[float]":
-    """Bare's CPU per rollout over the variant's, per window: against the bare windows
-    around it (``bare_cpu_ms``), or, in results saved before those existed, against the
-    repetition's one bare window."""
-    reference = row.get("bare_cpu_ms") or bare["cpu_ms"]
-    return [b / c for b, c in zip(reference, row["cpu_ms"]) if c > 0]
+    """Bare's CPU per rollout over the variant's, per window."""
+    return [b / c for b, c in zip(bare_reference(row, bare), row["cpu_ms"]) if c > 0]
 
 
 def _verdict(values, target: float, at_least: bool) -> "tuple[str, str]":
@@ -491,7 +495,7 @@ def ratio_interval(num: "list[float]", den: "list[float]", level: float = 0.90, 
     bootstrap interval for it: the pairs resampled with replacement ``draws`` times, the
     ratio's central ``level`` of them.  A fixed seed, so a saved run reports the same
     interval.  None for fewer than three pairs or a denominator that is not positive."""
-    pairs = [(n, d) for n, d in zip(num, den)]
+    pairs = list(zip(num, den))
     if len(pairs) < 3 or sum(d for _, d in pairs) <= 0:
         return None
     rng = random.Random(13)
@@ -508,7 +512,7 @@ def ratio_interval(num: "list[float]", den: "list[float]", level: float = 0.90, 
 
 def budget_table(results: dict) -> "list[str]":
     """Issue 13's targets, each with its measured value (median [min-max] of repetitions)
-    and the pooled ratio with its bootstrap interval."""
+    and the ratio of the means with its bootstrap interval."""
     rows = {r["key"]: r for r in results["variants"]}
     bare = results["variants"][0]
 
@@ -517,9 +521,7 @@ def budget_table(results: dict) -> "list[str]":
 
     def capacity_pairs(key):
         r = rows.get(key)
-        if r is None:
-            return [], []
-        return list(r.get("bare_cpu_ms") or bare["cpu_ms"]), list(r["cpu_ms"])
+        return ([], []) if r is None else (bare_reference(r, bare), r["cpu_ms"])
 
     def overhead_pairs(key, over):
         a, b = rows.get(key), rows.get(over)
