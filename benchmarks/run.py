@@ -355,14 +355,21 @@ def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes,
     return out
 
 
+def together_overheads(together: dict) -> "tuple[list[float], list[float]]":
+    """Per together window, the CPU per rollout over bare's of ours default and of ours
+    sampled out."""
+    bare, default, sampled = ([w["cpu_ms"] for w in together[k]] for k in TOGETHER_KEYS)
+    return [d - b for b, d in zip(bare, default)], [s - b for b, s in zip(bare, sampled)]
+
+
 def together_ratios(together: dict) -> "tuple[list[float], float | None]":
     """A sampled-out rollout's overhead over a traced one's: per window, and pooled (all
     CPU over all rollouts of the windows)."""
     if not together:
         return [], None
+    traced, dropped = together_overheads(together)
+    per_window = [s / d for d, s in zip(traced, dropped) if d > 0]
     bare, default, sampled = (together[k] for k in TOGETHER_KEYS)
-    per_window = [(s["cpu_ms"] - b["cpu_ms"]) / (d["cpu_ms"] - b["cpu_ms"])
-                  for b, d, s in zip(bare, default, sampled) if d["cpu_ms"] > b["cpu_ms"]]
 
     def pooled(rows):
         n = sum(r["n"] for r in rows)
@@ -531,8 +538,8 @@ def budget_table(results: dict) -> "list[str]":
     together_data = results.get("sampled_together") or {}
     together = together_ratios(together_data)[0]
     if together:
-        tb, td, ts = ([w["cpu_ms"] for w in together_data[k]] for k in TOGETHER_KEYS)
-        sampled_pairs = ([s - b for b, s in zip(tb, ts)], [d - b for b, d in zip(tb, td)])
+        traced, dropped = together_overheads(together_data)
+        sampled_pairs = (dropped, traced)
     else:
         sampled_pairs = overhead_pairs("sampled", "default")
     checks = [
@@ -637,11 +644,9 @@ def report(results: dict) -> str:
                      f"({len(together['bare'])} windows of {w.get('seconds', 0):g} s, concurrency "
                      f"{w.get('concurrency', 0)} each; the budget's figure): overhead ms per rollout, median "
                      f"[min-max] of windows, default "
-                     + _spread([d["cpu_ms"] - b["cpu_ms"] for b, d in zip(together["bare"], together["default"])],
-                               "{:.2f}")
+                     + _spread(together_overheads(together)[0], "{:.2f}")
                      + ", sampled out "
-                     + _spread([s["cpu_ms"] - b["cpu_ms"] for b, s in zip(together["bare"], together["sampled"])],
-                               "{:.2f}")
+                     + _spread(together_overheads(together)[1], "{:.2f}")
                      + f"; sampled out over traced {_spread(per_window)} per window"
                      + (f", {pooled:.3f} pooled" if pooled is not None else ""))
         lines.append("")
