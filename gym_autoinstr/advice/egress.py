@@ -255,11 +255,11 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         span, dispatch = _start_client_span(args, kwargs)
         # One context for the call: our span current, and other HTTP client layers
         # silenced when one is loaded (one attach instead of two).
-        request_context = trace.set_span_in_context(span)
         suppress = _suppress_http_key()
-        if suppress is not None:
-            request_context = otel_context.set_value(suppress, True, request_context)
-        context_token = otel_context.attach(request_context)
+        if suppress is None:
+            context_token = propagation.enter(span)
+        else:
+            context_token = otel_context.attach(otel_context.set_value(suppress, True, trace.set_span_in_context(span)))
     except Exception as error:
         # Our half failed before the request: make it untraced, exactly as Gym would.
         if span is not None:
@@ -295,7 +295,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             span.end()
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)
-        _guarded("restoring the context", otel_context.detach, context_token)
+        _guarded("restoring the context", propagation.detach, context_token)
 
 
 def _with_context(span: Any, kwargs: dict, context: "otel_context.Context | None" = None) -> dict:

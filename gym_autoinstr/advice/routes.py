@@ -51,7 +51,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, genai
-from ..pipeline import groups, metrics, sampling
+from ..pipeline import groups, metrics, propagation, sampling
 from .._log import warn_once
 from .egress import current_rollout_id
 from ..pipeline.spans import mark_error, tracer
@@ -274,10 +274,6 @@ async def _ending_stream(body: Any, span: "trace.Span") -> Any:
         span.end()
 
 
-def _use(span: "trace.Span") -> Any:
-    return trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
-
-
 def _enabled(seam: Seam) -> bool:
     return seam.group in groups.ENABLED and not coexistence.NATIVE_LIVE
 
@@ -311,8 +307,11 @@ def _coroutine_wrapper(handler: Callable, seam: Seam) -> Callable:
             return await handler(*args, **kwargs)
         token = _open_seam.set(span)
         try:
-            with _use(span):
+            entered = propagation.enter(span)
+            try:
                 result = await handler(*args, **kwargs)
+            finally:
+                propagation.detach(entered)
         except BaseException as error:
             _fail(span, error)
             raise
@@ -333,8 +332,11 @@ def _function_wrapper(handler: Callable, seam: Seam) -> Callable:
             return handler(*args, **kwargs)
         token = _open_seam.set(span)
         try:
-            with _use(span):
+            entered = propagation.enter(span)
+            try:
                 result = handler(*args, **kwargs)
+            finally:
+                propagation.detach(entered)
         except BaseException as error:
             _fail(span, error)
             raise

@@ -35,8 +35,13 @@ except ImportError:
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
+try:  # where the API keeps the current span in a context (since API 1.0)
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # pragma: no cover
+    _SPAN_KEY = None
+
 from .._env import switched_off
-from .propagation import span_context
+from .propagation import current_context, span_context
 from .._log import logger
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -194,6 +199,9 @@ class LeanTracer(trace_api.Tracer):
         # how the sampler decides roots (sampling.root_decision), for the sampler it was worked out for
         self._roots_of: Any = _UNCHECKED
         self._roots: "tuple[int, int, str | None] | None" = None
+        # whether the sampler keeps every child of a sampled parent (keeps_under_sampled_parent)
+        self._keeps_of: Any = _UNCHECKED
+        self._keeps = False
 
     def start_span(
         self,
@@ -211,7 +219,11 @@ class LeanTracer(trace_api.Tracer):
         """As the SDK tracer's; ``root_id``: the trace id ``decide_root(name)`` gave a root it
         did not drop (a root is decided once, whoever asks first)."""
         links = links or ()
-        parent = trace_api.get_current_span(context).get_span_context()
+        if _SPAN_KEY is None:  # pragma: no cover (an API without the key)
+            parent = trace_api.get_current_span(context).get_span_context()
+        else:  # get_current_span(context), without its frames
+            holder = (current_context() if context is None else context).get(_SPAN_KEY)
+            parent = holder.get_span_context() if isinstance(holder, trace_api.Span) else None
         if parent is None or not parent.is_valid:
             parent = None
             random = self._random_root
@@ -223,6 +235,14 @@ class LeanTracer(trace_api.Tracer):
         else:
             trace_id = parent.trace_id
             random = _RANDOM is not None and bool(parent.trace_flags & _RANDOM)
+            if parent.trace_flags & 0x01:
+                if self.sampler is not self._keeps_of:
+                    self._check_keeps()
+                if self._keeps:  # what the sampler would answer: sampled, these attributes, the parent's state
+                    flags = TraceFlags(_SAMPLED | _RANDOM) if random else _SAMPLED
+                    return self._recording(name, span_context(
+                        trace_id, self.id_generator.generate_span_id(), False, flags, parent.trace_state),
+                        parent, kind, attributes, links, start_time)
         result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
         decision = result.decision
         flags = _SAMPLED if decision.is_sampled() else _DEFAULT
@@ -231,7 +251,11 @@ class LeanTracer(trace_api.Tracer):
         context_made = span_context(trace_id, self.id_generator.generate_span_id(), False, flags, result.trace_state)
         if not decision.is_recording():
             return trace_api.NonRecordingSpan(context_made)
-        values, invalid = _cleaned(result.attributes)
+        return self._recording(name, context_made, parent, kind, result.attributes, links, start_time)
+
+    def _recording(self, name: str, context_made: SpanContext, parent: "SpanContext | None", kind: SpanKind,
+                   attributes: Any, links: Any, start_time: "int | None") -> "LeanSpan":
+        values, invalid = _cleaned(attributes)
         span = LeanSpan(self, name, context_made, parent, kind, values, tuple(links), start_time or _time_ns())
         span.dropped_attributes = invalid
         if len(values) > self.max_attributes:  # as the SDK's bounded map: the newest are kept
@@ -254,6 +278,14 @@ class LeanTracer(trace_api.Tracer):
                 trace_id, self.id_generator.generate_span_id(), False,
                 _DEFAULT_RANDOM if self._random_root else _DEFAULT))
         return trace_id, None
+
+    def _check_keeps(self) -> None:
+        sampler = self.sampler
+        try:
+            keeps = keeps_under_sampled_parent(sampler)
+        except Exception:
+            keeps = False
+        self._keeps_of, self._keeps = sampler, keeps
 
     def _check_roots(self) -> None:
         from .sampling import root_decision
@@ -281,6 +313,31 @@ class LeanTracer(trace_api.Tracer):
                                set_status_on_exception)
         return trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
                                   set_status_on_exception=set_status_on_exception)
+
+
+def keeps_under_sampled_parent(sampler: Any) -> bool:
+    """Whether ``sampler`` answers every span whose parent is valid and sampled, local or
+    remote, with the SDK's ``ALWAYS_ON`` answer (recorded and sampled, the span's own
+    attributes, the parent's trace state) whatever its name, kind, attributes and links:
+    the stock ``ParentBased`` (any root sampler, so every ``parentbased_*`` choice) with
+    the SDK's default delegates for sampled parents, alone or inside our job-keeping
+    wrapper (which only decides parentless ``gym.job`` spans).  The lean tracer then
+    starts such a span without asking it.  Any other sampler, or a subclass with its
+    own ``should_sample``, is asked for every span."""
+    from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
+
+    from .sampling import JobKeepingSampler
+
+    if type(sampler) is JobKeepingSampler:
+        sampler = sampler.delegate
+    if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not ParentBased.should_sample:
+        return False
+
+    def keeps(delegate: Any) -> bool:
+        return type(delegate) is StaticSampler and getattr(delegate, "_decision", None) is Decision.RECORD_AND_SAMPLE
+
+    return keeps(getattr(sampler, "_remote_parent_sampled", None)) and keeps(
+        getattr(sampler, "_local_parent_sampled", None))
 
 
 _PLAIN = (str, int, float, bool)

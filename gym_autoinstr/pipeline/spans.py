@@ -12,6 +12,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from . import propagation
 from ..version import __version__
 
 TRACER_NAME = "gym_autoinstr"
@@ -81,8 +82,11 @@ async def run_in_span(span: trace.Span, call: Any, after: Any = None, label: str
     cancellation ends the span without ERROR, and the span always ends.  ``after(span,
     result)`` may add attributes from the result; if it fails, the result is unaffected."""
     try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+        entered = propagation.enter(span)
+        try:
             result = await call()
+        finally:
+            propagation.detach(entered)
         if after is not None:
             try:
                 after(span, result)

@@ -7,13 +7,14 @@ import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
+from opentelemetry import context as otel_context  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # noqa: E402
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased  # noqa: E402
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
 
 from gym_autoinstr.pipeline import batching, lean, wire  # noqa: E402
@@ -216,3 +217,72 @@ def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_fir
     # where the decision rests on the trace id alone, the sampler is asked only about the
     # roots it keeps; otherwise about every root
     assert len(asked) == (len(kept) if decided else 400)
+
+
+class _DropsNamed(ParentBased):
+    """A parent-based sampler with its own ``should_sample``: must be asked every time."""
+
+    def should_sample(self, parent_context, trace_id, name, *args, **kwargs):
+        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
+
+        if name == "drop me":
+            return SamplingResult(Decision.DROP)
+        return super().should_sample(parent_context, trace_id, name, *args, **kwargs)
+
+
+@pytest.mark.parametrize("sampler", ["always on", "ratio", "job-keeping ratio", "remote sampled parents dropped",
+                                     "own should_sample", "always on, not parent-based"])
+def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them(sampler):
+    """The lean tracer answers for a sampler that keeps every child of a sampled parent
+    (the stock ``ParentBased`` with the SDK's defaults for such parents) without asking
+    it; what it starts is what the SDK's tracer starts: ids, flags (the random-trace-id
+    flag kept), trace state, attributes.  Any other sampler is asked about every span."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, StaticSampler, TraceIdRatioBased
+    from opentelemetry.trace import TraceState
+
+    from gym_autoinstr.pipeline import sampling
+
+    def make():
+        base = {"always on": lambda: ParentBased(ALWAYS_ON), "ratio": lambda: ParentBased(TraceIdRatioBased(0.3)),
+                "remote sampled parents dropped": lambda: ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF),
+                "own should_sample": lambda: _DropsNamed(ALWAYS_ON), "always on, not parent-based": lambda: StaticSampler(Decision.RECORD_AND_SAMPLE)}
+        name = sampler.removeprefix("job-keeping ")
+        return sampling.JobKeepingSampler(base[name]()) if sampler.startswith("job-keeping") else base[name]()
+
+    provider, _ = _pipeline(sampler=make(), id_generator=_Ids())
+    ours = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
+    theirs = TracerProvider(sampler=make(), id_generator=_Ids()).get_tracer("gym_autoinstr")
+    asked = []
+    ask = ours.sampler.should_sample
+    ours.sampler.should_sample = lambda *args, **kwargs: asked.append(args[2]) or ask(*args, **kwargs)
+    state = TraceState([("vendor", "x1")])
+    parents = [SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=state),
+               SpanContext(0xABD, 0xDF0, is_remote=False, trace_flags=TraceFlags(3)),
+               SpanContext(0xABE, 0xDF1, is_remote=True, trace_flags=TraceFlags(3), trace_state=state)]
+    names = ["gym.verify", "drop me", "gym.job"]
+    started = 0
+    for parent in parents:
+        for name in names:
+            for current in (False, True):  # the parent passed as context=, or the current one
+                context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+                token = otel_context.attach(context) if current else None
+                try:
+                    attributes = {"gym.server.name": "s", "n": 1}
+                    a = ours.start_span(name, None if current else context, kind=SpanKind.INTERNAL,
+                                        attributes=attributes)
+                    b = theirs.start_span(name, None if current else context, kind=SpanKind.INTERNAL,
+                                          attributes=dict(attributes))
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
+                started += 1
+                assert a.get_span_context() == b.get_span_context()  # ids, flags, trace state
+                assert a.get_span_context().trace_state == b.get_span_context().trace_state
+                assert a.is_recording() == b.is_recording()
+                if b.is_recording():
+                    assert dict(a.attributes) == dict(b.attributes) == {"gym.server.name": "s", "n": 1}
+                    assert a.parent == b.parent == parent
+                a.end(), b.end()
+    keeps = sampler in ("always on", "ratio", "job-keeping ratio")
+    assert lean.keeps_under_sampled_parent(ours.sampler) == keeps
+    assert len(asked) == (0 if keeps else started)

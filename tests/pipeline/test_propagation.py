@@ -200,3 +200,24 @@ def test_traceparent_of_ids_out_of_range_is_formatted_as_before():
     as before, never an exception on the request path."""
     span_context = SpanContext(1 << 128, 5, is_remote=False, trace_flags=TraceFlags(1))
     assert propagation.traceparent(span_context) == f"00-{1 << 128:032x}-{5:016x}-01"
+
+
+def test_enter_makes_the_span_current_as_use_span_does():
+    """``propagation.enter``: the span current, everything else of the context kept
+    (baggage), the same context ``use_span`` makes; ``detach`` restores the one before."""
+    outer = context.attach(baggage.set_baggage("tenant", "a"))
+    try:
+        before = context.get_current()
+        span = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False, trace_flags=TraceFlags(1)))
+        token = propagation.enter(span)
+        try:
+            inside = context.get_current()
+            assert trace.get_current_span() is span
+            assert baggage.get_baggage("tenant") == "a"
+            with trace.use_span(span):
+                assert context.get_current() == inside
+        finally:
+            propagation.detach(token)
+        assert context.get_current() is before
+    finally:
+        context.detach(outer)
