@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover
     _SPAN_KEY = None
 
 from .._env import switched_off
+from . import wire
 from .propagation import current_context, span_context
 from .._log import logger
 
@@ -50,6 +51,7 @@ _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", None)
 _DEFAULT_RANDOM = TraceFlags(_DEFAULT | _RANDOM) if _RANDOM is not None else _DEFAULT
 _UNCHECKED = object()
 _UNSET = Status(StatusCode.UNSET)
+wire.known_unset(_UNSET)
 _time_ns = time.time_ns
 
 

@@ -170,6 +170,9 @@ def _span_context_by_layout() -> Any:
 # ``SpanContext(...)`` (positional, ``trace_flags`` a ``TraceFlags``) for the paths that make
 # one per request: a caller's context read here, a span the lean tracer starts.
 span_context = _span_context_by_layout()
+# Whether a SpanContext of this API is that tuple (trace_id, span_id, is_remote,
+# trace_flags, trace_state, is_valid): its fields can then be read by unpacking it.
+SPAN_CONTEXT_IS_TUPLE = span_context is not _span_context_by_constructor
 
 
 def _context_of_span_by_layout() -> Any:

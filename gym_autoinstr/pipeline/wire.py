@@ -21,11 +21,16 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Iterable
 
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
+from .propagation import SPAN_CONTEXT_IS_TUPLE
 
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _pack_double = struct.Struct("<d").pack
+_pack_times = struct.Struct("<BQBQ").pack  # start and end time: tag, fixed64, tag, fixed64
+_TUPLE_LAYOUT = SPAN_CONTEXT_IS_TUPLE
 
 _SMALL = [bytes((n,)) for n in range(128)]
 _INT64_MIN = -(1 << 63)
@@ -166,9 +171,23 @@ def _name(name: str) -> bytes:
     return hit
 
 
+# Status objects known to be UNSET without a description (the lean span's default),
+# answered by identity: a Status's fields are Python properties.
+_UNSET_STATUSES: list = []
+
+
+def known_unset(status: Any) -> None:
+    """Register ``status`` (UNSET, no description, never changed) for the fast path."""
+    if status.status_code is _UNSET and not status.description and not any(s is status for s in _UNSET_STATUSES):
+        _UNSET_STATUSES.append(status)
+
+
 def _status(status: Any) -> bytes:
     if status is None:
         return b""
+    for known in _UNSET_STATUSES:
+        if status is known:
+            return _STATUS_UNSET
     if status.status_code is _UNSET and not status.description:
         return _STATUS_UNSET
     code = status.status_code.value
@@ -220,20 +239,30 @@ def span(sdk_span: Any, skipped: "list[str] | None" = None) -> bytes:
     """One ended SDK span as the bytes of an OTLP ``Span`` message (without its tag)."""
     context = sdk_span.context
     parent = sdk_span.parent
-    out = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"), b"\x12\x08", context.span_id.to_bytes(8, "big")]
-    state = _trace_state(context.trace_state)
-    if state:
-        out.append(_string(b"\x1a", state))
+    if _TUPLE_LAYOUT and type(context) is SpanContext:  # (its fields are properties: one unpack instead)
+        trace_id, span_id, _, _, trace_state, _ = context
+    else:
+        trace_id, span_id, trace_state = context.trace_id, context.span_id, context.trace_state
+    out = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+    if trace_state is not DEFAULT_TRACE_STATE:
+        state = _trace_state(trace_state)
+        if state:
+            out.append(_string(b"\x1a", state))
     if parent is not None:
+        remote = parent[2] if _TUPLE_LAYOUT and type(parent) is SpanContext else parent.is_remote
         out.append(b"\x22\x08")
-        out.append(parent.span_id.to_bytes(8, "big"))
+        out.append((parent[1] if _TUPLE_LAYOUT and type(parent) is SpanContext else parent.span_id).to_bytes(8, "big"))
+    else:
+        remote = False
     out.append(_name(sdk_span.name))
     kind = _KIND_BY_ID.get(id(sdk_span.kind))
     out.append(kind if kind is not None else b"\x30" + varint(sdk_span.kind.value + 1))
     start, end = sdk_span.start_time, sdk_span.end_time
-    if start:
+    if start and end:
+        out.append(_pack_times(0x39, start, 0x41, end))
+    elif start:
         out.append(b"\x39" + _pack_fixed64(start))
-    if end:
+    elif end:
         out.append(b"\x41" + _pack_fixed64(end))
     out.append(attributes(b"\x4a", sdk_span.attributes, skipped))
     dropped = sdk_span.dropped_attributes
@@ -252,7 +281,7 @@ def span(sdk_span: Any, skipped: "list[str] | None" = None) -> bytes:
     if dropped:
         out.append(b"\x70" + varint(dropped))
     out.append(_status(sdk_span.status))
-    out.append(_SPAN_FLAGS_REMOTE if parent is not None and parent.is_remote else _SPAN_FLAGS_LOCAL)
+    out.append(_SPAN_FLAGS_REMOTE if remote else _SPAN_FLAGS_LOCAL)
     return b"".join(out)
 
 
