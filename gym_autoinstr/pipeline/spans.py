@@ -37,7 +37,8 @@ def tracer() -> trace.Tracer:
     """The package's tracer, re-made only when the global provider or its span processors
     change: lean spans (``lean.py``) when the pipeline behind it is ours alone."""
     global _tracer, _tracer_provider, _tracer_processors
-    provider = trace.get_tracer_provider()
+    # the API's global when set (get_tracer_provider() is two Python calls), else its getter
+    provider = getattr(trace, "_TRACER_PROVIDER", None) or trace.get_tracer_provider()
     active = getattr(provider, "_active_span_processor", None)
     processors = getattr(active, "_span_processors", None)
     if _tracer is None or provider is not _tracer_provider or processors is not _tracer_processors:
