@@ -282,22 +282,12 @@ class LeanTracer(trace_api.Tracer):
         return trace_id, None
 
     def _check_keeps(self) -> None:
-        sampler = self.sampler
-        try:
-            keeps = keeps_under_sampled_parent(sampler)
-        except Exception:
-            keeps = False
-        self._keeps_of, self._keeps = sampler, keeps
+        self._keeps_of, self._keeps = self.sampler, _asked(keeps_under_sampled_parent, self.sampler, False)
 
     def _check_roots(self) -> None:
         from .sampling import root_decision
 
-        sampler = self.sampler
-        try:
-            roots = root_decision(sampler)
-        except Exception:
-            roots = None
-        self._roots_of, self._roots = sampler, roots
+        self._roots_of, self._roots = self.sampler, _asked(root_decision, self.sampler, None)
 
     def start_as_current_span(
         self,
@@ -315,6 +305,14 @@ class LeanTracer(trace_api.Tracer):
                                set_status_on_exception)
         return trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
                                   set_status_on_exception=set_status_on_exception)
+
+
+def _asked(check: Any, sampler: Any, otherwise: Any) -> Any:
+    """``check(sampler)``, or ``otherwise`` when it fails (the sampler is then asked as usual)."""
+    try:
+        return check(sampler)
+    except Exception:
+        return otherwise
 
 
 def keeps_under_sampled_parent(sampler: Any) -> bool:
