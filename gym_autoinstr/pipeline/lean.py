@@ -35,14 +35,9 @@ except ImportError:
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
-try:  # where the API keeps the current span in a context (since API 1.0)
-    from opentelemetry.trace.propagation import _SPAN_KEY
-except ImportError:  # pragma: no cover
-    _SPAN_KEY = None
-
 from .._env import switched_off
 from . import wire
-from .propagation import current_context, span_context
+from .propagation import _SPAN_KEY, current_context, span_context
 from .._log import logger
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -282,6 +277,8 @@ class LeanTracer(trace_api.Tracer):
         return trace_id, None
 
     def _check_keeps(self) -> None:
+        from .sampling import keeps_under_sampled_parent
+
         self._keeps_of, self._keeps = self.sampler, _asked(keeps_under_sampled_parent, self.sampler, False)
 
     def _check_roots(self) -> None:
@@ -313,31 +310,6 @@ def _asked(check: Any, sampler: Any, otherwise: Any) -> Any:
         return check(sampler)
     except Exception:
         return otherwise
-
-
-def keeps_under_sampled_parent(sampler: Any) -> bool:
-    """Whether ``sampler`` answers every span whose parent is valid and sampled, local or
-    remote, with the SDK's ``ALWAYS_ON`` answer (recorded and sampled, the span's own
-    attributes, the parent's trace state) whatever its name, kind, attributes and links:
-    the stock ``ParentBased`` (any root sampler, so every ``parentbased_*`` choice) with
-    the SDK's default delegates for sampled parents, alone or inside our job-keeping
-    wrapper (which only decides parentless ``gym.job`` spans).  The lean tracer then
-    starts such a span without asking it.  Any other sampler, or a subclass with its
-    own ``should_sample``, is asked for every span."""
-    from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
-
-    from .sampling import JobKeepingSampler
-
-    if type(sampler) is JobKeepingSampler:
-        sampler = sampler.delegate
-    if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not ParentBased.should_sample:
-        return False
-
-    def keeps(delegate: Any) -> bool:
-        return type(delegate) is StaticSampler and getattr(delegate, "_decision", None) is Decision.RECORD_AND_SAMPLE
-
-    return keeps(getattr(sampler, "_remote_parent_sampled", None)) and keeps(
-        getattr(sampler, "_local_parent_sampled", None))
 
 
 _PLAIN = (str, int, float, bool)

@@ -81,16 +81,34 @@ def _drops_under_unsampled_parent(sampler: Any) -> bool:
 
     if switched_off(FAST_PATH_ENV):
         return False
-    if isinstance(sampler, JobKeepingSampler):  # keeps only parentless job spans
+    return _parent_delegates_decide(sampler, Decision.DROP, "_remote_parent_not_sampled", "_local_parent_not_sampled")
+
+
+def keeps_under_sampled_parent(sampler: Any) -> bool:
+    """Whether ``sampler`` answers every span whose parent is valid and sampled, local or
+    remote, with the SDK's ``ALWAYS_ON`` answer (recorded and sampled, the span's own
+    attributes, the parent's trace state), whatever its name, kind, attributes and links:
+    the stock ``ParentBased`` (every ``parentbased_*`` choice) with the SDK's defaults for
+    sampled parents.  The lean tracer then starts such a span without asking it."""
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    return _parent_delegates_decide(sampler, Decision.RECORD_AND_SAMPLE, "_remote_parent_sampled",
+                                    "_local_parent_sampled")
+
+
+def _parent_delegates_decide(sampler: Any, decision: Any, *delegates: str) -> bool:
+    """Whether ``sampler`` (inside our job-keeping wrapper or not: it keeps only parentless
+    job spans) is ``ParentBased``'s own ``should_sample`` whose named delegates are static
+    samplers answering ``decision``.  A subclass with its own should_sample may decide
+    otherwise: it is asked."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
+
+    if isinstance(sampler, JobKeepingSampler):
         sampler = sampler.delegate
     if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not ParentBased.should_sample:
-        return False  # (a subclass with its own should_sample may decide otherwise: it is asked)
-
-    def drops(delegate: Any) -> bool:
-        return isinstance(delegate, StaticSampler) and getattr(delegate, "_decision", None) is Decision.DROP
-
-    return drops(getattr(sampler, "_remote_parent_not_sampled", None)) and drops(
-        getattr(sampler, "_local_parent_not_sampled", None))
+        return False
+    return all(isinstance(d, StaticSampler) and getattr(d, "_decision", None) is decision
+               for d in (getattr(sampler, name, None) for name in delegates))
 
 
 def _stock_parent_based(sampler: Any) -> bool:

@@ -284,5 +284,5 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
                     assert a.parent == b.parent == parent
                 a.end(), b.end()
     keeps = sampler in ("always on", "ratio", "job-keeping ratio")
-    assert lean.keeps_under_sampled_parent(ours.sampler) == keeps
+    assert sampling.keeps_under_sampled_parent(ours.sampler) == keeps
     assert len(asked) == (0 if keeps else started)
