@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
 from . import startup
@@ -133,7 +133,7 @@ def _root(scope: dict) -> "tuple[otel_context.Context, bool, int | None]":
     trace_id, span = decide(scope.get("method", "HTTP"))
     if span is None:
         return _NO_CALLER, False, trace_id
-    context = trace.set_span_in_context(span, _NO_CALLER)
+    context = propagation.with_span(span, _NO_CALLER)
     try:
         sampling.dropped_root(context, span)
     except Exception as error:
@@ -365,7 +365,7 @@ class GymServerMiddleware:
         if root_id is not None:  # a root _root drew the trace id of (the lean tracer's)
             start = functools.partial(start, root_id=root_id)
         span = start(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        context = trace.set_span_in_context(span, parent)
+        context = propagation.with_span(span, parent)
         if type(span) is NonRecordingSpan:  # a root the sampler dropped: every call under it says so
             try:
                 sampling.dropped_root(context, span)

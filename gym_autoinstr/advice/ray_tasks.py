@@ -62,7 +62,7 @@ from opentelemetry.trace import SpanKind
 
 from . import coexistence, ray_actor
 from .._log import logger, warn_once
-from ..pipeline import groups
+from ..pipeline import groups, propagation
 from ..pipeline.spans import mark_error, tracer
 
 CARRIER = "_gym_autoinstr_ctx"
@@ -331,8 +331,11 @@ def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dic
 
 def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+        token = propagation.enter(span)
+        try:
             result = wrapped(*args, **kwargs)
+        finally:
+            propagation.detach(token)
     except BaseException as error:
         if isinstance(error, Exception):
             mark_error(span, error)

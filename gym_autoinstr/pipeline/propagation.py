@@ -88,22 +88,42 @@ else:  # pragma: no cover
     detach = reset = otel_context.detach
 
 
-def _entering_by_layout() -> Any:
-    """``enter(span)``: what ``trace.use_span(span)`` does on entry (the current context
-    with ``span`` set in it, attached; the token returned for ``detach``), without the
-    generator-based context manager's frames when the API keeps spans under ``_SPAN_KEY``
-    in a plain-dict ``Context`` (checked here, once, against ``set_span_in_context``)."""
+def _span_layout() -> bool:
+    """Whether the API keeps a context's span under ``_SPAN_KEY`` in a plain-dict
+    ``Context`` (checked once, against ``set_span_in_context``): then ``with_span`` and
+    ``enter`` make that context directly, without the API's frames."""
     try:
         sample = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False))
         base = otel_context.Context({"k": 1})
         values = dict(base)
         values[_SPAN_KEY] = sample
         made = otel_context.Context(values)
-        same = _SPAN_KEY is not None and made == trace.set_span_in_context(sample, base) \
+        return _SPAN_KEY is not None and made == trace.set_span_in_context(sample, base) \
             and trace.get_current_span(made) is sample and type(made) is type(trace.set_span_in_context(sample, base))
     except Exception:  # pragma: no cover (another API)
-        same = False
-    if not same or _RUNTIME_VAR is None:  # pragma: no cover
+        return False
+
+
+def _with_span_by_layout() -> Any:
+    """``with_span(span, context)``: ``trace.set_span_in_context(span, context)``, for a
+    given context (the ingress's server span over its caller's context)."""
+    if not _span_layout():  # pragma: no cover
+        return trace.set_span_in_context
+    new, key = otel_context.Context, _SPAN_KEY
+
+    def with_span(span: Any, context: otel_context.Context) -> otel_context.Context:
+        values = context.copy()
+        values[key] = span
+        return new(values)
+
+    return with_span
+
+
+def _entering_by_layout() -> Any:
+    """``enter(span)``: what ``trace.use_span(span)`` does on entry (the current context
+    with ``span`` set in it, attached; the token returned for ``detach``), without the
+    generator-based context manager's frames."""
+    if not _span_layout() or _RUNTIME_VAR is None:  # pragma: no cover
         return lambda span: otel_context.attach(trace.set_span_in_context(span))
     new, key, get, set_ = otel_context.Context, _SPAN_KEY, _RUNTIME_VAR.get, _RUNTIME_VAR.set
 
@@ -115,6 +135,7 @@ def _entering_by_layout() -> Any:
     return enter
 
 
+with_span = _with_span_by_layout()
 # For the spans our advice makes current around Gym's work (seams, calls): the token goes
 # to ``detach`` in a ``finally``.  ``use_span(..., record_exception=False,
 # set_status_on_exception=False)``, which this replaces, did nothing else.

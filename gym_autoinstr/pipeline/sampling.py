@@ -77,8 +77,6 @@ FAST_PATH_ENV = "GYM_AUTOINSTR_DROPPED_FAST_PATH"
 
 
 def _drops_under_unsampled_parent(sampler: Any) -> bool:
-    from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
-
     if switched_off(FAST_PATH_ENV):
         return False
     return _parent_delegates_decide(sampler, Decision.DROP, "_remote_parent_not_sampled", "_local_parent_not_sampled")
@@ -90,8 +88,6 @@ def keeps_under_sampled_parent(sampler: Any) -> bool:
     attributes, the parent's trace state), whatever its name, kind, attributes and links:
     the stock ``ParentBased`` (every ``parentbased_*`` choice) with the SDK's defaults for
     sampled parents.  The lean tracer then starts such a span without asking it."""
-    from opentelemetry.sdk.trace.sampling import Decision
-
     return _parent_delegates_decide(sampler, Decision.RECORD_AND_SAMPLE, "_remote_parent_sampled",
                                     "_local_parent_sampled")
 

@@ -202,6 +202,20 @@ def test_traceparent_of_ids_out_of_range_is_formatted_as_before():
     assert propagation.traceparent(span_context) == f"00-{1 << 128:032x}-{5:016x}-01"
 
 
+def test_with_span_makes_the_context_set_span_in_context_makes():
+    """``propagation.with_span``: a new context with ``span`` in it and everything else of
+    the given one (baggage), equal to the API's, the given context left as it was."""
+    parent = baggage.set_baggage("tenant", "a", context.Context())
+    span = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False, trace_flags=TraceFlags(1)))
+    made = propagation.with_span(span, parent)
+    assert made == trace.set_span_in_context(span, parent)
+    assert type(made) is type(trace.set_span_in_context(span, parent))
+    assert trace.get_current_span(made) is span and baggage.get_baggage("tenant", made) == "a"
+    assert trace.get_current_span(parent) is not span and made is not parent
+    empty = propagation.with_span(span, context.Context())
+    assert empty == trace.set_span_in_context(span, context.Context()) and len(empty) == 1
+
+
 def test_enter_makes_the_span_current_as_use_span_does():
     """``propagation.enter``: the span current, everything else of the context kept
     (baggage), the same context ``use_span`` makes; ``detach`` restores the one before."""
