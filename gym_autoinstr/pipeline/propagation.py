@@ -135,7 +135,9 @@ def _entering_by_layout() -> Any:
     return enter
 
 
+# For a span set over a given context, not attached (the ingress attaches its own).
 with_span = _with_span_by_layout()
+
 # For the spans our advice makes current around Gym's work (seams, calls): the token goes
 # to ``detach`` in a ``finally``.  ``use_span(..., record_exception=False,
 # set_status_on_exception=False)``, which this replaces, did nothing else.
