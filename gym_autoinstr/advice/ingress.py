@@ -133,7 +133,7 @@ def _root(scope: dict) -> "tuple[otel_context.Context, bool, int | None]":
     trace_id, span = decide(scope.get("method", "HTTP"))
     if span is None:
         return _NO_CALLER, False, trace_id
-    context = propagation.with_span(span, _NO_CALLER)
+    context = propagation.context_of_span(span)
     try:
         sampling.dropped_root(context, span)
     except Exception as error:
