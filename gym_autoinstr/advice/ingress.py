@@ -258,22 +258,13 @@ class GymServerMiddleware:
         in_flight = self.in_flight
         in_flight[0] += 1
         started = time.perf_counter()
-        first_byte: list[float] = []
-
-        def measured_send(message: dict) -> Any:
-            # A plain function handing back the server's own awaitable: no coroutine of
-            # ours per message (ASGI only asks that ``send(message)`` be awaitable).
-            if not first_byte and message.get("type") == "http.response.start":
-                first_byte.append(time.perf_counter())
-                first_byte.append(message.get("status", 0))
-            return send(message)
-
+        response = _ResponseStart(send, True)
         try:
-            await self.app(scope, receive, measured_send)
+            await self.app(scope, receive, response.forward)
         finally:
             in_flight[0] -= 1
             try:
-                _record(scope, first_byte, started)
+                _record(scope, response, started)
             except Exception as error:
                 warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
             if token is not None:
@@ -304,29 +295,19 @@ class GymServerMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status_code: list[int] = []
-        first_byte: list[float] = []
         live = metrics.LIVE
         if live:
             self.in_flight[0] += 1
-
-        def traced_send(message: dict) -> Any:  # the server's own awaitable, as measured_send
-            if not status_code and message.get("type") == "http.response.start":
-                status_code.append(message.get("status", 0))
-                if live:
-                    first_byte.append(time.perf_counter())
-                    first_byte.append(status_code[0])
-            return send(message)
-
+        response = _ResponseStart(send, live)
+        failed = None  # the span's status when the app raised before a response started
         try:
-            await self.app(scope, receive, traced_send)
+            await self.app(scope, receive, response.forward)
         except Exception as error:
             try:
                 mark_error(span, error)
             except Exception:
                 pass
-            if not status_code:
-                status_code.append(500)
+            failed = 500
             raise
         finally:
             if live:
@@ -334,9 +315,10 @@ class GymServerMiddleware:
             try:
                 facts = _route_facts(scope)  # once for the span and the metrics
                 if type(span) is not NonRecordingSpan:  # (a root the sampler dropped: nothing to end)
-                    self._finish(scope, span, status_code[0] if status_code else None, facts[0])
+                    status = response.status
+                    self._finish(scope, span, failed if status is None else status, facts[0])
                 if live:
-                    _record(scope, first_byte, started, facts)
+                    _record(scope, response, started, facts)
             except Exception as error:
                 warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
             finally:
@@ -391,19 +373,45 @@ class GymServerMiddleware:
 concurrency.mark_coroutine_function(GymServerMiddleware.__call__)
 
 
-def _record(scope: dict, first_byte: list, started: float, facts: "tuple[str | None, Any] | None" = None) -> None:
+class _ResponseStart:
+    """``forward`` is the ``send`` the app is given: notes the status of
+    ``http.response.start`` (and, ``timed``, when it passed) on its way to the server's
+    own ``send``, whose awaitable it hands back (ASGI only asks that ``send(message)`` be
+    awaitable: no coroutine of ours per message).  Two objects per request (this one and
+    the bound method) where a closure over the server's ``send`` and a list took five;
+    they live as long as the request, long enough for Gym's servers under load to carry
+    them into the older GC generations, whose collections walk them.  (A ``__call__`` of
+    its own would be one object, at ~600 instructions more per message.)"""
+
+    __slots__ = ("send", "timed", "status", "at")
+
+    def __init__(self, send: Any, timed: bool) -> None:
+        self.send = send
+        self.timed = timed
+        self.status: "int | None" = None
+        self.at = 0.0
+
+    def forward(self, message: dict) -> Any:
+        if self.status is None and message.get("type") == "http.response.start":
+            if self.timed:
+                self.at = time.perf_counter()
+            self.status = message.get("status", 0)
+        return self.send(message)
+
+
+def _record(scope: dict, response: _ResponseStart, started: float,
+            facts: "tuple[str | None, Any] | None" = None) -> None:
     """Request metrics: duration by route and status, and the seam's own metric when the
     route is one ``routes.py`` marked (``/run``, ``/verify``, the model dialects).
 
-    ``first_byte`` is ``[time of http.response.start, status]`` or empty (no response:
-    an exception, counted as a failure); ``facts`` is ``_route_facts(scope)`` when the
-    caller has it already."""
+    ``response`` saw the response start, or not (no response: an exception, counted as a
+    failure); ``facts`` is ``_route_facts(scope)`` when the caller has it already."""
     ended = time.perf_counter()
     template, seam = facts if facts is not None else _route_facts(scope)
-    ttfb = first_byte[0] - started if first_byte else None
+    status = response.status
     metrics.record_request(
-        scope.get("method", "HTTP"), template, first_byte[1] if first_byte else None,
-        ended - started, ttfb, seam,
+        scope.get("method", "HTTP"), template, status, ended - started,
+        None if status is None else response.at - started, seam,
     )
 
 
