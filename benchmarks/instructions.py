@@ -16,7 +16,16 @@ commit), side by side with the working tree.
 
     ./run-benchmarks --instructions [--sites ingress,request] [--code DIR ...]
 
-Inside the Gym venv, one count: ``python -m benchmarks.instructions SITE VARIANT N``.
+``--objects`` counts, instead, the GC-tracked objects a request holds alive while its
+response starts (sites ``ingress`` and ``hop``; no valgrind, exact): under load a
+request lives through many young collections, so each such object is carried into the
+older generations, whose collections walk it again; a full collection walks every
+object there, and comes once a quarter of that number has been carried in, so each
+object carried in costs the server about four object-walks of a full collection, work
+that instructions per call outside those collections do not show.
+
+Inside the Gym venv, one count: ``python -m benchmarks.instructions SITE VARIANT N``
+(``--alive SITE VARIANT N`` for the objects).
 """
 
 from __future__ import annotations
@@ -66,6 +75,52 @@ def _calls(site: str, variant: str, n: int) -> None:
             fn()
 
 
+def _objects(site: str, variant: str, n: int) -> None:
+    """In the Gym venv: the GC-tracked objects alive (made since the call began, not
+    freed) when the site's app sends its response start, per call, printed as one
+    number.  Each call starts after a collection, with the collector off, so the young
+    generation holds exactly those: what a request keeps alive while it runs, which a
+    busy server's collections carry into the older generations and walk again (the
+    caches' new entries included).  Counted by listing the generation, not by its
+    counter, which objects taken from the interpreter's free lists do not move."""
+    import gc
+
+    import micro
+
+    bench = micro.build()
+    fn = bench.cases[site][variant]
+    alive: list[int] = []
+    with bench.variant(variant):
+        for _ in range(WARM_UP):
+            fn()
+        micro.ALIVE = seen = []
+        gc.disable()
+        try:
+            for _ in range(n):
+                seen.clear()
+                gc.collect()
+                start = len(gc.get_objects(generation=0))
+                fn()
+                alive.append(seen[0] - start)
+        finally:
+            micro.ALIVE = None
+            gc.enable()
+    print(sum(alive) / len(alive))
+
+
+def objects(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> float:
+    """``_objects`` in a process of the Gym venv (no valgrind)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))}
+    env.pop("PYTHONPATH", None)
+    if code:
+        env["PYTHONPATH"] = code
+    out = subprocess.run([str(python), __file__, "--alive", site, variant, str(n)],
+                         cwd=pathlib.Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{site}/{variant} objects failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
+
+
 def count(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> int:
     """Instructions of one process making ``n`` calls (under callgrind)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))}
@@ -104,10 +159,34 @@ def run(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int
     return results
 
 
-def report(results: dict) -> str:
+OBJECT_CALLS = 200  # (a collection before each call)
+
+
+def run_objects(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int = OBJECT_CALLS) -> dict:
+    """``run``'s shape, of objects alive at the response start per call (``_objects``)."""
+    results: dict = {}
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        jobs = {(code or "working tree", site, variant): pool.submit(objects, python, site, variant, calls, code)
+                for code in codes for site, variants in sites.items() for variant in variants}
+        for (label, site, variant), job in jobs.items():
+            results.setdefault(label, {}).setdefault(site, {})[variant] = job.result()
+    return results
+
+
+OBJECT_SITES = ("ingress", "hop")  # the sites whose app sends a response through the server's send
+
+TITLES = {
+    "instructions": "Instructions per call (valgrind callgrind; in brackets: more than the site's `unwrapped`)",
+    "objects": "GC-tracked objects alive when the app sends its response start, per call (the collector "
+               "off; in brackets: more than the site's `unwrapped`)",
+}
+
+
+def report(results: dict, what: str = "instructions") -> str:
     labels = list(results)
     first = results[labels[0]]
-    lines = ["Instructions per call (valgrind callgrind; in brackets: more than the site's `unwrapped`)", "",
+    digits = 0 if what == "instructions" else 1
+    lines = [TITLES[what], "",
              "| site | variant | " + " | ".join(f"`{label}`" for label in labels) + " |",
              "|---|---|" + "---|" * len(labels)]
     for site, variants in first.items():
@@ -120,9 +199,9 @@ def report(results: dict) -> str:
                 if value is None:
                     cells.append("")
                 elif base is None or variant == "unwrapped":
-                    cells.append(f"{value:,.0f}")
+                    cells.append(f"{value:,.{digits}f}")
                 else:
-                    cells.append(f"{value:,.0f} (+{value - base:,.0f})")
+                    cells.append(f"{value:,.{digits}f} ({value - base:+,.{digits}f})")
             lines.append(f"| {site} | {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -132,13 +211,20 @@ def main(argv: "list[str] | None" = None) -> int:
     if len(argv) == 3 and not argv[0].startswith("-"):
         _calls(argv[0], argv[1], int(argv[2]))
         return 0
+    if len(argv) == 4 and argv[0] == "--alive":
+        _objects(argv[1], argv[2], int(argv[3]))
+        return 0
     ap = argparse.ArgumentParser(prog="run-benchmarks --instructions", description=__doc__.splitlines()[0])
     ap.add_argument("--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: "
                     + ",".join(DEFAULT_SITES) + ")")
     ap.add_argument("--code", action="append", default=[], metavar="DIR",
                     help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)")
-    ap.add_argument("--calls", type=int, default=CALLS, help=f"calls counted per site and variant (default {CALLS})")
+    ap.add_argument("--calls", type=int, help=f"calls counted per site and variant (default {CALLS}; "
+                    f"{OBJECT_CALLS} with --objects)")
     ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
+    ap.add_argument("--objects", action="store_true",
+                    help="count GC-tracked objects alive when the app sends its response start, instead of "
+                         f"instructions (no valgrind; sites {', '.join(OBJECT_SITES)})")
     a = ap.parse_args(argv)
     for code in a.code:
         if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():
@@ -152,16 +238,22 @@ def main(argv: "list[str] | None" = None) -> int:
     unknown = [s for s in wanted if s not in SITES]
     if unknown:
         ap.error(f"--sites: unknown {', '.join(unknown)} (known: {', '.join(SITES)})")
+    if a.objects:
+        wanted = [s for s in wanted if s in OBJECT_SITES] if not a.sites else wanted
+        if any(s not in OBJECT_SITES for s in wanted):
+            ap.error(f"--objects: sites {', '.join(OBJECT_SITES)} only (their app sends a response)")
     sites = {s: SITES[s] for s in wanted}
+    measure = run_objects if a.objects else run
+    calls = a.calls if a.calls is not None else (OBJECT_CALLS if a.objects else CALLS)
     try:
-        results = run(venv / "bin" / "python", sites, [None, *[str(pathlib.Path(c).resolve()) for c in a.code]],
-                      a.calls)
+        results = measure(venv / "bin" / "python", sites, [None, *[str(pathlib.Path(c).resolve()) for c in a.code]],
+                          calls)
     except RuntimeError as error:
         print(f"run-benchmarks --instructions: {error}", file=sys.stderr)
         return 1
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
-    print(report(results))
+    print(report(results, "objects" if a.objects else "instructions"))
     return 0
 
 

@@ -51,11 +51,18 @@ of the per-repetition differences is reported beside it.  Prints one JSON object
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import statistics
 import sys
 import time
 import timeit
+
+
+# When a list: the server's ``send`` appends how many objects the GC's young generation
+# holds each time it runs (``instructions.py --objects``: what is alive while a response
+# starts).
+ALIVE: "list[int] | None" = None
 
 
 def _drive(coro):
@@ -244,6 +251,8 @@ def build() -> Bench:
         return {"type": "http.request", "body": b"{}"}
 
     async def send(message):
+        if ALIVE is not None:  # (instructions.py --objects)
+            ALIVE.append(len(gc.get_objects(generation=0)))
         return None
 
     class RemoteFunction:  # the shape of ray.remote_function.RemoteFunction._remote
