@@ -44,6 +44,9 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _DEFAULT = TraceFlags(TraceFlags.DEFAULT)
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", None)
 _DEFAULT_RANDOM = TraceFlags(_DEFAULT | _RANDOM) if _RANDOM is not None else _DEFAULT
+# (each a shared instance: a TraceFlags is an int with an instance dict, an object the
+# GC tracks, and every span holds one as long as it lives)
+_SAMPLED_RANDOM = TraceFlags(_SAMPLED | _RANDOM) if _RANDOM is not None else _SAMPLED
 _UNCHECKED = object()
 _UNSET = Status(StatusCode.UNSET)
 wire.known_unset(_UNSET)
@@ -236,15 +239,16 @@ class LeanTracer(trace_api.Tracer):
                 if self.sampler is not self._keeps_of:
                     self._check_keeps()
                 if self._keeps:  # what the sampler would answer: sampled, these attributes, the parent's state
-                    flags = TraceFlags(_SAMPLED | _RANDOM) if random else _SAMPLED
+                    flags = _SAMPLED_RANDOM if random else _SAMPLED
                     return self._recording(name, span_context(
                         trace_id, self.id_generator.generate_span_id(), False, flags, parent.trace_state),
                         parent, kind, attributes, links, start_time)
         result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
         decision = result.decision
-        flags = _SAMPLED if decision.is_sampled() else _DEFAULT
-        if random:
-            flags = TraceFlags(flags | _RANDOM)
+        if decision.is_sampled():
+            flags = _SAMPLED_RANDOM if random else _SAMPLED
+        else:
+            flags = _DEFAULT_RANDOM if random else _DEFAULT
         context_made = span_context(trace_id, self.id_generator.generate_span_id(), False, flags, result.trace_state)
         if not decision.is_recording():
             return trace_api.NonRecordingSpan(context_made)

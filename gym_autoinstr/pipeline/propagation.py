@@ -145,8 +145,11 @@ with_span = _with_span_by_layout()
 enter = _entering_by_layout()
 
 
-_UNSAMPLED_FLAGS = TraceFlags(0)
-_UNSAMPLED_RANDOM_FLAGS = TraceFlags(2)  # the random-trace-id flag alone
+# Every value of a traceparent's flags byte, one shared TraceFlags each (an int with an
+# instance dict: an object the GC tracks, held by every context read from a caller).
+_TRACE_FLAGS = tuple(TraceFlags(value) for value in range(256))
+_UNSAMPLED_FLAGS = _TRACE_FLAGS[0]
+_UNSAMPLED_RANDOM_FLAGS = _TRACE_FLAGS[2]  # the random-trace-id flag alone
 _MAX_TRACE_ID = (1 << 128) - 1
 _MAX_SPAN_ID = (1 << 64) - 1
 
@@ -361,7 +364,7 @@ def extract(carrier: dict) -> otel_context.Context:
     state = None
     if tracestate is not None and len(tracestate) <= _MAX_TRACESTATE:
         state = TraceState.from_header([tracestate])
-    trace_flags = TraceFlags(int(flags, 16))
+    trace_flags = _TRACE_FLAGS[int(flags, 16)]
     span = NonRecordingSpan(span_context(int(trace_id, 16), int(span_id, 16), True, trace_flags, state))
     context = context_of_span(span)
     if tracestate is None and not trace_flags & 0x01:

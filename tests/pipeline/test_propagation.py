@@ -235,3 +235,17 @@ def test_enter_makes_the_span_current_as_use_span_does():
         assert context.get_current() is before
     finally:
         context.detach(outer)
+
+
+def test_every_flags_byte_reads_as_the_propagator_reads_it_into_one_shared_value():
+    """The flags a caller's traceparent carries, read on our path, equal the SDK
+    propagator's for every byte value (sampled bit, random bit, bits not defined yet),
+    each value one TraceFlags shared by every context read with it, not one per request."""
+    for value in range(256):
+        header = f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{value:02x}"
+        ours = [trace.get_current_span(propagation.extract({"traceparent": header, "tracestate": "k=v"}))
+                .get_span_context().trace_flags for _ in range(2)]
+        theirs = trace.get_current_span(propagate.extract({"traceparent": header, "tracestate": "k=v"})) \
+            .get_span_context().trace_flags
+        assert ours[0] == theirs == value and ours[0].sampled == theirs.sampled == bool(value & 1)
+        assert type(ours[0]) is TraceFlags and ours[0] is ours[1]
