@@ -37,16 +37,17 @@ from opentelemetry.util import types
 
 from .._env import switched_off
 from . import wire
-from .propagation import _SPAN_KEY, current_context, span_context
+from .propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
 from .._log import logger
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_DEFAULT = TraceFlags(TraceFlags.DEFAULT)
+# The flags a span is started with, each the instance propagation shares for its value
+# (a TraceFlags is an int with an instance dict, an object the GC tracks, and every span
+# holds one as long as it lives).
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", None)
-_DEFAULT_RANDOM = TraceFlags(_DEFAULT | _RANDOM) if _RANDOM is not None else _DEFAULT
-# (each a shared instance: a TraceFlags is an int with an instance dict, an object the
-# GC tracks, and every span holds one as long as it lives)
-_SAMPLED_RANDOM = TraceFlags(_SAMPLED | _RANDOM) if _RANDOM is not None else _SAMPLED
+_SAMPLED = _TRACE_FLAGS[TraceFlags.SAMPLED]
+_DEFAULT = _TRACE_FLAGS[TraceFlags.DEFAULT]
+_DEFAULT_RANDOM = _TRACE_FLAGS[TraceFlags.DEFAULT | _RANDOM] if _RANDOM is not None else _DEFAULT
+_SAMPLED_RANDOM = _TRACE_FLAGS[TraceFlags.SAMPLED | _RANDOM] if _RANDOM is not None else _SAMPLED
 _UNCHECKED = object()
 _UNSET = Status(StatusCode.UNSET)
 wire.known_unset(_UNSET)
