@@ -87,19 +87,28 @@ BUCKET_LABELS = {
 # ------------------------------------------------------------------ reading a process
 
 
-def _stat_cpu(path: str) -> "float | None":
-    """utime + stime in seconds from a ``/proc/.../stat`` file."""
+def _stat_times(path: str) -> "tuple[float, float] | None":
+    """(utime, stime) in seconds from a ``/proc/.../stat`` file."""
     try:
         with open(path) as fh:
             text = fh.read()
     except OSError:
         return None
     rest = text[text.rindex(")") + 2:].split()
-    return (int(rest[11]) + int(rest[12])) / TICK
+    return int(rest[11]) / TICK, int(rest[12]) / TICK
 
 
-def read_threads(pid: int) -> "tuple[float | None, dict[int, float]]":
-    total = _stat_cpu(f"/proc/{pid}/stat")
+def _stat_cpu(path: str) -> "float | None":
+    """utime + stime in seconds from a ``/proc/.../stat`` file."""
+    times = _stat_times(path)
+    return None if times is None else times[0] + times[1]
+
+
+def read_threads(pid: int) -> "tuple[float | None, dict[int, float], float | None]":
+    """The process's CPU, its threads' CPU by thread id, and the process's system
+    (kernel) time, in seconds."""
+    times = _stat_times(f"/proc/{pid}/stat")
+    total = None if times is None else times[0] + times[1]
     threads: dict[int, float] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -109,7 +118,7 @@ def read_threads(pid: int) -> "tuple[float | None, dict[int, float]]":
         cpu = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
         if cpu is not None:
             threads[int(tid)] = cpu
-    return total, threads
+    return total, threads, None if times is None else times[1]
 
 
 def classify(pid: int, tid: int, names: dict) -> str:
@@ -166,8 +175,9 @@ class Probed:
         probe = self._probe(heavy)
         snap = {"t": time.monotonic(), "servers": {}}
         for name, pid in self.pids.items():
-            total, threads = read_threads(pid)
-            snap["servers"][name] = {"pid": pid, "cpu": total, "threads": threads, "probe": probe[name]}
+            total, threads, system = read_threads(pid)
+            snap["servers"][name] = {"pid": pid, "cpu": total, "threads": threads, "system": system,
+                                     "probe": probe[name]}
         return snap
 
 
@@ -195,7 +205,9 @@ def delta(before: dict, after: dict) -> dict:
             ga, gb = a["probe"]["gc"][gen], b["probe"]["gc"][gen]
             gc[gen] = {"collections": ga[0] - gb[0], "pause_wall_s": ga[1] - gb[1], "pause_cpu_s": ga[2] - gb[2],
                        "collected": ga[3] - gb[3]}
-        out[name] = {"process": process - buckets["probe"], "buckets": buckets, "gc": gc,
+        system = a.get("system") - b.get("system") if a.get("system") is not None and b.get("system") is not None \
+            else 0.0
+        out[name] = {"process": process - buckets["probe"], "buckets": buckets, "gc": gc, "system": system,
                      "other_threads": dict(other_names)}
     return out
 
@@ -205,13 +217,14 @@ def subtract_idle(d: dict, idle: dict, seconds: float) -> dict:
     for name, row in d.items():
         irow = idle[name]
         row["process"] -= irow["process"] * seconds
+        row["system"] = row.get("system", 0.0) - irow.get("system", 0.0) * seconds
         for bucket in row["buckets"]:
             row["buckets"][bucket] -= irow["buckets"][bucket] * seconds
     return d
 
 
 def scaled(d: dict, factor: float) -> dict:
-    return {name: {"process": row["process"] * factor,
+    return {name: {"process": row["process"] * factor, "system": row.get("system", 0.0) * factor,
                    "buckets": {k: v * factor for k, v in row["buckets"].items()}} for name, row in d.items()}
 
 
@@ -419,6 +432,7 @@ def report(results: dict) -> str:
         row(f"  {BUCKET_LABELS[bucket]}", lambda d, b=bucket: sum(r["buckets"][b] for r in d.values()))
     row("  of which: GC pauses (CPU of the collecting thread)",
         lambda d: sum(g["pause_cpu_s"] for r in d.values() for g in r["gc"].values()))
+    row("  of which: in the kernel (system time, every thread)", lambda d: sum(r.get("system", 0.0) for r in d.values()))
     for name in SERVERS:
         row(f"{SHORT[name]} server: process CPU", lambda d, n=name: d[n]["process"])
         row(f"  {SHORT[name]}: main thread", lambda d, n=name: d[n]["buckets"]["main"])
