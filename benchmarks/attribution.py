@@ -18,7 +18,8 @@ process:
   serves requests), telemetry threads (OpenTelemetry's export and metric-reader threads,
   ours), other Python threads (by name), native threads (no Python name: Ray's core
   worker and the like), threads that ended inside the window (the process's CPU less its
-  live threads'); the probe's own thread is left out;
+  live threads'); the probe's own thread is left out; and the process's kernel (system)
+  time, all threads;
 * garbage collections per generation, their pause (CPU of the collecting thread, and
   wall) and objects collected;
 * spans per rollout, by server, as counted at the sink (each rollout's trace id carries
