@@ -206,8 +206,8 @@ def delta(before: dict, after: dict) -> dict:
             ga, gb = a["probe"]["gc"][gen], b["probe"]["gc"][gen]
             gc[gen] = {"collections": ga[0] - gb[0], "pause_wall_s": ga[1] - gb[1], "pause_cpu_s": ga[2] - gb[2],
                        "collected": ga[3] - gb[3]}
-        system = a.get("system") - b.get("system") if a.get("system") is not None and b.get("system") is not None \
-            else 0.0
+        after_sys, before_sys = a.get("system"), b.get("system")  # (absent in older --json files)
+        system = after_sys - before_sys if after_sys is not None and before_sys is not None else 0.0
         out[name] = {"process": process - buckets["probe"], "buckets": buckets, "gc": gc, "system": system,
                      "other_threads": dict(other_names)}
     return out
