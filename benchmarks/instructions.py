@@ -108,12 +108,22 @@ def _objects(site: str, variant: str, n: int) -> None:
     print(sum(alive) / len(alive))
 
 
-def objects(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> float:
-    """``_objects`` in a process of the Gym venv (no valgrind)."""
+_WORKERS = max(1, min(4, os.cpu_count() or 1))  # counting processes at once
+
+
+def _child_env(code: "str | None") -> dict[str, str]:
+    """The environment of a counting process: no OpenTelemetry or gym-autoinstr settings of
+    this shell, and ``code`` (another copy of the package) first on ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))}
     env.pop("PYTHONPATH", None)
     if code:
         env["PYTHONPATH"] = code
+    return env
+
+
+def objects(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> float:
+    """``_objects`` in a process of the Gym venv (no valgrind)."""
+    env = _child_env(code)
     out = subprocess.run([str(python), __file__, "--alive", site, variant, str(n)],
                          cwd=pathlib.Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -123,10 +133,7 @@ def objects(python: pathlib.Path, site: str, variant: str, n: int, code: "str | 
 
 def count(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> int:
     """Instructions of one process making ``n`` calls (under callgrind)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))}
-    env.pop("PYTHONPATH", None)
-    if code:
-        env["PYTHONPATH"] = code
+    env = _child_env(code)
     env["PYTHONHASHSEED"] = "0"  # the same dict layouts in both processes
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), __file__, site, variant,
@@ -144,8 +151,7 @@ def run(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int
     if shutil.which("valgrind") is None:
         raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
     results: dict = {}
-    workers = max(1, min(4, os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    with concurrent.futures.ThreadPoolExecutor(_WORKERS) as pool:
         jobs = {}
         for code in codes:
             label = code or "working tree"
@@ -165,7 +171,7 @@ OBJECT_CALLS = 200  # (a collection before each call)
 def run_objects(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int = OBJECT_CALLS) -> dict:
     """``run``'s shape, of objects alive at the response start per call (``_objects``)."""
     results: dict = {}
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(_WORKERS) as pool:
         jobs = {(code or "working tree", site, variant): pool.submit(objects, python, site, variant, calls, code)
                 for code in codes for site, variants in sites.items() for variant in variants}
         for (label, site, variant), job in jobs.items():
