@@ -9,7 +9,9 @@ faster and Gym's full collections of a large heap come more often.
 
 Here a span is encoded to OTLP protobuf bytes (``wire.py``, ~5 µs) on the thread that
 ends it and the span object is released at once; the queue holds only ``bytes``, which
-the garbage collector does not track.  The export thread joins the bytes under the
+the garbage collector does not track: a span of the processor's usual scope and resource
+(the first pair it saw; in a Gym server, every span of ours) is queued as its bytes
+alone, any other with its scope and resource beside it.  The export thread joins the bytes under the
 process's resource and each instrumentation scope and hands the request to the SDK's own
 OTLP exporter, which keeps its endpoint, headers, TLS, compression, timeout, retry and
 self-metrics: ``encode_spans`` in the exporter's module is wrapped so that a batch that is
@@ -142,8 +144,14 @@ class EncodingSpanProcessor(SpanProcessor):
         self._max_queue_size = max_queue_size
         self._delay = schedule_delay_millis / 1000
         self._batch_size = max(1, min(max_export_batch_size, max_queue_size))
-        # Encoded (scope, span bytes) pairs; a deque's append and popleft are atomic.
+        # Encoded spans: the bytes alone for a span of the usual (scope, resource) pair,
+        # a (scope, resource, bytes) tuple for any other.  A deque's append and popleft
+        # are atomic.  (A queued tuple is an object the garbage collector tracks, and at
+        # a busy server's rate a batch waits long enough for it to be carried into the
+        # oldest generation, whose collections walk it.)
         self._queue: collections.deque = collections.deque()
+        self._usual: "tuple[Any, Any] | None" = None  # the first (scope, resource) seen, then fixed
+        self._usual_lock = threading.Lock()
         self._scopes: dict[int, tuple[Any, _Scope]] = {}
         self._resource: "tuple[Any, bytes] | None" = None
         self._dropped = 0
@@ -179,7 +187,7 @@ class EncodingSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: Any) -> None:
-        if self._shutdown or not span.context.trace_flags.sampled:
+        if self._shutdown or not span.context.trace_flags & 0x01:  # (not sampled)
             return
         queue = self._queue
         if len(queue) >= self._max_queue_size:
@@ -197,9 +205,22 @@ class EncodingSpanProcessor(SpanProcessor):
             self._encode_failures += 1
             warn_once("wire-encode", "a span could not be encoded and is not exported: %r", error)
             return
-        queue.append((span.instrumentation_scope, span.resource, encoded))
+        scope, resource = span.instrumentation_scope, span.resource
+        usual = self._usual
+        if usual is None:
+            usual = self._first_pair(scope, resource)
+        if scope is usual[0] and resource is usual[1]:
+            queue.append(encoded)
+        else:
+            queue.append((scope, resource, encoded))
         if len(queue) >= self._batch_size and not self._wake.is_set():
             self._wake.set()
+
+    def _first_pair(self, scope: Any, resource: Any) -> "tuple[Any, Any]":
+        with self._usual_lock:  # two threads ending their first spans at once agree on one
+            if self._usual is None:
+                self._usual = (scope, resource)
+            return self._usual
 
     # -- export thread ---------------------------------------------------------------
 
@@ -257,7 +278,12 @@ class EncodingSpanProcessor(SpanProcessor):
     def _export(self, batch: list) -> bool:
         # Group by resource, then by scope, keeping first-seen order.
         by_resource: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
-        for scope, resource, encoded in batch:
+        usual = self._usual
+        for item in batch:
+            if type(item) is bytes:
+                (scope, resource), encoded = usual, item
+            else:
+                scope, resource, encoded = item
             entry = by_resource.get(id(resource))
             if entry is None:
                 entry = by_resource[id(resource)] = (resource, {})

@@ -83,6 +83,32 @@ def test_a_full_queue_drops_new_spans_and_counts_them(collector):
     provider.shutdown()
 
 
+def test_a_waiting_span_is_bytes_the_garbage_collector_does_not_track(collector):
+    """Spans of the first (scope, resource) pair wait as their bytes alone; a span of any
+    other pair waits with its own, and the export still files each under its own."""
+    import gc
+
+    settings = dict(SETTINGS, schedule_delay_millis=60_000)
+    processor = batching.make_processor(_exporter("http", collector), WatchedExporter, **settings)
+    provider = TracerProvider(resource=Resource.create({"service.name": "usual"}))
+    provider.add_span_processor(processor)
+    ours, theirs = provider.get_tracer("gym_autoinstr", "9.9"), provider.get_tracer("someone.else")
+    with processor._export_lock:  # nothing drains meanwhile
+        for n in range(3):
+            ours.start_span(f"ours {n}").end()
+            theirs.start_span(f"theirs {n}").end()
+        queued = list(processor._queue)
+    assert [type(item) for item in queued] == [bytes, tuple] * 3
+    assert not any(gc.is_tracked(item) for item in queued[::2])
+    assert all(item[0].name == "someone.else" for item in queued[1::2])
+    assert provider.force_flush()
+    assert collector.sink.wait_for(lambda spans: len(spans) >= 6, timeout=20)
+    got = {s["name"]: (s["scope"], s["resource"]["service.name"]) for s in collector.sink.spans()}
+    assert got == {**{f"ours {n}": ("gym_autoinstr", "usual") for n in range(3)},
+                   **{f"theirs {n}": ("someone.else", "usual") for n in range(3)}}
+    provider.shutdown()
+
+
 def test_unsampled_spans_are_not_queued(collector):
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
