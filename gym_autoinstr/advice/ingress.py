@@ -146,6 +146,8 @@ def _caller_from(carrier: dict) -> "tuple[otel_context.Context, bool]":
     if not carrier:
         return otel_context.Context(), False
     parent = propagation.extract(carrier)
+    if propagation.sampled_caller(parent):  # (dropped_span's answer for it, without the checks)
+        return parent, False
     return parent, sampling.dropped_span(parent) is not None
 
 

@@ -36,6 +36,7 @@ _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-(
 # The form the SDK writes an unsampled context in (version 00, nothing around it), flags
 # 00 or, from an SDK that marks random trace ids (W3C level 2; every root ours makes), 02.
 _SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[02]")
+_UNSAMPLED_ENDS = ("-00", "-02")  # how _SDK_UNSAMPLED's headers end
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
@@ -327,8 +328,8 @@ def unsampled_lone(header: str) -> "otel_context.Context | None":
     reads once per rollout the sampler dropped (each is a new trace id), the parse and
     the objects made without the general path's frames.  Only while ``w3c_default()``
     holds, which the caller checks (the ingress, with the header names it reads)."""
-    if len(header) != 55 or _SDK_UNSAMPLED.fullmatch(header) is None:
-        return None
+    if len(header) != 55 or header[52:] not in _UNSAMPLED_ENDS or _SDK_UNSAMPLED.fullmatch(header) is None:
+        return None  # (a sampled caller's header: its flags say so before the pattern is tried)
     trace_id, span_id = int(header[3:35], 16), int(header[36:52], 16)
     if not trace_id or not span_id:  # (all-zero ids: an invalid context, the general way)
         return None
@@ -339,6 +340,14 @@ def unsampled_lone(header: str) -> "otel_context.Context | None":
         _extracted.clear()
     _extracted[header] = context
     return context
+
+
+def sampled_caller(context: otel_context.Context) -> bool:
+    """Whether ``context`` holds a caller's span as ``extract`` makes it (a
+    ``NonRecordingSpan``) whose context is sampled: the traced request's usual case, which
+    no dropped-parent check needs to look at."""
+    span = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+    return type(span) is NonRecordingSpan and bool(span.get_span_context().trace_flags & 0x01)
 
 
 def extract(carrier: dict) -> otel_context.Context:

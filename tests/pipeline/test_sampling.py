@@ -192,3 +192,27 @@ def test_roots_of_the_samplers_the_environment_configures_are_decided_on_their_i
         trace_id = rng.getrandbits(128) or 1
         theirs = sampler.should_sample(None, trace_id, "POST", SpanKind.SERVER).decision
         assert (trace_id & mask < bound) == (theirs is Decision.RECORD_AND_SAMPLE)
+
+
+@pytest.mark.parametrize("flags", ["00", "01", "02", "03"])
+@pytest.mark.parametrize("tracestate", [None, "v=1"])
+def test_a_requests_caller_is_dropped_exactly_when_the_dropped_parent_check_says_so(monkeypatch, flags, tracestate):
+    """The ingress answers a sampled caller without the dropped-parent check; for every
+    caller it answers what the check answers."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.advice import ingress
+    from gym_autoinstr.pipeline import propagation
+
+    class FakeTracer:
+        sampler = ParentBased(TraceIdRatioBased(0.0))
+
+    monkeypatch.setattr(sampling._spans, "_tracer", FakeTracer())
+    carrier = {"traceparent": f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{flags}"}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    context, dropped = ingress._caller_from(carrier)
+    sampled = bool(int(flags, 16) & 1)
+    assert propagation.sampled_caller(context) is sampled
+    assert dropped is (sampling.dropped_span(context) is not None) is (not sampled)
+    assert trace.get_current_span(context).get_span_context().span_id == 0xB7AD6B7169203331
