@@ -11,11 +11,11 @@ Here a span is encoded to OTLP protobuf bytes (``wire.py``, ~5 µs) on the threa
 ends it and the span object is released at once; the queue holds only ``bytes``, which
 the garbage collector does not track: a span of the processor's usual scope and resource
 (the first pair it saw; in a Gym server, every span of ours) is queued as its bytes
-alone, any other with its scope and resource beside it.  The export thread joins the bytes under the
-process's resource and each instrumentation scope and hands the request to the SDK's own
-OTLP exporter, which keeps its endpoint, headers, TLS, compression, timeout, retry and
-self-metrics: ``encode_spans`` in the exporter's module is wrapped so that a batch that is
-already bytes passes through and anything else is encoded as before.
+alone, any other with its scope and resource beside it.  The export thread joins the
+bytes under the process's resource and each instrumentation scope and hands the request
+to the SDK's own OTLP exporter, which keeps its endpoint, headers, TLS, compression,
+timeout, retry and self-metrics: ``encode_spans`` in the exporter's module is wrapped so
+that a batch that is already bytes passes through and anything else is encoded as before.
 
 Used only in front of the SDK's OTLP/HTTP and OTLP/gRPC span exporters whose ``export``
 calls ``encode_spans`` (checked when the pipeline is built); any other exporter, or an
