@@ -51,7 +51,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from . import coexistence, genai
-from ..pipeline import groups, metrics, propagation, sampling
+from ..pipeline import concurrency, groups, metrics, propagation, sampling
 from .._log import warn_once
 from .egress import current_rollout_id
 from ..pipeline.spans import mark_error, tracer
@@ -298,28 +298,39 @@ def wrap_handler(handler: Callable, seam: Seam) -> Callable:
 
 
 def _coroutine_wrapper(handler: Callable, seam: Seam) -> Callable:
+    """A plain function marked as a coroutine function (FastAPI awaits what it returns):
+    the handler's own coroutine when the seam records nothing for this request (its group
+    off, or the request's span dropped by the sampler), so that no coroutine of ours joins
+    the request's chain, which every resumption of the request walks through; else a
+    coroutine that runs the handler inside the seam's span."""
+
     @functools.wraps(handler)
-    async def seam_handler(*args: Any, **kwargs: Any) -> Any:
+    def seam_handler(*args: Any, **kwargs: Any) -> Any:
         if not _enabled(seam):
-            return await handler(*args, **kwargs)
+            return handler(*args, **kwargs)
         span = _start(seam, args, kwargs)
         if span is None:
-            return await handler(*args, **kwargs)
-        token = _open_seam.set(span)
-        try:
-            entered = propagation.enter(span)
-            try:
-                result = await handler(*args, **kwargs)
-            finally:
-                propagation.detach(entered)
-        except BaseException as error:
-            _fail(span, error)
-            raise
-        finally:
-            _open_seam.reset(token)
-        return _finish(span, seam, result)
+            return handler(*args, **kwargs)
+        return _in_seam(handler, seam, span, args, kwargs)
 
+    concurrency.mark_coroutine_function(seam_handler)
     return seam_handler
+
+
+async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
+    token = _open_seam.set(span)
+    try:
+        entered = propagation.enter(span)
+        try:
+            result = await handler(*args, **kwargs)
+        finally:
+            propagation.detach(entered)
+    except BaseException as error:
+        _fail(span, error)
+        raise
+    finally:
+        _open_seam.reset(token)
+    return _finish(span, seam, result)
 
 
 def _function_wrapper(handler: Callable, seam: Seam) -> Callable:

@@ -328,3 +328,22 @@ def test_a_request_the_sampler_dropped_gets_no_seam_span(instrumented, spans):
     (seam,) = _named(spans)  # the sampled request's only
     assert seam.name == "gym.verify" and format(seam.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert [s.kind for s in spans.get_finished_spans() if s.name != "gym.server.startup"].count(SpanKind.SERVER) == 1
+
+
+def test_a_seam_that_records_nothing_hands_back_the_handlers_own_coroutine(instrumented, spans, monkeypatch):
+    """FastAPI sees a coroutine function; with the seam's group off the request's chain
+    holds the handler's coroutine alone, and with it on, the seam's own around it."""
+    server = _resources()
+    endpoint = _route(server.setup_webserver(), "/verify").endpoint
+    assert getattr(endpoint, "_gym_autoinstr_seam", False)
+    assert inspect.iscoroutinefunction(endpoint) and asyncio.iscoroutinefunction(endpoint)
+    body = Ask(question="q")
+    monkeypatch.setattr(groups, "ENABLED", frozenset())
+    bare = endpoint(body)
+    assert bare.cr_code is type(server).verify.__code__
+    assert run_async(bare) == {"reward": 1.0}
+    monkeypatch.setattr(groups, "ENABLED", frozenset({groups.VERIFY}))
+    seamed = endpoint(body)
+    assert seamed.cr_code is not type(server).verify.__code__
+    assert run_async(seamed) == {"reward": 1.0}
+    assert [s.name for s in _named(spans)] == ["gym.verify"]
