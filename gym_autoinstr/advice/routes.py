@@ -26,8 +26,9 @@ patch of each subclass.
 
 What FastAPI sees is unchanged: the wrapper is ``functools.wraps`` of the handler
 (FastAPI follows ``__wrapped__`` for the signature, the body model, OpenAPI and the
-names it resolves), and it has the handler's own shape: coroutine, plain function,
-or (async) generator.  A returned streaming response ends the span when its body
+names it resolves), and it has the handler's own shape: coroutine function (a plain
+function marked as one, handing back the handler's coroutine or the seam's), plain
+function, or (async) generator.  A returned streaming response ends the span when its body
 iterator finishes.  Each request checks the span group first; a disabled group costs
 one frozenset test and a plain call.
 
