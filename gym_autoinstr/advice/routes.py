@@ -298,12 +298,10 @@ def wrap_handler(handler: Callable, seam: Seam) -> Callable:
     return wrapper
 
 
-def _coroutine_wrapper(handler: Callable, seam: Seam) -> Callable:
-    """A plain function marked as a coroutine function (FastAPI awaits what it returns):
-    the handler's own coroutine when the seam records nothing for this request (its group
-    off, or the request's span dropped by the sampler), so that no coroutine of ours joins
-    the request's chain, which every resumption of the request walks through; else a
-    coroutine that runs the handler inside the seam's span."""
+def _dispatching(handler: Callable, seam: Seam, in_seam: Callable) -> Callable:
+    """A wrapper that calls ``handler`` as it is when the seam records nothing for this
+    request (its group off, or the request's span dropped by the sampler), and else hands
+    it to ``in_seam``, which runs it inside the seam's span."""
 
     @functools.wraps(handler)
     def seam_handler(*args: Any, **kwargs: Any) -> Any:
@@ -312,10 +310,26 @@ def _coroutine_wrapper(handler: Callable, seam: Seam) -> Callable:
         span = _start(seam, args, kwargs)
         if span is None:
             return handler(*args, **kwargs)
-        return _in_seam(handler, seam, span, args, kwargs)
+        return in_seam(handler, seam, span, args, kwargs)
 
-    concurrency.mark_coroutine_function(seam_handler)
     return seam_handler
+
+
+def _coroutine_wrapper(handler: Callable, seam: Seam) -> Callable:
+    """A plain function marked as a coroutine function (FastAPI awaits what it returns):
+    the handler's own coroutine when the seam records nothing, so that no coroutine of
+    ours joins the request's chain, which every resumption of the request walks through;
+    else ``_in_seam``'s."""
+    wrapper = _dispatching(handler, seam, _in_seam)
+    concurrency.mark_coroutine_function(wrapper)
+    return wrapper
+
+
+def _function_wrapper(handler: Callable, seam: Seam) -> Callable:
+    return _dispatching(handler, seam, _in_seam_now)
+
+
+# The two below are one body, awaiting the handler or calling it.
 
 
 async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
@@ -334,29 +348,20 @@ async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tupl
     return _finish(span, seam, result)
 
 
-def _function_wrapper(handler: Callable, seam: Seam) -> Callable:
-    @functools.wraps(handler)
-    def seam_handler(*args: Any, **kwargs: Any) -> Any:
-        if not _enabled(seam):
-            return handler(*args, **kwargs)
-        span = _start(seam, args, kwargs)
-        if span is None:
-            return handler(*args, **kwargs)
-        token = _open_seam.set(span)
+def _in_seam_now(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
+    token = _open_seam.set(span)
+    try:
+        entered = propagation.enter(span)
         try:
-            entered = propagation.enter(span)
-            try:
-                result = handler(*args, **kwargs)
-            finally:
-                propagation.detach(entered)
-        except BaseException as error:
-            _fail(span, error)
-            raise
+            result = handler(*args, **kwargs)
         finally:
-            _open_seam.reset(token)
-        return _finish(span, seam, result)
-
-    return seam_handler
+            propagation.detach(entered)
+    except BaseException as error:
+        _fail(span, error)
+        raise
+    finally:
+        _open_seam.reset(token)
+    return _finish(span, seam, result)
 
 
 def _async_generator_wrapper(handler: Callable, seam: Seam) -> Callable:
