@@ -17,7 +17,8 @@ process:
   ``/proc/<pid>/task/<tid>/stat``), put in buckets: the main thread (the event loop that
   serves requests), telemetry threads (OpenTelemetry's export and metric-reader threads,
   ours), other Python threads (by name), native threads (no Python name: Ray's core
-  worker and the like), threads that ended inside the window (the process's CPU less its
+  worker and the like; also reported by their OS name, ``/proc/<pid>/task/<tid>/comm``),
+  threads that ended inside the window (the process's CPU less its
   live threads'); the probe's own thread is left out; and the process's kernel (system)
   time, all threads;
 * garbage collections per generation, their pause (CPU of the collecting thread, and
@@ -105,12 +106,14 @@ def _stat_cpu(path: str) -> "float | None":
     return None if times is None else times[0] + times[1]
 
 
-def read_threads(pid: int) -> "tuple[float | None, dict[int, float], float | None]":
-    """The process's CPU, its threads' CPU by thread id, and the process's system
-    (kernel) time, in seconds."""
+def read_threads(pid: int) -> "tuple[float | None, dict[int, float], float | None, dict[int, str]]":
+    """The process's CPU, its threads' CPU by thread id, the process's system (kernel)
+    time, in seconds, and the threads' OS names (``comm``: what a native library named
+    its thread; a Python thread's is the interpreter's, not its Python name)."""
     times = _stat_times(f"/proc/{pid}/stat")
     total = None if times is None else times[0] + times[1]
     threads: dict[int, float] = {}
+    comms: dict[int, str] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -119,7 +122,12 @@ def read_threads(pid: int) -> "tuple[float | None, dict[int, float], float | Non
         cpu = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
         if cpu is not None:
             threads[int(tid)] = cpu
-    return total, threads, None if times is None else times[1]
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comms[int(tid)] = f.read().strip()
+            except OSError:
+                pass
+    return total, threads, None if times is None else times[1], comms
 
 
 def classify(pid: int, tid: int, names: dict) -> str:
@@ -176,9 +184,9 @@ class Probed:
         probe = self._probe(heavy)
         snap = {"t": time.monotonic(), "servers": {}}
         for name, pid in self.pids.items():
-            total, threads, system = read_threads(pid)
+            total, threads, system, comms = read_threads(pid)
             snap["servers"][name] = {"pid": pid, "cpu": total, "threads": threads, "system": system,
-                                     "probe": probe[name]}
+                                     "comms": comms, "probe": probe[name]}
         return snap
 
 
@@ -191,6 +199,7 @@ def delta(before: dict, after: dict) -> dict:
         names = {**b["probe"].get("threads", {}), **a["probe"].get("threads", {})}
         buckets = dict.fromkeys(BUCKETS + ("probe",), 0.0)
         other_names: collections.Counter[str] = collections.Counter()
+        native_names: collections.Counter[str] = collections.Counter()
         live = 0.0
         for tid, cpu in a["threads"].items():
             d = cpu - b["threads"].get(tid, 0.0)
@@ -199,6 +208,8 @@ def delta(before: dict, after: dict) -> dict:
             buckets[bucket] += d
             if bucket == "python_other" and d > 0:
                 other_names[names[str(tid)]] += d
+            elif bucket == "native" and d > 0:  # by OS name (absent in older --json files)
+                native_names[(a.get("comms") or {}).get(tid) or "?"] += d
         process = a["cpu"] - b["cpu"]
         buckets["exited"] = max(0.0, process - live)
         gc = {}
@@ -209,7 +220,7 @@ def delta(before: dict, after: dict) -> dict:
         after_sys, before_sys = a.get("system"), b.get("system")  # (absent in older --json files)
         system = after_sys - before_sys if after_sys is not None and before_sys is not None else 0.0
         out[name] = {"process": process - buckets["probe"], "buckets": buckets, "gc": gc, "system": system,
-                     "other_threads": dict(other_names)}
+                     "other_threads": dict(other_names), "native_threads": dict(native_names)}
     return out
 
 
@@ -528,6 +539,17 @@ def report(results: dict) -> str:
     if others:
         lines.append("Other Python threads (ms per rollout): " + ", ".join(
             f"{labels[k]} `{t}` {v:.2f}" for (k, t), v in others.most_common(8) if v >= 0.005))
+    native = collections.Counter()
+    for k in keys:
+        for w in windows[k]:
+            for r in w["delta"].values():
+                for tname, cpu in r.get("native_threads", {}).items():
+                    native[(k, tname)] += cpu * 1e3 / w["n"] / len(windows[k])
+    if native:  # (the thread's OS name; threads of one name added up over the three servers)
+        lines.append("Native threads by OS name, all three servers (ms per rollout): " + "; ".join(
+            f"{labels[k]}: " + ", ".join(f"`{t}` {v:.3f}" for (kk, t), v in sorted(
+                native.items(), key=lambda item: -item[1]) if kk == k and v >= 0.002)
+            for k in keys))
     idle = results.get("idle_ms_per_s")
     if idle:
         lines.append("Idle server CPU (ms per second, subtracted over each window's settle wait of "
