@@ -109,7 +109,8 @@ class Variant:
 SPAN_GROUPS = "GYM_AUTOINSTR_SPAN_GROUPS"
 RUN_ID = "NEMO_GYM_OTEL_RUN_ID"  # ours: the resource's nemo.gym.run.id, so the sink tells the trios apart
 SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-VARIANT_KEYS = ("bare", "generic", "off", "default", "sampled", "per_rollout", "all")
+VARIANT_KEYS = ("bare", "generic", "off", "default", "sampled", "per_rollout", "all", "bare2")
+UNINSTRUMENTED = ("bare", "bare2")  # no metrics of ours to count at the sink
 
 
 def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None,
@@ -128,6 +129,10 @@ def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None
 
     table = {
         "bare": lambda: Variant("bare", "bare", venvs["bare"], False, dict(extra)),
+        # A second bare trio (an A/A): what two trios of the same code differ by over a
+        # run, from whatever stays fixed in a trio for its life (its heap's layout, the
+        # cores its servers settle on); each variant is one trio, started once per run.
+        "bare2": lambda: Variant("bare2", "bare, a second trio (A/A)", venvs["bare"], False, dict(extra)),
         "generic": lambda: Variant("generic", "generic", venvs["generic"], instrument, {**otlp, **extra},
                                    flush_s=5.0),
         "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
@@ -626,6 +631,15 @@ def report(results: dict) -> str:
                  "from the bare windows just before and after the variant's, where taken; the rollouts/s ratio a "
                  "CPU-bound machine converges to; steadier than rollouts/s on a shared host).")
     lines.append("")
+    twin = next((v for v in variants if v["key"] == "bare2"), None)
+    if twin is not None:
+        interval = ratio_interval(bare_reference(twin, bare), twin["cpu_ms"])
+        lines.append("A/A, a second bare trio against bare: CPU capacity ratio "
+                     f"{_spread(capacity_ratios(twin, bare))}"
+                     + (f", ratio of means {interval[0]:.3f} [{interval[1]:.3f}-{interval[2]:.3f}]" if interval else "")
+                     + ". The same code in two trios: how far apart two trios read over a run; the 90% "
+                     "intervals of the budget below hold the noise of the repetitions, not this.")
+        lines.append("")
     g = results.get("cpu_overhead_vs_generic")
     if g:
         lines.append("CPU overhead per rollout relative to the generic stack's (same repetition): "
@@ -725,7 +739,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
     ap.add_argument("--variants", help=f"comma-separated subset of: {','.join(VARIANT_KEYS)} "
                     "(bare is always included: it is the reference; sampled: ours default with "
-                    "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent)")
+                    "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent; "
+                    "bare2: a second bare trio, an A/A, only when named)")
     ap.add_argument("--together-windows", type=int,
                     help="windows with bare, default and sampled out loaded together (default 8, --quick 4)")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
@@ -754,7 +769,7 @@ def main(argv: "list[str] | None" = None) -> int:
     sink = CountingSink()
     collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    keys = [k.strip() for k in a.variants.split(",")] if a.variants else list(VARIANT_KEYS)
+    keys = [k.strip() for k in a.variants.split(",")] if a.variants else [k for k in VARIANT_KEYS if k != "bare2"]
     variants = make_variants(keys, {"bare": bare_venv, "generic": generic_venv, "ours": ours_venv}, otlp)
     results["variant_env"] = {v.key: {k: val for k, val in v.env.items() if not k.startswith("OTEL_EXPORTER")}
                               for v in variants}
@@ -805,8 +820,8 @@ def main(argv: "list[str] | None" = None) -> int:
                 "startup": list(v.startup.values()), "trio_ready": v.trio_ready,
                 "idle_cpu_ms_per_s": v.idle_cpu_per_s * 1e3,
                 "settle_s": [s.get("settle_s", 0.0) for s in v.samples["cn"]],
-                "metric_points": by_run["metric_points"] if v.key not in ("bare", "generic") else None,
-                "metric_names": len(by_run["metric_names"]) if v.key not in ("bare", "generic") else None,
+                "metric_points": by_run["metric_points"] if v.key not in (*UNINSTRUMENTED, "generic") else None,
+                "metric_names": len(by_run["metric_names"]) if v.key not in (*UNINSTRUMENTED, "generic") else None,
             })
         results["variants"] = rows
         results["rollouts"] = sum(s["n"] for v in variants for s in v.samples["c1"] + v.samples["cn"])
