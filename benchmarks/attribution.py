@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -64,7 +63,7 @@ import time
 from benchmarks.load import run_load
 from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, add_output_options, finish,
                             load_together, log, machine, make_variants, printed_saved_report, rewarded, rollout_body,
-                            rotated, settle, start_trio, tear_down, use_bench_venvs)
+                            rotated, settle, start_trios, tear_down, use_bench_venvs)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -679,10 +678,7 @@ def main(argv: "list[str] | None" = None) -> int:
                                      for v in variants}}
     policy = PolicyModel().start()
     try:
-        log(f"starting {len(variants)} trios, 2 at a time")
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            for future in [pool.submit(start_trio, v, scratch, policy.url) for v in variants]:
-                future.result()
+        start_trios(variants, scratch, policy.url, 2)
         probed = {v.key: Probed(v, scratch / "probe" / v.key) for v in variants}
         body = rollout_body(variants[0].trio)
         log("warm-up")

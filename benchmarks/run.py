@@ -218,6 +218,21 @@ def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str, attempt
         + ", ".join(f"{n.split('_')[-1]}={s:.2f}s" for n, s in variant.startup.items()))
 
 
+def start_trios(variants: "list[Variant]", workdir: pathlib.Path, policy_url: str, parallel: int) -> None:
+    """Every variant's trio, ``parallel`` starting at once."""
+    log(f"starting {len(variants)} trios, {parallel} at a time")
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        for future in [pool.submit(start_trio, v, workdir, policy_url) for v in variants]:
+            future.result()
+
+
+def stop_trios(variants: "list[Variant]") -> None:
+    for v in variants:
+        if v.trio is not None:
+            v.trio.stop()
+            v.trio = None
+
+
 def server_cpu(trio: GymTrio) -> float:
     total = 0.0
     for proc in trio.server_processes().values():
@@ -337,25 +352,27 @@ def load_together(variants: "list[Variant]", sink: CountingSink, body: bytes, se
 TOGETHER_KEYS = ("bare", "default", "sampled")
 
 
-def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes, windows: int, seconds: float,
-                     concurrency: int) -> dict:
+def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes, windows: "list[int]",
+                     seconds: float, concurrency: int, trio_set: int = 0) -> dict:
     """The sampled-out target's own windows: bare, ours default and ours sampled out loaded
     at the same time, so that the machine's drift (several ms per rollout between the
     taking-turns windows, against a difference of about one) is the same for the three.
-    Per window and variant: rollouts and server CPU, read once the default's spans of the
-    window reached the sink, less each trio's idle CPU over that wait."""
+    ``windows`` are the windows' numbers in the run (they rotate the order the loads start
+    in).  Per window and variant: rollouts and server CPU, read once the default's spans of
+    the window reached the sink, less each trio's idle CPU over that wait, and the trio set."""
     picked = [v for v in variants if v.key in TOGETHER_KEYS]
     if len(picked) < len(TOGETHER_KEYS):
         return {}
     out: dict = {v.key: [] for v in picked}
-    for i in range(windows):
+    for i in windows:
         before = {v.key: server_cpu(v.trio) for v in picked}
         loads, waited = load_together(rotated(picked, i), sink, body, seconds, concurrency, PHASE_TOGETHER)
         for v in picked:
             result = loads[v.key]
             cpu = server_cpu(v.trio) - before[v.key] - v.idle_cpu_per_s * waited
-            out[v.key].append({"n": result.n, "cpu_ms": cpu / result.n * 1e3 if result.n else float("nan")})
-        log(f"together window {i + 1}/{windows}: ms/rollout "
+            out[v.key].append({"n": result.n, "cpu_ms": cpu / result.n * 1e3 if result.n else float("nan"),
+                               "set": trio_set})
+        log(f"together window {i + 1}: ms/rollout "
             + ", ".join(f"{k}={w[-1]['cpu_ms']:.2f}" for k, w in out.items()))
     return out
 
@@ -501,25 +518,47 @@ def _verdict(values, target: float, at_least: bool) -> "tuple[str, str]":
     return _spread(values), "**pass**" if ok else "**fail**"
 
 
-def ratio_interval(num: "list[float]", den: "list[float]", level: float = 0.90, draws: int = 2000
-                   ) -> "tuple[float, float, float] | None":
+def ratio_interval(num: "list[float]", den: "list[float]", level: float = 0.90, draws: int = 2000,
+                   groups: "list | None" = None) -> "tuple[float, float, float] | None":
     """``sum(num) / sum(den)`` over paired samples (repetitions or windows), and a
     bootstrap interval for it: the pairs resampled with replacement ``draws`` times, the
-    ratio's central ``level`` of them.  A fixed seed, so a saved run reports the same
-    interval.  None for fewer than three pairs or a denominator that is not positive."""
+    ratio's central ``level`` of them.  With ``groups`` (a label per pair: the trio set it
+    was measured in) naming two or more, the resampling has two levels: the sets are drawn
+    with replacement, then the pairs within each drawn set, so that what stays fixed in a
+    set of trios for its life counts in the interval.  A fixed seed, so a saved run reports
+    the same interval.  None for fewer than three pairs or a denominator that is not
+    positive."""
     pairs = list(zip(num, den))
     if len(pairs) < 3 or sum(d for _, d in pairs) <= 0:
         return None
+    clusters: dict = {}
+    for label, pair in zip(groups if groups and len(groups) == len(pairs) else [0] * len(pairs), pairs):
+        clusters.setdefault(label, []).append(pair)
+    sets = list(clusters.values()) if len(clusters) > 1 else [pairs]
     rng = random.Random(13)
     ratios = []
     for _ in range(draws):
-        picked = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        drawn = [sets[rng.randrange(len(sets))] for _ in sets] if len(sets) > 1 else sets
+        picked = [c[rng.randrange(len(c))] for c in drawn for _ in c]
         total = sum(d for _, d in picked)
         ratios.append(sum(n for n, _ in picked) / total if total > 0 else float("inf"))
     ratios.sort()
     tail = (1 - level) / 2
     return (sum(n for n, _ in pairs) / sum(d for _, d in pairs),
             ratios[int(tail * draws)], ratios[min(draws - 1, int((1 - tail) * draws))])
+
+
+def per_set(num: "list[float]", den: "list[float]", groups: "list | None") -> "list[float]":
+    """``sum(num) / sum(den)`` within each trio set, in the sets' order; [] for one set."""
+    if not groups or len(set(groups)) < 2 or len(groups) != len(num):
+        return []
+    out = []
+    for label in sorted(set(groups)):
+        n = sum(x for x, g in zip(num, groups) if g == label)
+        d = sum(x for x, g in zip(den, groups) if g == label)
+        if d > 0:
+            out.append(n / d)
+    return out
 
 
 def budget_table(results: dict) -> "list[str]":
@@ -533,18 +572,19 @@ def budget_table(results: dict) -> "list[str]":
 
     def capacity_pairs(key):
         r = rows.get(key)
-        return ([], []) if r is None else (bare_reference(r, bare), r["cpu_ms"])
+        return ([], [], []) if r is None else (bare_reference(r, bare), r["cpu_ms"], r.get("set"))
 
     def overhead_pairs(key, over):
         a, b = rows.get(key), rows.get(over)
-        return ([], []) if a is None or b is None else (a["cpu_overhead_ms"], b["cpu_overhead_ms"])
+        return (([], [], []) if a is None or b is None
+                else (a["cpu_overhead_ms"], b["cpu_overhead_ms"], a.get("set")))
 
     generic = (results.get("cpu_overhead_vs_generic") or {}).get("default", [])
     together_data = results.get("sampled_together") or {}
     together = together_ratios(together_data)[0]
     if together:
         traced, dropped = together_overheads(together_data)
-        sampled_pairs = (dropped, traced)
+        sampled_pairs = (dropped, traced, [w.get("set", 0) for w in together_data["bare"]])
     else:
         sampled_pairs = overhead_pairs("sampled", "default")
     checks = [
@@ -557,34 +597,39 @@ def budget_table(results: dict) -> "list[str]":
          + (" (loaded together, per window)" if together else ""), "<= 0.20",
          together or results.get("sampled_over_traced", []), 0.20, False, sampled_pairs),
     ]
+    n_sets = results.get("trio_sets", 1)
     out = ["Budget (issue 13; median [min-max] over repetitions, the verdict's figure; beside it the ratio of "
            "the means over the repetitions or windows, with a 90% bootstrap interval: where the interval holds "
-           "the goal, this run cannot tell which side of it the cost is on; the interval is this run's noise "
-           "alone, not the drift between runs):", "",
-           "| target | goal | measured | verdict | ratio of means [90% interval] |", "|---|---|---|---|---|"]
-    for name, goal, values, target, at_least, (num, den) in checks:
+           "the goal, this run cannot tell which side of it the cost is on; "
+           + (f"the trios were started afresh {n_sets} times, and the interval resamples those sets and the "
+              "windows within them, so it holds what stays fixed in a trio for its life; the last column is "
+              "the ratio of means within each set):" if n_sets > 1 else
+              "the interval is this run's noise alone, not the drift between runs):"), "",
+           "| target | goal | measured | verdict | ratio of means [90% interval] |"
+           + (" per trio set |" if n_sets > 1 else ""),
+           "|---|---|---|---|---|" + ("---|" if n_sets > 1 else "")]
+    for name, goal, values, target, at_least, (num, den, groups) in checks:
         measured, verdict = _verdict(values, target, at_least)
-        pooled = ratio_interval(num, den)
+        pooled = ratio_interval(num, den, groups=groups)
         beside = "-" if pooled is None else f"{pooled[0]:.3f} [{pooled[1]:.3f}-{pooled[2]:.3f}]"
-        out.append(f"| {name} | {goal} | {measured} | {verdict} | {beside} |")
+        sets = (" " + (", ".join(f"{x:.3f}" for x in per_set(num, den, groups)) or "-") + " |") if n_sets > 1 else ""
+        out.append(f"| {name} | {goal} | {measured} | {verdict} | {beside} |{sets}")
     d = rows.get("default")
     if d:
         c = results["concurrency"]
         out.append(f"| default preset: rollouts/s ratio to bare, c=1 / c={c} (beside the CPU ratio) | - | "
-                   f"{_spread(d['ratio_c1'])} / {_spread(d['ratio_cn'])} | - | - |")
+                   f"{_spread(d['ratio_c1'])} / {_spread(d['ratio_cn'])} | - | - |" + (" - |" if n_sets > 1 else ""))
         points = d.get("metric_points")
         out.append(f"| default preset: metrics on, exported over OTLP to the collector | yes | "
                    f"{'yes' if points else 'no'} ({points} data points) | "
-                   f"{'**pass**' if points else '**fail**'} | - |")
+                   f"{'**pass**' if points else '**fail**'} | - |" + (" - |" if n_sets > 1 else ""))
     out.append("")
     return out
 
 
 def tear_down(variants: list, policy: Any, collector: Any, sink: Any, scratch: pathlib.Path) -> None:
     """Stop every trio, the policy model, the collector and the sink; remove the scratch dir."""
-    for v in variants:
-        if v.trio is not None:
-            v.trio.stop()
+    stop_trios(variants)
     policy.stop()
     collector.stop()
     sink.close()
@@ -612,7 +657,9 @@ def report(results: dict) -> str:
                  f"variants interleaved ({results['rollouts']} rollouts in all); ratios per repetition, "
                  "median [min-max]"
                  + ("; each variant's concurrency-n window between two of bare's, its reference"
-                    if any(v.get("bare_cpu_ms") for v in variants[1:]) else ""))
+                    if any(v.get("bare_cpu_ms") for v in variants[1:]) else "")
+                 + (f"; every trio stopped and started afresh between the run's {results['trio_sets']} sets of "
+                    "repetitions" if results.get("trio_sets", 1) > 1 else ""))
     lines.append("")
     lines.append(f"| variant | rollouts/s c=1 | ratio to bare c=1 | rollouts/s c={results['concurrency']} | "
                  f"ratio to bare c={results['concurrency']} | server CPU ms/rollout | CPU overhead ms/rollout | "
@@ -633,12 +680,15 @@ def report(results: dict) -> str:
     lines.append("")
     twin = next((v for v in variants if v["key"] == "bare2"), None)
     if twin is not None:
-        interval = ratio_interval(bare_reference(twin, bare), twin["cpu_ms"])
+        interval = ratio_interval(bare_reference(twin, bare), twin["cpu_ms"], groups=twin.get("set"))
         lines.append("A/A, a second bare trio against bare: CPU capacity ratio "
                      f"{_spread(capacity_ratios(twin, bare))}"
                      + (f", ratio of means {interval[0]:.3f} [{interval[1]:.3f}-{interval[2]:.3f}]" if interval else "")
-                     + ". The same code in two trios: how far apart two trios read over a run; the 90% "
-                     "intervals of the budget below hold the noise of the repetitions, not this.")
+                     + ". The same code in two trios: how far apart two trios read over a run; "
+                     + ("the trios were started afresh for each of the run's "
+                        f"{results.get('trio_sets')} sets, and the interval resamples the sets, so it holds this."
+                        if results.get("trio_sets", 1) > 1 else
+                        "the 90% intervals of the budget below hold the noise of the repetitions, not this."))
         lines.append("")
     g = results.get("cpu_overhead_vs_generic")
     if g:
@@ -743,6 +793,10 @@ def main(argv: "list[str] | None" = None) -> int:
                     "bare2: a second bare trio, an A/A, only when named)")
     ap.add_argument("--together-windows", type=int,
                     help="windows with bare, default and sampled out loaded together (default 8, --quick 4)")
+    ap.add_argument("--trio-sets", type=int, default=1,
+                    help="stop every trio and start it afresh this many times over the run (the repetitions and "
+                    "together windows split evenly among the sets): the intervals then hold what stays fixed in "
+                    "a trio for its life; default 1")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
     add_output_options(ap)
     a = ap.parse_args(argv)
@@ -775,26 +829,44 @@ def main(argv: "list[str] | None" = None) -> int:
                               for v in variants}
     policy = PolicyModel().start()
     try:
-        log(f"starting {len(variants)} trios, {a.parallel_starts} at a time")
-        with concurrent.futures.ThreadPoolExecutor(a.parallel_starts) as pool:
-            for future in [pool.submit(start_trio, v, scratch, policy.url) for v in variants]:
-                future.result()
-        body = rollout_body(variants[0].trio)
-        log("warm-up")
-        for v in variants:
-            run_load(v.trio.run_url, body, 10**6, 4, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=1.0)
-        measure_idle(variants)
-        log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
-        by_run_before = {v.key: sink.run_counts(v.run_id) for v in variants}
+        n_sets = max(1, min(a.trio_sets, reps))
+        results["trio_sets"] = n_sets
+        n_windows, seconds = (4, 5.0) if quick else (8, 8.0)
+        n_windows = 0 if "together" in a.skip else (a.together_windows or n_windows)
+        if n_windows:
+            results["together_window"] = {"seconds": seconds, "concurrency": max(1, conc // 2)}
+            together: dict = {}
         bare, others = variants[0], variants[1:]
-        for rep in range(reps):
-            order = rotated(variants, rep)
-            for v in order:
-                v.samples["c1"].append(measure(v, PHASE_C1, t1, 1, body))
-            bracketed_windows(bare, list(reversed(rotated(others, rep))), lambda v: measure(
-                v, PHASE_CN, tn, conc, body, sink))
-            log(f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
-                + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants))
+        by_run_before: dict = {}
+        body = b""
+        for trio_set in range(n_sets):
+            if trio_set:
+                log(f"trio set {trio_set + 1}/{n_sets}: stopping every trio and starting it afresh")
+                stop_trios(variants)
+            start_trios(variants, scratch / f"set{trio_set}", policy.url, a.parallel_starts)
+            body = body or rollout_body(variants[0].trio)
+            log("warm-up")
+            for v in variants:
+                run_load(v.trio.run_url, body, 10**6, 4, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=1.0)
+            measure_idle(variants)
+            log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
+            if not trio_set:
+                by_run_before = {v.key: sink.run_counts(v.run_id) for v in variants}
+            for rep in [r for r in range(reps) if r * n_sets // reps == trio_set]:
+                order = rotated(variants, rep)
+                for v in order:
+                    v.samples["c1"].append({**measure(v, PHASE_C1, t1, 1, body), "set": trio_set})
+                bracketed_windows(bare, list(reversed(rotated(others, rep))), lambda v: {
+                    **measure(v, PHASE_CN, tn, conc, body, sink), "set": trio_set})
+                log(f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
+                    + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants))
+            windows = [i for i in range(n_windows) if i * n_sets // n_windows == trio_set]
+            if windows:
+                log(f"sampled out, loaded together with bare and the default: {len(windows)} of {n_windows} "
+                    f"windows of {seconds:g} s")
+                for key, rows in sampled_together(variants, sink, body, windows, seconds, max(1, conc // 2),
+                                                  trio_set).items():
+                    together.setdefault(key, []).extend(rows)
         wait_settled(sink)
 
         rows = []
@@ -812,6 +884,7 @@ def main(argv: "list[str] | None" = None) -> int:
                 "ratio_c1": [s["rps"] / b["rps"] for s, b in zip(v.samples["c1"], bare.samples["c1"])],
                 "ratio_cn": [s["rps"] / s.get("bare_rps", s["rps"]) for s in v.samples["cn"]],
                 "cpu_ms": [s["cpu_ms"] for s in v.samples["cn"]],
+                "set": [s.get("set", 0) for s in v.samples["cn"]],
                 "bare_cpu_ms": [s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
                 "cpu_overhead_ms": [s["cpu_ms"] - s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
                 "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3,
@@ -838,12 +911,8 @@ def main(argv: "list[str] | None" = None) -> int:
             results["sampled_over_traced"] = [
                 o / t for o, t in zip(sampled["cpu_overhead_ms"], default["cpu_overhead_ms"]) if t > 0]
 
-        if "together" not in a.skip:
-            n_windows, seconds = (4, 5.0) if quick else (8, 8.0)
-            n_windows = a.together_windows or n_windows
-            log(f"sampled out, loaded together with bare and the default: {n_windows} windows of {seconds:g} s")
-            results["together_window"] = {"seconds": seconds, "concurrency": max(1, conc // 2)}
-            results["sampled_together"] = sampled_together(variants, sink, body, n_windows, seconds, max(1, conc // 2))
+        if n_windows:
+            results["sampled_together"] = together
 
         if "startup" not in a.skip and any(v.key == "default" for v in variants):
             log("start-up: import app in each variant's server environment")
