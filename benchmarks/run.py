@@ -845,9 +845,16 @@ def main(argv: "list[str] | None" = None) -> int:
                 stop_trios(variants)
             start_trios(variants, scratch / f"set{trio_set}", policy.url, a.parallel_starts)
             body = body or rollout_body(variants[0].trio)
+            # Warm-up at the windows' own concurrency: a trio's first load at 64 grows its
+            # connection pools, tasks and heap, which would otherwise fall on each variant's
+            # first window (bare's too, but bare has one window per variant, so it is spread
+            # over them): in a run of six trio sets of four repetitions, each set's first
+            # repetition read 0.07-0.8 ms per rollout dearer than its others, every variant.
             log("warm-up")
             for v in variants:
-                run_load(v.trio.run_url, body, 10**6, 4, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=1.0)
+                run_load(v.trio.run_url, body, 10**6, conc, tag=v.load_tag(PHASE_WARMUP), check=rewarded,
+                         duration=2.0)
+            wait_settled(sink, quiet=max(v.flush_s for v in variants) + 1.0)  # idle read without export
             measure_idle(variants)
             log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
             if not trio_set:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import json
 import os
 import pathlib
@@ -91,13 +92,22 @@ _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
 PERF_MAP = os.environ.get("GYM_AUTOINSTR_PERF_MAP", os.path.join(os.sep, "tmp", "perf-{pid}.map"))
 
 
-def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf: bool = False) -> pathlib.Path:
+# With --cache-sim, the last level callgrind simulates is a 2 MB, 16-way cache of 64-byte
+# lines: the per-core L2 of the hosts these runs come from.  What misses it goes to an L3
+# shared with every other process on the machine, which no simulation of one process can
+# model, so the L3 itself is left out.
+SIMULATED_LL = "2097152,16,64"
+
+
+def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf: bool = False,
+              cache_sim: bool = False) -> pathlib.Path:
     """A venv directory for Gym's ``skip_venv_if_present``: its ``activate`` puts its own
     ``bin`` first, where ``python`` runs ``real``'s interpreter under callgrind with
     counting off (switched on by ``callgrind_control -i on`` once the trio is warm).
     ``perf``: with ``-X perf``, every Python function runs through a trampoline of its
     own, which callgrind counts like a C function and the interpreter's perf map
-    (``PERF_MAP``) names."""
+    (``PERF_MAP``) names.  ``cache_sim``: callgrind also simulates the caches and counts
+    first-level and last-level misses."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "activate").write_text(
@@ -106,6 +116,7 @@ def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf
     wrapper.write_text(
         "#!/bin/sh\n"
         f'exec valgrind -q --tool=callgrind --instr-atstart=no --separate-threads=yes '
+        f'{f"--cache-sim=yes --LL={SIMULATED_LL} " if cache_sim else ""}'
         f'--callgrind-out-file="{dumps}/%p.out" '
         f'"{real}/bin/python"{" -X perf" if perf else ""} "$@"\n')
     wrapper.chmod(0o755)
@@ -143,13 +154,18 @@ def newest_dump(dumps: pathlib.Path, pid: int) -> "list[pathlib.Path]":
 
 
 def read_dump(path: pathlib.Path) -> dict:
-    """One callgrind dump of one thread (one event, Ir): ``ir``, all instructions; ``gc``,
-    those inside ``gc_collect_main`` and what it called; ``collections``, the calls of it;
-    ``full``, the full collections among them (a full collection, and only a full one,
-    clears the dict free list from inside ``gc_collect_main``); ``python``, whether the
-    thread ran Python code (the interpreter's ``_PyEval_EvalFrameDefault``)."""
+    """One callgrind dump of one thread: ``ir``, all instructions; ``gc``, those inside
+    ``gc_collect_main`` and what it called; ``collections``, the calls of it; ``full``, the
+    full collections among them (a full collection, and only a full one, clears the dict
+    free list from inside ``gc_collect_main``); ``python``, whether the thread ran Python
+    code (the interpreter's ``_PyEval_EvalFrameDefault``).  With more events than Ir
+    (``--cache-sim``), ``events`` and ``gc_events`` hold each event's total and its part
+    inside ``gc_collect_main``, by the event's name."""
     names: dict[str, str] = {}
-    out = {"ir": 0, "gc": 0, "collections": 0, "full": 0, "python": False}
+    out: dict = {"ir": 0, "gc": 0, "collections": 0, "full": 0, "python": False}
+    events, positions = ["Ir"], 1
+    totals: list[int] = []
+    in_gc: list[int] = []
     current = callee = ""
 
     def name_of(text: str) -> str:
@@ -160,10 +176,22 @@ def read_dump(path: pathlib.Path) -> dict:
             names[m.group(1)] = m.group(2)
         return names.get(m.group(1), "")
 
+    def add(into: list[int], values: "list[str]") -> None:
+        for i, value in enumerate(values):
+            if i == len(into):
+                into.append(0)
+            into[i] += int(value)
+
     with open(path) as fh:
         for line in fh:
             if line.startswith(("summary:", "totals:")):
-                out["ir"] = max(out["ir"], int(line.split()[1]))
+                values = [int(x) for x in line.split()[1:]]
+                if sum(values) >= sum(totals):
+                    totals = values
+            elif line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("positions:"):
+                positions = len(line.split()[1:])
             elif line.startswith("fn="):
                 current = name_of(line[3:])
                 if current == EVAL_FUNCTION:
@@ -177,9 +205,12 @@ def read_dump(path: pathlib.Path) -> dict:
                 elif current == GC_FUNCTION and callee == FULL_ONLY:
                     out["full"] += count
             elif current == GC_FUNCTION and line[:1] and (line[0].isdigit() or line[0] in "+-*"):
-                fields = line.split()
-                if len(fields) >= 2:
-                    out["gc"] += int(fields[-1])
+                add(in_gc, line.split()[positions:])
+    named = dict(zip(events, totals + [0] * (len(events) - len(totals))))
+    named_gc = dict(zip(events, in_gc + [0] * (len(events) - len(in_gc))))
+    out["ir"], out["gc"] = named.get("Ir", 0), named_gc.get("Ir", 0)
+    if len(events) > 1:
+        out["events"], out["gc_events"] = named, named_gc
     return out
 
 
@@ -197,11 +228,21 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
         python = [(path, counts) for path, counts in threads if counts["python"]]
         server = {key: sum(counts[key] for _, counts in python) for key in ("ir", "gc", "collections", "full")}
         server["ir_all_threads"] = sum(counts["ir"] for _, counts in threads)
+        for key in ("events", "gc_events"):
+            if any(key in counts for _, counts in python):
+                server[key] = collections.Counter()
+                for _, counts in python:
+                    server[key].update(counts.get(key, {}))
         server["threads"] = {path.name.rsplit("-", 1)[-1]: (counts["ir"], counts["python"]) for path, counts in threads}
         server["dumps"] = [str(path) for path, _ in python]
         out["servers"][name] = server
     for key in ("ir", "gc", "collections", "full", "ir_all_threads"):
         out[key] = sum(s[key] for s in out["servers"].values())
+    for key in ("events", "gc_events"):
+        if all(key in s for s in out["servers"].values()):
+            out[key] = dict(sum((s[key] for s in out["servers"].values()), collections.Counter()))
+            for s in out["servers"].values():
+                s[key] = dict(s[key])
     if extra:
         out.update(extra)
     return out
@@ -220,6 +261,9 @@ def main(argv: "list[str] | None" = None) -> int:
                     help="also count by Python function (servers run with -X perf) and list the N functions of "
                          "gym_autoinstr and OpenTelemetry whose instructions per rollout differ most from span "
                          "groups off (or bare)")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="also simulate the caches (callgrind --cache-sim=yes) and report first- and last-level "
+                         "misses per rollout beside the instructions; slower")
     add_output_options(ap)
     a = ap.parse_args(argv)
     if printed_saved_report(a, report):
@@ -249,7 +293,8 @@ def main(argv: "list[str] | None" = None) -> int:
         for v in variants:
             dumps[v.key] = scratch / f"dumps-{v.key}"
             dumps[v.key].mkdir()
-            shim = shim_venv(v.venv, scratch / f"shim-{v.key}", dumps[v.key], perf=a.by_function > 0)
+            shim = shim_venv(v.venv, scratch / f"shim-{v.key}", dumps[v.key], perf=a.by_function > 0,
+                             cache_sim=a.cache_sim)
             log(f"{v.label}: starting its trio under valgrind (counting off)")
             v.trio = GymTrio(v.venv, GYM_VERSION, scratch / v.key, policy_url=policy.url, instrument=v.instrument,
                              env=v.env, server_venvs={name: shim for name in SERVERS})
@@ -399,6 +444,62 @@ def summary(row: dict, rate: float) -> dict:
             "full": sum(w["full"] for w in windows)}
 
 
+# A rough cycle model for callgrind's simulated misses (the weights callgrind's own
+# tools suggest): an instruction one cycle, a first-level miss ten, a last-level one 100.
+L1_MISSES = ("I1mr", "D1mr", "D1mw")
+LL_MISSES = ("ILmr", "DLmr", "DLmw")
+L1_CYCLES, LL_CYCLES = 10, 100
+
+
+def cache_per_rollout(row: dict, rates: dict) -> dict:
+    """A variant's simulated cache misses outside garbage collection, per rollout (mean over
+    its windows, each less the idle trio's rate of that event over its length): ``l1``,
+    ``ll`` and ``ir``, and ``cycles`` by the model above."""
+    def outside(window: dict, event: str) -> float:
+        return (window["events"].get(event, 0) - window["gc_events"].get(event, 0)
+                - rates.get(event, 0.0) * window["seconds"]) / window["n"]
+
+    windows = row["load"]
+    mean = {event: statistics.mean(outside(w, event) for w in windows) for event in ("Ir", *L1_MISSES, *LL_MISSES)}
+    l1, ll = sum(mean[e] for e in L1_MISSES), sum(mean[e] for e in LL_MISSES)
+    return {"ir": mean["Ir"], "l1": l1, "ll": ll, "cycles": mean["Ir"] + L1_CYCLES * l1 + LL_CYCLES * ll}
+
+
+def cache_report(results: dict) -> "list[str]":
+    """With ``--cache-sim``: misses per rollout by variant, and what they add to a
+    sampled-out rollout's share of a traced one's cost by the cycle model."""
+    rows = results["variants"]
+    windows = [w for row in rows.values() for w in row["load"] + row["idle"]]
+    if not windows or not all("events" in w for w in windows):
+        return []
+    idle = [w for row in rows.values() for w in row["idle"]]
+    rates = {event: statistics.median(w["events"].get(event, 0) / w["seconds"] for w in idle)
+             for event in ("Ir", *L1_MISSES, *LL_MISSES)} if idle else {}
+    found = {key: cache_per_rollout(row, rates) for key, row in rows.items()}
+    base = found["bare"]
+    lines = ["", "Simulated caches (callgrind `--cache-sim=yes`: each server's threads share one simulated "
+             "first-level cache and, as the last level, a 2 MB one (a core's L2 on these hosts), with nothing "
+             "else on the machine; outside garbage collection, "
+             "less the idle trio's rate), per rollout; estimated cycles = instructions + "
+             f"{L1_CYCLES} x first-level misses + {LL_CYCLES} x last-level misses:", "",
+             "| variant | first-level misses, k | last-level misses, k | over bare: instructions, M | "
+             "first-level, k | last-level, k | estimated cycles, M | bare over variant, estimated cycles |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, row in rows.items():
+        mine = found[key]
+        lines.append(f"| {row['label']} | {mine['l1'] / 1e3:.1f} | {mine['ll'] / 1e3:.1f} | "
+                     + ("- | - | - | - | - |" if key == "bare" else
+                        f"{(mine['ir'] - base['ir']) / 1e6:+.3f} | {(mine['l1'] - base['l1']) / 1e3:+.1f} | "
+                        f"{(mine['ll'] - base['ll']) / 1e3:+.1f} | {(mine['cycles'] - base['cycles']) / 1e6:+.3f} | "
+                        f"{base['cycles'] / mine['cycles']:.3f} |"))
+    if "default" in found and "sampled" in found and found["default"]["cycles"] > base["cycles"]:
+        def share(field: str) -> float:
+            return (found["sampled"][field] - base[field]) / (found["default"][field] - base[field])
+        lines += ["", "A sampled-out rollout over bare, relative to a traced one, by these counts: "
+                  f"instructions {share('ir'):.3f}, estimated cycles {share('cycles'):.3f}"]
+    return lines
+
+
 def report(results: dict) -> str:
     rows = results["variants"]
     bare = rows.get("bare")
@@ -446,6 +547,7 @@ def report(results: dict) -> str:
                   f"{over['sampled'][0] / over['default'][0]:.3f} outside GC"
                   + (f", {over['sampled'][1] / over['default'][1]:.3f} with young collections"
                      if over["default"][1] != over["default"][0] else "")]
+    lines += cache_report(results)
     if results.get("by_function"):
         lines += by_function_report(results["by_function"], {k: r["label"] for k, r in rows.items()})
     return "\n".join(lines)
