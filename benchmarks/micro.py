@@ -241,7 +241,6 @@ def build() -> Bench:
         {**scope, "headers": [(b"content-type", b"application/json"),
                               (b"traceparent", f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-02".encode())]}
         for _ in range(4096)])
-    from opentelemetry import context as otel_context
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
     dropped_context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
