@@ -601,8 +601,8 @@ def budget_table(results: dict) -> "list[str]":
     out = ["Budget (issue 13; median [min-max] over repetitions, the verdict's figure; beside it the ratio of "
            "the means over the repetitions or windows, with a 90% bootstrap interval: where the interval holds "
            "the goal, this run cannot tell which side of it the cost is on; "
-           + (f"the trios were started afresh {n_sets} times, and the interval resamples those sets and the "
-              "windows within them, so it holds what stays fixed in a trio for its life; the last column is "
+           + (f"every trio was started afresh for each of the run's {n_sets} sets, and the interval resamples "
+              "the sets and the windows within them, so it holds what stays fixed in a trio for its life; the last column is "
               "the ratio of means within each set):" if n_sets > 1 else
               "the interval is this run's noise alone, not the drift between runs):"), "",
            "| target | goal | measured | verdict | ratio of means [90% interval] |"
