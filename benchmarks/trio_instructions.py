@@ -214,6 +214,14 @@ def read_dump(path: pathlib.Path) -> dict:
     return out
 
 
+def _summed(counts) -> dict:
+    """Event name -> the sum over ``counts`` (dicts of event name -> count)."""
+    total: collections.Counter = collections.Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total)
+
+
 def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
     """Zero every server's counter, run ``work()``, dump; instructions by server."""
     listed = list(pids.values())
@@ -228,21 +236,17 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
         python = [(path, counts) for path, counts in threads if counts["python"]]
         server = {key: sum(counts[key] for _, counts in python) for key in ("ir", "gc", "collections", "full")}
         server["ir_all_threads"] = sum(counts["ir"] for _, counts in threads)
-        for key in ("events", "gc_events"):
-            if any(key in counts for _, counts in python):
-                server[key] = collections.Counter()
-                for _, counts in python:
-                    server[key].update(counts.get(key, {}))
+        if python and all("events" in counts for _, counts in python):  # --cache-sim
+            for key in ("events", "gc_events"):
+                server[key] = _summed(counts[key] for _, counts in python)
         server["threads"] = {path.name.rsplit("-", 1)[-1]: (counts["ir"], counts["python"]) for path, counts in threads}
         server["dumps"] = [str(path) for path, _ in python]
         out["servers"][name] = server
     for key in ("ir", "gc", "collections", "full", "ir_all_threads"):
         out[key] = sum(s[key] for s in out["servers"].values())
-    for key in ("events", "gc_events"):
-        if all(key in s for s in out["servers"].values()):
-            out[key] = dict(sum((s[key] for s in out["servers"].values()), collections.Counter()))
-            for s in out["servers"].values():
-                s[key] = dict(s[key])
+    if all("events" in s for s in out["servers"].values()):
+        for key in ("events", "gc_events"):
+            out[key] = _summed(s[key] for s in out["servers"].values())
     if extra:
         out.update(extra)
     return out
