@@ -32,7 +32,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import NonRecordingSpan, SpanKind
 
 try:
     from opentelemetry.context import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
@@ -66,11 +66,6 @@ def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> boo
 
 # Read once, when Gym's process is instrumented.
 _LEAN = {"on": client_spans_on_failure_only()}
-
-
-# One mutable cell per traced request: the attempts made inside it (counted on Gym's
-# client session, ``pool.count_attempts``).
-_attempts = pool.attempts
 
 
 def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
@@ -253,6 +248,11 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     span = dispatch = None
     try:
         span, dispatch = _start_client_span(args, kwargs)
+        if type(span) is not NonRecordingSpan:
+            try:
+                span.gym_attempts = 0  # Gym's session counts this call's attempts on its span (pool.count_attempts)
+            except AttributeError:  # a span of another tracer, without room for it: resends not counted
+                pass
         # One context for the call: our span current, and other HTTP client layers
         # silenced when one is loaded (one attach instead of two).
         suppress = _suppress_http_key()
@@ -266,11 +266,12 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             _guarded("ending the span", span.end)
         warn_once("egress:start", "egress tracing skipped (%r); the request is unaffected.", error)
         return await wrapped(*args, **kwargs)
-    call_kwargs = _with_context(span, kwargs)
-    attempts = [0]
-    attempts_token = _attempts.set(attempts)
     try:
-        response = await wrapped(*args, **call_kwargs)
+        call = wrapped(*args, **_with_context(span, kwargs))
+        # Gym's coroutine holds its own copy of the arguments: no dict of them is kept
+        # here for as long as the call runs.
+        kwargs = None
+        response = await call
     except BaseException as error:
         if isinstance(error, Exception):  # cancellation ends the span without ERROR
             _guarded("recording the error", mark_error, span, error)
@@ -289,9 +290,9 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         return response
     finally:
         try:
-            _attempts.reset(attempts_token)
-            if attempts[0] > 1:
-                span.set_attribute("http.request.resend_count", attempts[0] - 1)
+            attempts = getattr(span, "gym_attempts", None)
+            if attempts is not None and attempts > 1:
+                span.set_attribute("http.request.resend_count", attempts - 1)
             span.end()
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)

@@ -296,6 +296,9 @@ class GymServerMiddleware:
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             await self.app(scope, receive, send)
             return
+        # The caller's context (a Context holding a NonRecordingSpan) is not needed past the
+        # start: let it go now rather than hold it for as long as the request runs.
+        parent = None
         started = time.perf_counter()
         live = metrics.LIVE
         if live:

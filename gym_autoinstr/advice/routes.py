@@ -40,7 +40,6 @@ wrapper, so ``rollout_context_advice`` also tags the open seam span when that ha
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 import os
@@ -78,10 +77,6 @@ _MODEL_ROUTES = {
 }
 _MAX_FRAMES = 40
 _SEAM_FLAG = "_gym_autoinstr_seam"
-
-# The seam span of the handler running in this context (tagged by rollout_context_advice).
-_open_seam: contextvars.ContextVar["trace.Span | None"] = contextvars.ContextVar("gym_autoinstr_open_seam", default=None)
-
 
 @dataclass(frozen=True)
 class Seam:
@@ -333,9 +328,8 @@ def _function_wrapper(handler: Callable, seam: Seam) -> Callable:
 
 
 async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
-    token = _open_seam.set(span)
+    entered = propagation.enter_seam(span)
     try:
-        entered = propagation.enter(span)
         try:
             result = await handler(*args, **kwargs)
         finally:
@@ -343,15 +337,12 @@ async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tupl
     except BaseException as error:
         _fail(span, error)
         raise
-    finally:
-        _open_seam.reset(token)
     return _finish(span, seam, result)
 
 
 def _in_seam_now(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
-    token = _open_seam.set(span)
+    entered = propagation.enter_seam(span)
     try:
-        entered = propagation.enter(span)
         try:
             result = handler(*args, **kwargs)
         finally:
@@ -359,8 +350,6 @@ def _in_seam_now(handler: Callable, seam: Seam, span: "trace.Span", args: tuple,
     except BaseException as error:
         _fail(span, error)
         raise
-    finally:
-        _open_seam.reset(token)
     return _finish(span, seam, result)
 
 
@@ -409,7 +398,7 @@ def _generator_wrapper(handler: Callable, seam: Seam) -> Callable:
 
 def rollout_context_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Around ``nemo_gym.rollout_correlation.rollout_context``: tag the open seam span."""
-    span = _open_seam.get()
+    span = propagation.current_context().get(propagation.SEAM_KEY)
     if span is not None:
         try:
             rollout_id = args[0] if args else kwargs.get("rollout_id")

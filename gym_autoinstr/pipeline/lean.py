@@ -60,6 +60,7 @@ class LeanSpan(trace_api.Span):
     __slots__ = (
         "name", "context", "parent", "kind", "start_time", "end_time", "attributes", "events",
         "links", "status", "dropped_attributes", "dropped_events", "_tracer",
+        "gym_attempts",  # the attempts of a traced Gym request, when this is its CLIENT span (pipeline/pool.py)
     )
 
     dropped_links = 0
@@ -79,6 +80,7 @@ class LeanSpan(trace_api.Span):
         self.dropped_attributes = 0
         self.dropped_events = 0
         self._tracer = tracer
+        self.gym_attempts: "int | None" = None
 
     # what the SDK's ReadableSpan also offers, for processors and exporters
     @property

@@ -53,8 +53,11 @@ RETRY_REASON = "nemo.gym.http.retry_reason"
 _state: dict[str, Any] = {"histogram": None, "trace_config": None, "names": None, "retries": None, "timeouts": None}
 # destination server name -> [connections opened]; read by the observable counter.
 _connects: dict[str, list[int]] = {}
-# One mutable cell per traced Gym request (advice/egress.py): the attempts made inside it.
-attempts: contextvars.ContextVar["list[int] | None"] = contextvars.ContextVar("gym_autoinstr_attempts", default=None)
+# The attempts made inside a traced Gym request are counted on its CLIENT span, the
+# current span while Gym's request runs: ``advice/egress.py`` starts the count by setting
+# this attribute to 0 (a slot of ``lean.LeanSpan``; an instance attribute of the SDK's
+# span); ``count_attempts`` adds one per attempt to a current span that has it.
+ATTEMPTS = "gym_attempts"
 # (method, url, reason) of this task's last failed attempt, until its next attempt starts.
 _failed: contextvars.ContextVar["tuple[str, Any, str] | None"] = contextvars.ContextVar("gym_autoinstr_failed", default=None)
 _TIMEOUTS = ({INTERNAL: False}, {INTERNAL: True})
@@ -271,7 +274,11 @@ def _hook(session: Any) -> None:
         if failed is not None:
             _count_retry_of(failed, str(method).upper(), str(str_or_url))
         try:
-            return await request(method, str_or_url, *args, **kwargs)
+            call = request(method, str_or_url, *args, **kwargs)
+            # aiohttp's coroutine holds the arguments it takes: the dict of them made for
+            # this frame is let go rather than kept for as long as the attempt runs.
+            args = kwargs = None
+            return await call
         except BaseException as error:
             _failed_attempt(str(method).upper(), str(str_or_url), _url(str_or_url), error)
             raise
@@ -305,19 +312,24 @@ def _url(str_or_url: Any) -> Any:
 
 def count_attempts(session: Any) -> None:
     """Count the attempts Gym's ``server_utils.request`` makes on ``session`` (its retries
-    call ``session.request`` again) into the cell of the traced request they are made in
-    (``attempts``), through an instance attribute on this session alone: a patch of
+    call ``session.request`` again) on the span of the traced request they are made in
+    (``ATTEMPTS``), through an instance attribute on this session alone: a patch of
     ``ClientSession.request`` would make every call on every session build a bound
-    wrapper first (about 9 k instructions a call; this costs about a fifth of that)."""
+    wrapper first (about 9 k instructions a call; this costs about a fifth of that).
+    (A per-request cell in a ContextVar of its own took two objects, a list and the
+    set's token, that lived as long as the call.)"""
     if getattr(session, "__dict__", {}).get("request") is not None:
         return  # counted already
+    from . import propagation
+
     request = session.request
-    cell = attempts
+    current, key = propagation.current_context, propagation._SPAN_KEY  # (an API without the key: nothing counted)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        made = cell.get()
+        span = current().get(key)
+        made = getattr(span, "gym_attempts", None)
         if made is not None:
-            made[0] += 1
+            span.gym_attempts = made + 1
         return request(*args, **kwargs)
 
     # An instance attribute, past ClientSession's debug-mode __setattr__ warning

@@ -137,6 +137,27 @@ def _entering_by_layout() -> Any:
     return enter
 
 
+# The key under which a recorded seam's span is also kept in the context it makes current
+# (``advice/routes.py``: the span ``rollout_context`` tags, found by calls made inside the
+# handler); one attach for both, instead of a ContextVar of its own set and reset.
+SEAM_KEY = otel_context.create_key("gym_autoinstr.open_seam")
+
+
+def _entering_seam_by_layout() -> Any:
+    """``enter_seam(span)``: ``enter(span)`` with ``span`` also under ``SEAM_KEY``."""
+    if not _span_layout() or _RUNTIME_VAR is None:  # pragma: no cover
+        return lambda span: otel_context.attach(otel_context.set_value(SEAM_KEY, span, trace.set_span_in_context(span)))
+    new, key, seam, get, set_ = otel_context.Context, _SPAN_KEY, SEAM_KEY, _RUNTIME_VAR.get, _RUNTIME_VAR.set
+
+    def enter_seam(span: Any) -> Any:
+        values = get().copy()
+        values[key] = span
+        values[seam] = span
+        return set_(new(values))
+
+    return enter_seam
+
+
 # For a span set over a given context, not attached (the ingress attaches its own).
 with_span = _with_span_by_layout()
 
@@ -144,6 +165,7 @@ with_span = _with_span_by_layout()
 # to ``detach`` in a ``finally``.  ``use_span(..., record_exception=False,
 # set_status_on_exception=False)``, which this replaces, did nothing else.
 enter = _entering_by_layout()
+enter_seam = _entering_seam_by_layout()
 
 
 # Every value of a traceparent's flags byte, one shared TraceFlags each (an int with an

@@ -299,13 +299,15 @@ def test_client_spans_setting_values():
 
 def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
     """The attempts are counted through Gym's own client session (an attribute of that
-    session): aiohttp's ClientSession class is left as it is, so no other session's call
-    pays for it, and an untraced call through Gym's session counts nothing."""
+    session), on the current span when it is counting (``gym_attempts``, set by a traced
+    request): aiohttp's ClientSession class is left as it is, so no other session's call
+    pays for it, and a call through Gym's session under no counting span counts nothing."""
     import aiohttp
     import wrapt
     from nemo_gym import server_utils
+    from opentelemetry import trace
 
-    from gym_autoinstr.pipeline import pool
+    from gym_autoinstr.pipeline import lean, propagation
 
     app = _echo_app()
     with serve(app) as base:
@@ -313,22 +315,41 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
     session = server_utils.get_global_aiohttp_client()
     assert "request" in vars(session)  # the counter, on this session
     assert not isinstance(vars(aiohttp.ClientSession)["request"], wrapt.FunctionWrapper)
-    cell = [0]
 
-    async def other_session_request() -> None:  # another session, under a traced call's counter
+    async def other_session_request() -> None:  # another session, under a counting span
         async with aiohttp.ClientSession() as other:
             assert "request" not in vars(other)
             other.request("GET", "http://127.0.0.1:9/never")._coro.close()  # made, not sent
 
-    token = pool.attempts.set(cell)
-    try:
-        run_async(other_session_request())
-        assert cell == [0]  # not Gym's session: not counted
+    def never() -> None:
         session.request("GET", "http://127.0.0.1:9/never")._coro.close()  # made, not sent
-    finally:
-        pool.attempts.reset(token)
-    assert cell == [1]
-    session.request("GET", "http://127.0.0.1:9/never")._coro.close()  # no traced request: nothing counted
-    assert cell == [1]
+
+    # the SDK's span (an instance attribute) and a lean span (a slot that starts as None)
+    sdk_span = trace.get_tracer("test").start_span("call")
+    lean_span = lean.LeanSpan(type("T", (), {})(), "call", sdk_span.get_span_context(), None,
+                              trace.SpanKind.CLIENT, {}, (), 1)
+    assert lean_span.gym_attempts is None
+    for span in (sdk_span, lean_span):
+        token = propagation.enter(span)
+        try:
+            never()  # not counting yet: nothing
+            assert getattr(span, "gym_attempts", None) is None
+            span.gym_attempts = 0
+            run_async(other_session_request())
+            assert span.gym_attempts == 0  # not Gym's session: not counted
+            never()
+            never()
+            assert span.gym_attempts == 2
+            child = trace.NonRecordingSpan(span.get_span_context())  # another span current: not this one's
+            inner = propagation.enter(child)
+            try:
+                never()
+            finally:
+                propagation.detach(inner)
+            assert span.gym_attempts == 2
+        finally:
+            propagation.detach(token)
+        never()  # no counting span current: nothing counted
+        assert span.gym_attempts == 2
     (span,) = _client_spans(spans)
     assert "http.request.resend_count" not in span.attributes  # one attempt: no resend

@@ -156,6 +156,48 @@ def test_each_seam_is_an_internal_span_under_the_server_span(instrumented, spans
     assert seam.status.status_code == StatusCode.UNSET
 
 
+def test_rollout_context_tags_the_open_seam_from_inside_a_child_span(instrumented, spans):
+    """``rollout_context`` (Gym 0.5+) entered in a seam handler, here under a span of the
+    handler's own: the rollout id goes on the seam span (kept in the context the seam made
+    current), not on the child; outside any seam nothing is tagged."""
+    from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+    from opentelemetry import trace
+
+    from gym_autoinstr.advice import routes
+
+    entered: list[str] = []
+
+    def rollout_context(rollout_id):  # stands in for nemo_gym.rollout_correlation.rollout_context
+        entered.append(rollout_id)
+        return rollout_id
+
+    class Agent(SimpleResponsesAPIAgent):
+        async def responses(self, body: Ask) -> dict:
+            return {"id": "r"}
+
+        async def run(self, body: Ask) -> dict:
+            with trace.get_tracer("test").start_as_current_span("handler's own"):
+                routes.rollout_context_advice(rollout_context, None, ("rollout-7",), {})
+            return {"reward": 1.0}
+
+    server = Agent(config=_config(BaseResponsesAPIAgentConfig, "my_agent"), server_client=_client())
+    app = server.setup_webserver()
+    instrument_app(app, server.config.name)
+    with serve(app) as base:
+        status, _ = _post(base + "/run", {"question": "q"})
+    assert status == 200 and entered == ["rollout-7"]
+    (seam,) = _named(spans)
+    (child,) = [s for s in spans.get_finished_spans() if s.name == "handler's own"]
+    assert seam.name == "gym.rollout" and child.parent.span_id == seam.context.span_id
+    assert seam.attributes["nemo.gym.rollout.id"] == "rollout-7"
+    assert "nemo.gym.rollout.id" not in child.attributes
+    spans.clear()
+    with trace.get_tracer("test").start_as_current_span("no seam"):
+        routes.rollout_context_advice(rollout_context, None, ("rollout-8",), {})
+    (outside,) = spans.get_finished_spans()
+    assert entered == ["rollout-7", "rollout-8"] and "nemo.gym.rollout.id" not in outside.attributes
+
+
 def test_other_routes_of_a_gym_server_get_no_seam(instrumented, spans):
     app = _resources().setup_webserver()
     assert not hasattr(_route(app, "/seed_session").endpoint, "_gym_autoinstr_seam")
