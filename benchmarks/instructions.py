@@ -17,7 +17,8 @@ commit), side by side with the working tree.
     ./run-benchmarks --instructions [--sites ingress,request] [--code DIR ...]
 
 ``--objects`` counts, instead, the GC-tracked objects a request holds alive while its
-response starts (sites ``ingress`` and ``hop``; no valgrind, exact): under load a
+response starts (sites ``ingress`` and ``hop``), or while the call or handler it wraps
+runs (``request``, ``handler``; no valgrind, exact): under load a
 request lives through many young collections, so each such object is carried into the
 older generations, whose collections walk it again; a full collection walks every
 object there, and comes once a quarter of that number has been carried in, so each
@@ -93,7 +94,11 @@ def _objects(site: str, variant: str, n: int) -> None:
     with bench.variant(variant):
         for _ in range(WARM_UP):
             fn()
-        micro.ALIVE = seen = []
+        seen: list[int] = []
+        if site in OBJECT_SITES_IN_CALL:
+            micro.ALIVE_IN_CALL = seen
+        else:
+            micro.ALIVE = seen
         gc.disable()
         try:
             for _ in range(n):
@@ -103,7 +108,7 @@ def _objects(site: str, variant: str, n: int) -> None:
                 fn()
                 alive.append(seen[0] - start)
         finally:
-            micro.ALIVE = None
+            micro.ALIVE = micro.ALIVE_IN_CALL = None
             gc.enable()
     print(sum(alive) / len(alive))
 
@@ -179,12 +184,14 @@ def run_objects(python: pathlib.Path, sites: dict, codes: "list[str | None]", ca
     return results
 
 
-OBJECT_SITES = ("ingress", "hop")  # the sites whose app sends a response through the server's send
+OBJECT_SITES_IN_CALL = ("request", "handler")  # counted inside the call our advice wraps
+OBJECT_SITES = ("ingress", "hop", *OBJECT_SITES_IN_CALL)  # ingress, hop: when the app sends its response start
 
 TITLES = {
     "instructions": "Instructions per call (valgrind callgrind; in brackets: more than the site's `unwrapped`)",
-    "objects": "GC-tracked objects alive when the app sends its response start, per call (the collector "
-               "off; in brackets: more than the site's `unwrapped`)",
+    "objects": "GC-tracked objects alive when the app sends its response start (ingress, hop) or inside the "
+               "wrapped call (request, handler), per call (the collector off; in brackets: more than the site's "
+               "`unwrapped`)",
 }
 
 
@@ -229,8 +236,9 @@ def main(argv: "list[str] | None" = None) -> int:
                     f"{OBJECT_CALLS} with --objects)")
     ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
     ap.add_argument("--objects", action="store_true",
-                    help="count GC-tracked objects alive when the app sends its response start, instead of "
-                         f"instructions (no valgrind; sites {', '.join(OBJECT_SITES)})")
+                    help="count GC-tracked objects alive when the app sends its response start (or, for "
+                         f"{', '.join(OBJECT_SITES_IN_CALL)}, inside the wrapped call), instead of instructions "
+                         f"(no valgrind; sites {', '.join(OBJECT_SITES)})")
     a = ap.parse_args(argv)
     for code in a.code:
         if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():
@@ -247,7 +255,7 @@ def main(argv: "list[str] | None" = None) -> int:
     if a.objects:
         wanted = [s for s in wanted if s in OBJECT_SITES] if not a.sites else wanted
         if any(s not in OBJECT_SITES for s in wanted):
-            ap.error(f"--objects: sites {', '.join(OBJECT_SITES)} only (their app sends a response)")
+            ap.error(f"--objects: sites {', '.join(OBJECT_SITES)} only")
     sites = {s: SITES[s] for s in wanted}
     measure = run_objects if a.objects else run
     calls = a.calls if a.calls is not None else (OBJECT_CALLS if a.objects else CALLS)

@@ -63,6 +63,9 @@ import timeit
 # holds each time it runs (``instructions.py --objects``: what is alive while a response
 # starts).
 ALIVE: "list[int] | None" = None
+# The same, appended by the wrapped call itself (``request``, ``verify``): what is alive
+# while Gym's call or handler runs inside our egress or seam.
+ALIVE_IN_CALL: "list[int] | None" = None
 
 
 def _drive(coro):
@@ -181,6 +184,8 @@ def build() -> Bench:
         status = 200
 
     async def request(method, url, **kwargs):  # nemo_gym.server_utils.request's shape
+        if ALIVE_IN_CALL is not None:  # (instructions.py --objects)
+            ALIVE_IN_CALL.append(len(gc.get_objects(generation=0)))
         return Response
 
     try:  # as the egress pointcut wraps it (older trees, for --code: a bare FunctionWrapper)
@@ -196,6 +201,8 @@ def build() -> Bench:
     body = Body()
 
     async def verify(body):
+        if ALIVE_IN_CALL is not None:
+            ALIVE_IN_CALL.append(len(gc.get_objects(generation=0)))
         return body
 
     seam = routes.Seam("gym.verify", groups.VERIFY, server=None, server_name="example_single_tool_call")

@@ -257,9 +257,9 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         # silenced when one is loaded (one attach instead of two).
         suppress = _suppress_http_key()
         if suppress is None:
-            context_token = propagation.enter(span)
+            entered = propagation.enter(span)
         else:
-            context_token = otel_context.attach(otel_context.set_value(suppress, True, trace.set_span_in_context(span)))
+            entered = propagation.swap(otel_context.set_value(suppress, True, trace.set_span_in_context(span)))
     except Exception as error:
         # Our half failed before the request: make it untraced, exactly as Gym would.
         if span is not None:
@@ -296,7 +296,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             span.end()
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)
-        _guarded("restoring the context", propagation.detach, context_token)
+        _guarded("restoring the context", propagation.leave, entered)
 
 
 def _with_context(span: Any, kwargs: dict, context: "otel_context.Context | None" = None) -> dict:

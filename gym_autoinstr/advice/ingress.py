@@ -247,16 +247,20 @@ class GymServerMiddleware:
         await self.app(scope, receive, self._flushing_send(send))
 
     async def _dropped(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context) -> None:
-        token = propagation.attach(parent)
+        previous = propagation.current_context()
+        propagation.attach(parent)
         try:
             await self.app(scope, receive, send)
         finally:
-            propagation.detach(token)
+            propagation.leave(previous)
 
     async def _measured(self, scope: dict, receive: Any, send: Any, parent: "otel_context.Context | None") -> None:
         """Metrics without a SERVER span: the ``server`` group off, or the caller's span
         dropped (then ``parent``, its context, is current while the request runs)."""
-        token = propagation.attach(parent) if parent is not None else None
+        previous = None
+        if parent is not None:
+            previous = propagation.current_context()
+            propagation.attach(parent)
         in_flight = self.in_flight
         in_flight[0] += 1
         started = time.perf_counter()
@@ -269,11 +273,8 @@ class GymServerMiddleware:
                 _record(scope, response, started)
             except Exception as error:
                 warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
-            if token is not None:
-                try:
-                    propagation.reset(token)
-                except Exception:
-                    propagation.detach(token)
+            if previous is not None:
+                propagation.leave(previous)
 
     def _flushing_send(self, send: Any) -> Any:
         async def lifespan_send(message: dict) -> None:
@@ -291,7 +292,7 @@ class GymServerMiddleware:
     async def _traced(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context,
                       root_id: "int | None" = None) -> None:
         try:
-            span, token = self._start(scope, parent, root_id)
+            span, previous = self._start(scope, parent, root_id)
         except Exception as error:  # our half failed: serve the request untraced
             warn_once("ingress:start", "ingress tracing skipped (%r); requests are served as usual.", error)
             await self.app(scope, receive, send)
@@ -327,10 +328,7 @@ class GymServerMiddleware:
             except Exception as error:
                 warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
             finally:
-                try:
-                    propagation.reset(token)
-                except Exception:
-                    propagation.detach(token)
+                propagation.leave(previous)
 
     @staticmethod
     def _start(scope: dict, parent: otel_context.Context, root_id: "int | None" = None) -> tuple[Any, object]:
@@ -359,7 +357,9 @@ class GymServerMiddleware:
             except Exception as error:
                 warn_once("ingress:dropped-root", "ingress: keeping a dropped root failed (%r); its calls ask "
                           "as usual.", error)
-        return span, propagation.attach(context)
+        previous = propagation.current_context()
+        propagation.attach(context)
+        return span, previous
 
     @staticmethod
     def _finish(scope: dict, span: Any, status: "int | None", route: "str | None") -> None:

@@ -335,7 +335,7 @@ def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
         try:
             result = wrapped(*args, **kwargs)
         finally:
-            propagation.detach(token)
+            propagation.leave(token)
     except BaseException as error:
         if isinstance(error, Exception):
             mark_error(span, error)

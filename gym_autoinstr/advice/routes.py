@@ -333,7 +333,7 @@ async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tupl
         try:
             result = await handler(*args, **kwargs)
         finally:
-            propagation.detach(entered)
+            propagation.leave(entered)
     except BaseException as error:
         _fail(span, error)
         raise
@@ -346,7 +346,7 @@ def _in_seam_now(handler: Callable, seam: Seam, span: "trace.Span", args: tuple,
         try:
             result = handler(*args, **kwargs)
         finally:
-            propagation.detach(entered)
+            propagation.leave(entered)
     except BaseException as error:
         _fail(span, error)
         raise

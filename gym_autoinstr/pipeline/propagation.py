@@ -88,6 +88,22 @@ else:  # pragma: no cover
     attach = otel_context.attach
     detach = reset = otel_context.detach
 
+# The per-request paths (ingress, seams, calls) keep the context that was current, not a
+# token: ``previous = current_context(); attach(context)`` (or ``enter``/``enter_seam``
+# below, which return it), then ``leave(previous)`` sets it back.  That context is alive
+# anyway (the state the attach replaced held it); a token would be a new object, held by
+# the request's coroutine for as long as the request runs: long enough, in a busy server,
+# for the young collections to carry it into the oldest generation, whose collections
+# walk it.
+leave = attach
+
+
+def swap(context: otel_context.Context) -> otel_context.Context:
+    """Attach ``context``; returns the context ``leave`` restores."""
+    previous = current_context()
+    attach(context)
+    return previous
+
 
 def _span_layout() -> bool:
     """Whether the API keeps a context's span under ``_SPAN_KEY`` in a plain-dict
@@ -123,16 +139,18 @@ def _with_span_by_layout() -> Any:
 
 def _entering_by_layout() -> Any:
     """``enter(span)``: what ``trace.use_span(span)`` does on entry (the current context
-    with ``span`` set in it, attached; the token returned for ``detach``), without the
-    generator-based context manager's frames."""
+    with ``span`` set in it, attached), without the generator-based context manager's
+    frames; returns what ``leave`` restores."""
     if not _span_layout() or _RUNTIME_VAR is None:  # pragma: no cover
-        return lambda span: otel_context.attach(trace.set_span_in_context(span))
+        return lambda span: swap(trace.set_span_in_context(span))
     new, key, get, set_ = otel_context.Context, _SPAN_KEY, _RUNTIME_VAR.get, _RUNTIME_VAR.set
 
     def enter(span: Any) -> Any:
-        values = get().copy()
+        previous = get()
+        values = previous.copy()
         values[key] = span
-        return set_(new(values))
+        set_(new(values))
+        return previous
 
     return enter
 
@@ -146,14 +164,16 @@ SEAM_KEY = otel_context.create_key("gym_autoinstr.open_seam")
 def _entering_seam_by_layout() -> Any:
     """``enter_seam(span)``: ``enter(span)`` with ``span`` also under ``SEAM_KEY``."""
     if not _span_layout() or _RUNTIME_VAR is None:  # pragma: no cover
-        return lambda span: otel_context.attach(otel_context.set_value(SEAM_KEY, span, trace.set_span_in_context(span)))
+        return lambda span: swap(otel_context.set_value(SEAM_KEY, span, trace.set_span_in_context(span)))
     new, key, seam, get, set_ = otel_context.Context, _SPAN_KEY, SEAM_KEY, _RUNTIME_VAR.get, _RUNTIME_VAR.set
 
     def enter_seam(span: Any) -> Any:
-        values = get().copy()
+        previous = get()
+        values = previous.copy()
         values[key] = span
         values[seam] = span
-        return set_(new(values))
+        set_(new(values))
+        return previous
 
     return enter_seam
 
@@ -161,8 +181,8 @@ def _entering_seam_by_layout() -> Any:
 # For a span set over a given context, not attached (the ingress attaches its own).
 with_span = _with_span_by_layout()
 
-# For the spans our advice makes current around Gym's work (seams, calls): the token goes
-# to ``detach`` in a ``finally``.  ``use_span(..., record_exception=False,
+# For the spans our advice makes current around Gym's work (seams, calls): what it returns
+# goes to ``leave`` in a ``finally``.  ``use_span(..., record_exception=False,
 # set_status_on_exception=False)``, which this replaces, did nothing else.
 enter = _entering_by_layout()
 enter_seam = _entering_seam_by_layout()

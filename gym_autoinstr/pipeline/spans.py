@@ -87,7 +87,7 @@ async def run_in_span(span: trace.Span, call: Any, after: Any = None, label: str
         try:
             result = await call()
         finally:
-            propagation.detach(entered)
+            propagation.leave(entered)
         if after is not None:
             try:
                 after(span, result)

@@ -345,10 +345,10 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
             try:
                 never()
             finally:
-                propagation.detach(inner)
+                propagation.leave(inner)
             assert span.gym_attempts == 2
         finally:
-            propagation.detach(token)
+            propagation.leave(token)
         never()  # no counting span current: nothing counted
         assert span.gym_attempts == 2
     (span,) = _client_spans(spans)

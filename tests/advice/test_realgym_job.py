@@ -16,7 +16,6 @@ start time (the run's own spans start after it is launched) and by its ``gym.job
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path

@@ -218,7 +218,7 @@ def test_with_span_makes_the_context_set_span_in_context_makes():
 
 def test_enter_makes_the_span_current_as_use_span_does():
     """``propagation.enter``: the span current, everything else of the context kept
-    (baggage), the same context ``use_span`` makes; ``detach`` restores the one before."""
+    (baggage), the same context ``use_span`` makes; ``leave`` restores the one before."""
     outer = context.attach(baggage.set_baggage("tenant", "a"))
     try:
         before = context.get_current()
@@ -231,7 +231,7 @@ def test_enter_makes_the_span_current_as_use_span_does():
             with trace.use_span(span):
                 assert context.get_current() == inside
         finally:
-            propagation.detach(token)
+            propagation.leave(token)
         assert context.get_current() is before
     finally:
         context.detach(outer)
