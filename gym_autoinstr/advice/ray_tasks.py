@@ -331,11 +331,11 @@ def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dic
 
 def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        token = propagation.enter(span)
+        entered = propagation.enter(span)
         try:
             result = wrapped(*args, **kwargs)
         finally:
-            propagation.leave(token)
+            propagation.leave(entered)
     except BaseException as error:
         if isinstance(error, Exception):
             mark_error(span, error)

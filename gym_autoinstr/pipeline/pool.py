@@ -55,9 +55,8 @@ _state: dict[str, Any] = {"histogram": None, "trace_config": None, "names": None
 _connects: dict[str, list[int]] = {}
 # The attempts made inside a traced Gym request are counted on its CLIENT span, the
 # current span while Gym's request runs: ``advice/egress.py`` starts the count by setting
-# this attribute to 0 (a slot of ``lean.LeanSpan``; an instance attribute of the SDK's
-# span); ``count_attempts`` adds one per attempt to a current span that has it.
-ATTEMPTS = "gym_attempts"
+# the span's ``gym_attempts`` to 0 (a slot of ``lean.LeanSpan``; an instance attribute of
+# the SDK's span); ``count_attempts`` adds one per attempt to a current span that has it.
 # (method, url, reason) of this task's last failed attempt, until its next attempt starts.
 _failed: contextvars.ContextVar["tuple[str, Any, str] | None"] = contextvars.ContextVar("gym_autoinstr_failed", default=None)
 _TIMEOUTS = ({INTERNAL: False}, {INTERNAL: True})
@@ -313,7 +312,7 @@ def _url(str_or_url: Any) -> Any:
 def count_attempts(session: Any) -> None:
     """Count the attempts Gym's ``server_utils.request`` makes on ``session`` (its retries
     call ``session.request`` again) on the span of the traced request they are made in
-    (``ATTEMPTS``), through an instance attribute on this session alone: a patch of
+    (``gym_attempts``), through an instance attribute on this session alone: a patch of
     ``ClientSession.request`` would make every call on every session build a bound
     wrapper first (about 9 k instructions a call; this costs about a fifth of that).
     (A per-request cell in a ContextVar of its own took two objects, a list and the
