@@ -616,7 +616,8 @@ def main(argv: "list[str] | None" = None) -> int:
                     "(default 8 s, 4 with --quick; 60 to read per-second work such as the metric export)")
     ap.add_argument("--variants", default="default",
                     help="besides bare, comma-separated: default, off, sampled, per_rollout, all, generic, "
-                    "bare2 (a second bare trio: an A/A) (default: default)")
+                    "bare2 (a second bare trio: an A/A), inert (ours loaded and patched, OTEL_SDK_DISABLED=true) "
+                    "(default: default)")
     ap.add_argument("--lever", action="append", default=[], metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
                     help="one more variant: ours, default (or BASE: default, sampled, off), with these environment "
                     "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "

@@ -109,8 +109,9 @@ class Variant:
 SPAN_GROUPS = "GYM_AUTOINSTR_SPAN_GROUPS"
 RUN_ID = "NEMO_GYM_OTEL_RUN_ID"  # ours: the resource's nemo.gym.run.id, so the sink tells the trios apart
 SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-VARIANT_KEYS = ("bare", "generic", "off", "default", "sampled", "per_rollout", "all", "bare2")
-UNINSTRUMENTED = ("bare", "bare2")  # no metrics of ours to count at the sink
+VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "sampled", "per_rollout", "all", "bare2")
+UNINSTRUMENTED = ("bare", "bare2", "inert")  # no metrics of ours to count at the sink
+ONLY_WHEN_NAMED = ("bare2", "inert")  # not in a run that names no variants
 
 
 def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None,
@@ -135,6 +136,10 @@ def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None
         "bare2": lambda: Variant("bare2", "bare, a second trio (A/A)", venvs["bare"], False, dict(extra)),
         "generic": lambda: Variant("generic", "generic", venvs["generic"], instrument, {**otlp, **extra},
                                    flush_s=5.0),
+        # Everything of ours loaded and patched (OpenTelemetry's start-up, our modules, the
+        # gated wrappers, the frozen start-up heap), but no SDK: no spans, no metrics.  What
+        # the process's footprint costs before any per-request work, the floor under `off`.
+        "inert": lambda: ours("inert", "ours, inert (no SDK)", {SPAN_GROUPS: "none", "OTEL_SDK_DISABLED": "true"}),
         "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
         "default": lambda: ours("default", "ours, default", {SPAN_GROUPS: "default"}),
         "sampled": lambda: ours("sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT},
@@ -690,6 +695,15 @@ def report(results: dict) -> str:
                         if results.get("trio_sets", 1) > 1 else
                         "the 90% intervals of the budget below hold the noise of the repetitions, not this."))
         lines.append("")
+    inert = next((v for v in variants if v["key"] == "inert"), None)
+    if inert is not None:
+        beyond = {v["key"]: [a - b for a, b in zip(v["cpu_overhead_ms"], inert["cpu_overhead_ms"])]
+                  for v in variants[1:] if v["key"] not in ("inert", "bare2", "generic")}
+        lines.append("Inert (ours loaded and patched, no SDK: the footprint before any per-request work): CPU "
+                     f"overhead {_spread(inert['cpu_overhead_ms'], '{:.2f}')} ms per rollout; each variant's overhead "
+                     "beyond it, per repetition: "
+                     + ", ".join(f"{k} {_spread(d, '{:.2f}')} ms" for k, d in beyond.items()))
+        lines.append("")
     g = results.get("cpu_overhead_vs_generic")
     if g:
         lines.append("CPU overhead per rollout relative to the generic stack's (same repetition): "
@@ -790,7 +804,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--variants", help=f"comma-separated subset of: {','.join(VARIANT_KEYS)} "
                     "(bare is always included: it is the reference; sampled: ours default with "
                     "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent; "
-                    "bare2: a second bare trio, an A/A, only when named)")
+                    "bare2: a second bare trio, an A/A, only when named; inert: ours loaded and patched with "
+                    "OTEL_SDK_DISABLED=true and span groups none, the footprint alone, only when named)")
     ap.add_argument("--together-windows", type=int,
                     help="windows with bare, default and sampled out loaded together (default 8, --quick 4)")
     ap.add_argument("--trio-sets", type=int, default=1,
@@ -823,7 +838,7 @@ def main(argv: "list[str] | None" = None) -> int:
     sink = CountingSink()
     collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    keys = [k.strip() for k in a.variants.split(",")] if a.variants else [k for k in VARIANT_KEYS if k != "bare2"]
+    keys = [k.strip() for k in a.variants.split(",")] if a.variants else [k for k in VARIANT_KEYS if k not in ONLY_WHEN_NAMED]
     variants = make_variants(keys, {"bare": bare_venv, "generic": generic_venv, "ours": ours_venv}, otlp)
     results["variant_env"] = {v.key: {k: val for k, val in v.env.items() if not k.startswith("OTEL_EXPORTER")}
                               for v in variants}
