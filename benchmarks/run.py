@@ -698,7 +698,7 @@ def report(results: dict) -> str:
     inert = next((v for v in variants if v["key"] == "inert"), None)
     if inert is not None:
         beyond = {v["key"]: [a - b for a, b in zip(v["cpu_overhead_ms"], inert["cpu_overhead_ms"])]
-                  for v in variants[1:] if v["key"] not in ("inert", "bare2", "generic")}
+                  for v in variants if v["key"] not in (*UNINSTRUMENTED, "generic")}
         lines.append("Inert (ours loaded and patched, no SDK: the footprint before any per-request work): CPU "
                      f"overhead {_spread(inert['cpu_overhead_ms'], '{:.2f}')} ms per rollout; each variant's overhead "
                      "beyond it, per repetition: "
