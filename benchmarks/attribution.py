@@ -63,7 +63,7 @@ import time
 from benchmarks.load import run_load
 from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, add_output_options, finish,
                             load_together, log, machine, make_variants, printed_saved_report, rewarded, rollout_body,
-                            rotated, settle, start_trios, tear_down, use_bench_venvs)
+                            rotated, settle, start_trios, tear_down, use_bench_venvs, variants_help)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -615,9 +615,7 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--idle-seconds", type=float, help="length of the idle baseline, reported by thread "
                     "(default 8 s, 4 with --quick; 60 to read per-second work such as the metric export)")
     ap.add_argument("--variants", default="default",
-                    help="besides bare, comma-separated: default, off, sampled, per_rollout, all, generic, "
-                    "bare2 (a second bare trio: an A/A), inert (ours loaded and patched, OTEL_SDK_DISABLED=true) "
-                    "(default: default)")
+                    help="besides bare, comma-separated (default: default): " + variants_help())
     ap.add_argument("--lever", action="append", default=[], metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
                     help="one more variant: ours, default (or BASE: default, sampled, off), with these environment "
                     "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "

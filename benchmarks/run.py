@@ -112,6 +112,26 @@ SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_S
 VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "sampled", "per_rollout", "all", "bare2")
 UNINSTRUMENTED = ("bare", "bare2", "inert")  # no metrics of ours to count at the sink
 ONLY_WHEN_NAMED = ("bare2", "inert")  # not in a run that names no variants
+# What each variant is, for the commands' --help (bare, the reference, is always run)
+VARIANT_HELP = {
+    "generic": "the generic OpenTelemetry stack",
+    "inert": "ours loaded and patched with OTEL_SDK_DISABLED=true and span groups none: the footprint alone",
+    "off": "ours, span groups none, metrics on",
+    "default": "ours, the default preset",
+    "sampled": "ours default with OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent "
+               "without traceparent",
+    "per_rollout": "ours, the per_rollout preset",
+    "all": "ours, every span group",
+    "bare2": "a second bare trio: an A/A",
+}
+
+
+def variants_help(by_default: bool = False) -> str:
+    """The variants besides bare, each with what it is, in ``VARIANT_KEYS`` order
+    (``by_default``: marking those a run that names none leaves out)."""
+    return "; ".join(f"{key}: {VARIANT_HELP[key]}"
+                     + (" (only when named)" if by_default and key in ONLY_WHEN_NAMED else "")
+                     for key in VARIANT_KEYS if key != "bare")
 
 
 def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None,
@@ -801,11 +821,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
     ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
-    ap.add_argument("--variants", help=f"comma-separated subset of: {','.join(VARIANT_KEYS)} "
-                    "(bare is always included: it is the reference; sampled: ours default with "
-                    "OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent without traceparent; "
-                    "bare2: a second bare trio, an A/A, only when named; inert: ours loaded and patched with "
-                    "OTEL_SDK_DISABLED=true and span groups none, the footprint alone, only when named)")
+    ap.add_argument("--variants", help="comma-separated, besides bare (always run: the reference): "
+                    + variants_help(by_default=True))
     ap.add_argument("--together-windows", type=int,
                     help="windows with bare, default and sampled out loaded together (default 8, --quick 4)")
     ap.add_argument("--trio-sets", type=int, default=1,
