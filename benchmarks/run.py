@@ -109,17 +109,21 @@ class Variant:
 SPAN_GROUPS = "GYM_AUTOINSTR_SPAN_GROUPS"
 RUN_ID = "NEMO_GYM_OTEL_RUN_ID"  # ours: the resource's nemo.gym.run.id, so the sink tells the trios apart
 SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+INERT = {SPAN_GROUPS: "none", "OTEL_SDK_DISABLED": "true"}  # ours loaded and patched, no SDK
 VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "sampled", "per_rollout", "all", "bare2")
 UNINSTRUMENTED = ("bare", "bare2", "inert")  # no metrics of ours to count at the sink
 ONLY_WHEN_NAMED = ("bare2", "inert")  # not in a run that names no variants
-# What each variant is, for the commands' --help (bare, the reference, is always run)
+def _env_text(env: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+# What each variant is, for the commands' --help and reports (bare, the reference, is always run)
 VARIANT_HELP = {
     "generic": "the generic OpenTelemetry stack",
-    "inert": "ours loaded and patched with OTEL_SDK_DISABLED=true and span groups none: the footprint alone",
+    "inert": f"ours loaded and patched with {_env_text(INERT)}: the footprint alone",
     "off": "ours, span groups none, metrics on",
     "default": "ours, the default preset",
-    "sampled": "ours default with OTEL_TRACES_SAMPLER=parentbased_traceidratio, ratio 0, rollouts sent "
-               "without traceparent",
+    "sampled": f"ours default with {_env_text(SAMPLED_OUT)}, rollouts sent without traceparent",
     "per_rollout": "ours, the per_rollout preset",
     "all": "ours, every span group",
     "bare2": "a second bare trio: an A/A",
@@ -159,7 +163,7 @@ def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None
         # Everything of ours loaded and patched (OpenTelemetry's start-up, our modules, the
         # gated wrappers, the frozen start-up heap), but no SDK: no spans, no metrics.  What
         # the process's footprint costs before any per-request work, the floor under `off`.
-        "inert": lambda: ours("inert", "ours, inert (no SDK)", {SPAN_GROUPS: "none", "OTEL_SDK_DISABLED": "true"}),
+        "inert": lambda: ours("inert", "ours, inert (no SDK)", INERT),
         "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
         "default": lambda: ours("default", "ours, default", {SPAN_GROUPS: "default"}),
         "sampled": lambda: ours("sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT},
@@ -719,7 +723,7 @@ def report(results: dict) -> str:
     if inert is not None:
         beyond = {v["key"]: [a - b for a, b in zip(v["cpu_overhead_ms"], inert["cpu_overhead_ms"])]
                   for v in variants if v["key"] not in (*UNINSTRUMENTED, "generic")}
-        lines.append("Inert (ours loaded and patched, no SDK: the footprint before any per-request work): CPU "
+        lines.append(f"Inert ({VARIANT_HELP['inert']}, before any per-request work): CPU "
                      f"overhead {_spread(inert['cpu_overhead_ms'], '{:.2f}')} ms per rollout; each variant's overhead "
                      "beyond it, per repetition: "
                      + ", ".join(f"{k} {_spread(d, '{:.2f}')} ms" for k, d in beyond.items()))
