@@ -3,9 +3,13 @@
 Nothing here runs per request.  Started by the configurator once metrics are live:
 
 * ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
-  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 100 ms) wakes up on a Gym server's
+  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 1 s) wakes up on a Gym server's
   event loop; synchronous work in a handler shows here.  The probe is one task per loop,
-  started at the app's ASGI lifespan start-up (``ingress.py``).
+  started at the app's ASGI lifespan start-up (``ingress.py``).  Each wake-up costs an
+  idle server tens to hundreds of microseconds of CPU (ten a second took a trio's idle
+  event-loop threads from bare's 4.3 to 5.7 ms a second; BENCHMARKS.md); a stall shorter
+  than the interval is read in proportion to the share of time the loop spends stalled,
+  so a longer interval gives fewer readings of the same distribution.
 * ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
   only append to a bounded deque (a collection can start inside the SDK while it holds
   an instrument's lock: recording from the callback would deadlock), and the loop-lag
@@ -32,7 +36,7 @@ from opentelemetry import metrics as otel_metrics
 from .._log import warn_once
 from . import metrics
 
-LAG_INTERVAL_S = 0.1
+LAG_INTERVAL_S = 1.0
 LAG_INTERVAL_ENV = "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS"
 GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
@@ -41,7 +45,8 @@ GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
 _state: dict[str, Any] = {"lag": None, "gc": None, "loops": weakref.WeakSet(), "started": False}
 _GENERATIONS = tuple({GENERATION: g} for g in range(3))
 # (pause ms, generation) appended by the GC callback, recorded by `drain_gc_pauses`.
-_pauses: "collections.deque[tuple[float, int]]" = collections.deque(maxlen=4096)
+# Bounded: drained once per probe interval (default 1 s), far more than a server collects.
+_pauses: "collections.deque[tuple[float, int]]" = collections.deque(maxlen=16384)
 
 
 def start(who: Any = None) -> None:

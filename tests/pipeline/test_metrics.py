@@ -143,7 +143,8 @@ def test_a_request_whose_caller_was_sampled_out_is_measured_without_a_span(instr
     assert in_flight["dropped_caller_server"] == 0
 
 
-def test_a_handler_blocking_the_loop_shows_as_event_loop_lag(instrumented, reader):
+def test_a_handler_blocking_the_loop_shows_as_event_loop_lag(instrumented, reader, monkeypatch):
+    monkeypatch.setenv(runtime.LAG_INTERVAL_ENV, "100")  # a reading every 100 ms: the 200 ms block below is seen
     app = FastAPI()
 
     @app.post("/block")
@@ -195,7 +196,7 @@ def test_gc_pauses_and_collections_by_generation(reader):
     before = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation").get(2, 0)
     gc.collect()
     gc.collect(2)
-    runtime.drain_gc_pauses()  # what each server's loop probe does every 100 ms
+    runtime.drain_gc_pauses()  # what each server's loop probe does at every reading
     after = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation")
     assert after.get(2, 0) >= before + 2
     collections = {dict(p.attributes)["nemo.gym.gc.generation"]: p.value for _, p in points(reader, "gym.gc.collections_total")}
