@@ -113,6 +113,8 @@ INERT = {SPAN_GROUPS: "none", "OTEL_SDK_DISABLED": "true"}  # ours loaded and pa
 VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "sampled", "per_rollout", "all", "bare2")
 UNINSTRUMENTED = ("bare", "bare2", "inert")  # no metrics of ours to count at the sink
 ONLY_WHEN_NAMED = ("bare2", "inert")  # not in a run that names no variants
+
+
 def _env_text(env: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items())
 

@@ -42,6 +42,11 @@ def flush_timeout_seconds() -> float:
 def _flush_providers() -> None:
     from opentelemetry import metrics, trace
 
+    from . import runtime
+
+    # GC pauses wait for the loop-lag probe (up to its interval); a process's last ones
+    # would be lost at exit.  Safe here: this is the flush thread, never a GC callback.
+    runtime.drain_gc_pauses()
     providers = [trace.get_tracer_provider(), metrics.get_meter_provider()]
     try:
         from opentelemetry._logs import get_logger_provider

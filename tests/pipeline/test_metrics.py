@@ -190,6 +190,18 @@ def test_a_longer_lag_interval_means_fewer_readings(instrumented, reader, monkey
     assert 1 <= readings() - before <= 4  # every 400 ms over ~1 s (100 ms would give ~10)
 
 
+def test_a_flush_records_the_gc_pauses_the_probe_has_not_drained_yet(reader):
+    import gc
+
+    from gym_autoinstr.pipeline import flush
+
+    before = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation").get(2, 0)
+    gc.collect(2)
+    assert runtime._pauses, "the GC callback queued no pause"
+    assert flush.flush(5.0, reason="test")
+    assert counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation").get(2, 0) >= before + 1
+
+
 def test_gc_pauses_and_collections_by_generation(reader):
     import gc
 
