@@ -13,7 +13,8 @@ Nothing here runs per request.  Started by the configurator once metrics are liv
 * ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
   only append to a bounded deque (a collection can start inside the SDK while it holds
   an instrument's lock: recording from the callback would deadlock), and the loop-lag
-  probe records them, so servers report pauses; ``gym.gc.collections_total``, ``gym.gc.collected_total``,
+  probe records them (every flush too, ``flush.py``: a process's last ones), so servers
+  report pauses; ``gym.gc.collections_total``, ``gym.gc.collected_total``,
   ``gym.gc.uncollectable_total`` (observable counters) from ``gc.get_stats()``.
 * ``process.cpu.time``, ``process.memory.usage``, ``process.memory.virtual``,
   ``process.thread.count``, ``process.open_file_descriptor.count``,
