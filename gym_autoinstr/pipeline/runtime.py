@@ -3,7 +3,7 @@
 Nothing here runs per request.  Started by the configurator once metrics are live:
 
 * ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
-  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 1 s) wakes up on a Gym server's
+  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 100 ms; 1 s left a short real run without a reading) wakes up on a Gym server's
   event loop; synchronous work in a handler shows here.  The probe is one task per loop,
   started at the app's ASGI lifespan start-up (``ingress.py``).  Each wake-up costs an
   idle server tens to hundreds of microseconds of CPU (ten a second took a trio's idle
@@ -37,7 +37,7 @@ from opentelemetry import metrics as otel_metrics
 from .._log import warn_once
 from . import metrics
 
-LAG_INTERVAL_S = 1.0
+LAG_INTERVAL_S = 0.1
 LAG_INTERVAL_ENV = "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS"
 GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
