@@ -3,13 +3,15 @@
 Nothing here runs per request.  Started by the configurator once metrics are live:
 
 * ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
-  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 100 ms; 1 s left a short real run without a reading) wakes up on a Gym server's
+  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 100 ms) wakes up on a Gym server's
   event loop; synchronous work in a handler shows here.  The probe is one task per loop,
   started at the app's ASGI lifespan start-up (``ingress.py``).  Each wake-up costs an
   idle server tens to hundreds of microseconds of CPU (ten a second took a trio's idle
   event-loop threads from bare's 4.3 to 5.7 ms a second; BENCHMARKS.md); a stall shorter
   than the interval is read in proportion to the share of time the loop spends stalled,
-  so a longer interval gives fewer readings of the same distribution.
+  so a longer interval gives fewer readings of the same distribution, and none at all
+  from a server that lives only a few seconds (at 1 s, a short real run's server
+  exported no reading), which is why the default stays at 100 ms.
 * ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
   only append to a bounded deque (a collection can start inside the SDK while it holds
   an instrument's lock: recording from the callback would deadlock), and the loop-lag
@@ -46,7 +48,8 @@ GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
 _state: dict[str, Any] = {"lag": None, "gc": None, "loops": weakref.WeakSet(), "started": False}
 _GENERATIONS = tuple({GENERATION: g} for g in range(3))
 # (pause ms, generation) appended by the GC callback, recorded by `drain_gc_pauses`.
-# Bounded: drained once per probe interval (default 1 s), far more than a server collects.
+# Bounded: drained at every probe wake-up and flush; 16384 is far more than a server
+# collects between two of them even with the probe set to seconds.
 _pauses: "collections.deque[tuple[float, int]]" = collections.deque(maxlen=16384)
 
 
