@@ -3,15 +3,16 @@
 Nothing here runs per request.  Started by the configurator once metrics are live:
 
 * ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
-  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 100 ms) wakes up on a Gym server's
-  event loop; synchronous work in a handler shows here.  The probe is one task per loop,
-  started at the app's ASGI lifespan start-up (``ingress.py``).  Each wake-up costs an
-  idle server tens to hundreds of microseconds of CPU (ten a second took a trio's idle
-  event-loop threads from bare's 4.3 to 5.7 ms a second; BENCHMARKS.md); a stall shorter
+  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 1 s) wakes up on a Gym server's event
+  loop; synchronous work in a handler shows here.  The probe is one task per loop,
+  started at the app's ASGI lifespan start-up (``ingress.py``).  Its first sleep is
+  ``FIRST_SLEEP_S`` (100 ms) and each next one doubles up to the interval, so a server
+  that lives only a second or two still reports readings (with a flat 1 s, a short real
+  run's server once exported none).  Each wake-up costs an idle server tens to hundreds
+  of microseconds of CPU: ten a second took a trio's idle event-loop threads from bare's
+  4.3 to 5.7 ms a second, one a second reads as bare (BENCHMARKS.md).  A stall shorter
   than the interval is read in proportion to the share of time the loop spends stalled,
-  so a longer interval gives fewer readings of the same distribution, and none at all
-  from a server that lives only a few seconds (at 1 s, a short real run's server
-  exported no reading), which is why the default stays at 100 ms.
+  so a longer interval gives fewer readings of the same distribution.
 * ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
   only append to a bounded deque (a collection can start inside the SDK while it holds
   an instrument's lock: recording from the callback would deadlock), and the loop-lag
@@ -39,7 +40,9 @@ from opentelemetry import metrics as otel_metrics
 from .._log import warn_once
 from . import metrics
 
-LAG_INTERVAL_S = 0.1
+LAG_INTERVAL_S = 1.0
+# The probe's first sleep; each next one doubles, up to the interval.
+FIRST_SLEEP_S = 0.1
 LAG_INTERVAL_ENV = "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS"
 GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
@@ -107,14 +110,17 @@ def lag_interval_s() -> float:
 
 async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:
     interval = lag_interval_s()
+    sleep = min(FIRST_SLEEP_S, interval)
     clock = loop.time
     while True:
         before = clock()
-        await asyncio.sleep(interval)
-        late = clock() - before - interval
+        await asyncio.sleep(sleep)
+        late = clock() - before - sleep
         lag.record(late * 1000.0 if late > 0 else 0.0)
         if _pauses:
             drain_gc_pauses()
+        if sleep < interval:
+            sleep = min(sleep * 2.0, interval)
 
 
 # -- garbage collector -------------------------------------------------------------------

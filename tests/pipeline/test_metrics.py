@@ -187,7 +187,25 @@ def test_a_longer_lag_interval_means_fewer_readings(instrumented, reader, monkey
     before = readings()
     with serve(app):
         time.sleep(1.0)
-    assert 1 <= readings() - before <= 4  # every 400 ms over ~1 s (100 ms would give ~10)
+    assert 1 <= readings() - before <= 4  # after 100, 200, then 400 ms sleeps over ~1 s (100 ms would give ~10)
+
+
+def test_the_probe_reads_soon_after_start_then_once_per_interval(instrumented, reader, monkeypatch):
+    """Default interval (1 s): the first sleeps are 100, 200, 400 ms, so a server that
+    lives half a second reports lag; a flat 1 s would give none, a flat 100 ms about five."""
+    monkeypatch.delenv(runtime.LAG_INTERVAL_ENV, raising=False)
+    assert runtime.LAG_INTERVAL_S >= 1.0
+    app = FastAPI()
+    instrument_app(app, "short_lived_server")
+
+    def readings() -> int:
+        return sum(p.count for _, p in points(reader, "gym.event_loop.lag_ms"))
+
+    before = readings()
+    with serve(app):
+        time.sleep(0.5)  # readings at ~0.1 s and ~0.3 s after the lifespan started
+        seen = readings() - before
+    assert 2 <= seen <= 3, seen
 
 
 def test_a_flush_records_the_gc_pauses_the_probe_has_not_drained_yet(reader):
