@@ -176,18 +176,19 @@ def test_the_lag_probes_interval_is_configurable_and_a_bad_value_is_named(monkey
     assert any(runtime.LAG_INTERVAL_ENV in r.getMessage() and "'fast'" in r.getMessage() for r in caplog.records)
 
 
+def _lag_readings(reader) -> int:
+    """Lag readings so far (cumulative: other tests' servers may have read before)."""
+    return sum(p.count for _, p in points(reader, "gym.event_loop.lag_ms"))
+
+
 def test_a_longer_lag_interval_means_fewer_readings(instrumented, reader, monkeypatch):
     monkeypatch.setenv(runtime.LAG_INTERVAL_ENV, "400")
     app = FastAPI()
     instrument_app(app, "slow_probe_server")
-
-    def readings() -> int:  # (cumulative: other tests' servers may have read before)
-        return sum(p.count for _, p in points(reader, "gym.event_loop.lag_ms"))
-
-    before = readings()
+    before = _lag_readings(reader)
     with serve(app):
         time.sleep(1.0)
-    assert 1 <= readings() - before <= 4  # after 100, 200, then 400 ms sleeps over ~1 s (100 ms would give ~10)
+    assert 1 <= _lag_readings(reader) - before <= 4  # after 100, 200, then 400 ms sleeps over ~1 s (100 ms would give ~10)
 
 
 def test_the_probe_reads_soon_after_start_then_once_per_interval(instrumented, reader, monkeypatch):
@@ -197,14 +198,10 @@ def test_the_probe_reads_soon_after_start_then_once_per_interval(instrumented, r
     assert runtime.LAG_INTERVAL_S >= 1.0
     app = FastAPI()
     instrument_app(app, "short_lived_server")
-
-    def readings() -> int:
-        return sum(p.count for _, p in points(reader, "gym.event_loop.lag_ms"))
-
-    before = readings()
+    before = _lag_readings(reader)
     with serve(app):
         time.sleep(0.5)  # readings at ~0.1 s and ~0.3 s after the lifespan started
-        seen = readings() - before
+        seen = _lag_readings(reader) - before
     assert 1 <= seen <= 3, seen  # (1: a loaded host may wake the second one late)
 
 
