@@ -91,8 +91,9 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     was dropped by the sampler (then this request records no span: pipeline/sampling.py).
 
     A rollout the sampler dropped sends one unchanged traceparent to every hop: a lone
-    traceparent whose unsampled context ``propagation`` already keeps skips parsing and
-    the span checks; only the sampler is asked again."""
+    traceparent whose unsampled context ``propagation`` already keeps (read before here,
+    or this server's own dropped root's) skips parsing and the span checks; only the
+    sampler is asked again."""
     textmap = propagate.get_global_textmap()  # header_names(), its answer kept
     names = _Propagation.names if textmap is _Propagation.textmap else _Propagation.header_names()
     raw = None
@@ -107,6 +108,8 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     # (header_names above looked at the global textmap: unsampled_context holds while it is W3C's)
     if _Propagation.w3c:
         known = propagation.unsampled_context(header)
+        if known is None:  # (a call of this server to itself under its own dropped root)
+            known = propagation.own_root(header)
         if known is not None:
             if sampling.dropping_sampler() is not None:
                 return known, True

@@ -361,6 +361,22 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, st
 # which the caller checks (the ingress, with the header names it reads).
 unsampled_context = _extracted.get
 
+# This process's own dropped roots (``sampling.dropped_root``), by the ``traceparent`` their
+# calls carry: a call a server makes to itself under such a root (Gym's simple agent posts
+# its own ``/v1/responses`` inside ``/run``) then runs under the root's context, found here,
+# instead of one read anew from the header.  The root's span is local where a read one is
+# remote, so only the ingress looks here, and only while the sampler drops every child of
+# an unsampled parent, local or remote alike (``sampling.dropping_sampler``).  Bounded;
+# cleared when full.
+_own_roots: dict[str, otel_context.Context] = {}
+own_root = _own_roots.get
+
+
+def keep_own_root(header: str, context: otel_context.Context) -> None:
+    if len(_own_roots) >= _CACHE_MAX:
+        _own_roots.clear()
+    _own_roots[header] = context
+
 
 def unsampled_lone(header: str) -> "otel_context.Context | None":
     """``extract({"traceparent": header})`` for a lone traceparent in the form the SDK

@@ -19,8 +19,8 @@ from opentelemetry.trace import NonRecordingSpan
 
 from .._env import switched_off
 from . import spans as _spans
-from .propagation import (_BAGGAGE_KEY, current_context, traceparent, unsampled_entry, unsampled_headers,
-                          unsampled_spans, w3c_default)
+from .propagation import (_BAGGAGE_KEY, current_context, keep_own_root, traceparent, unsampled_entry,
+                          unsampled_headers, unsampled_spans, w3c_default)
 from .spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
@@ -231,8 +231,9 @@ def forwarded(context: Any, header: str) -> bool:
 def dropped_root(context: Any, span: Any) -> None:
     """For a context holding ``span``, a span the sampler dropped at its start (a root, as
     the lean tracer makes it): kept as ``dropped_call`` would keep it after its first
-    call, with the headers that carry it on, when the sampler drops the children of such
-    a span (else nothing is kept, and each hop asks as usual)."""
+    call, with the headers that carry it on, and by that ``traceparent`` for a call of
+    this server to itself (``propagation.own_root``), when the sampler drops the children
+    of such a span (else nothing is kept, and each hop asks as usual)."""
     sampler = dropping_sampler()
     if sampler is None or _SPAN_KEY is None:
         return
@@ -242,7 +243,9 @@ def dropped_root(context: Any, span: Any) -> None:
     made = span.get_span_context()
     if made.trace_flags & 0x01 or not made.is_valid or made.trace_state:
         return  # (not the lean tracer's dropped root: each hop asks as usual)
-    _keep((context, sampler, span, propagate.get_global_textmap(), {"traceparent": traceparent(made)}))
+    header = traceparent(made)
+    _keep((context, sampler, span, propagate.get_global_textmap(), {"traceparent": header}))
+    keep_own_root(header, context)  # (a call of this server to itself: the ingress finds it)
 
 
 def dropping_sampler() -> Any:

@@ -499,6 +499,63 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
     assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
 
 
+def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instrumented, monkeypatch):
+    """Gym's simple agent posts its own ``/v1/responses`` inside ``/run``.  Under a root the
+    sampler dropped, that request runs under the root's own context (``propagation.own_root``),
+    dropped too, its header not read anew; once the sampler would record the children of
+    unsampled callers, the same header is read as usual: a remote parent, a sampled span."""
+    import asyncio
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+    from gym_autoinstr.pipeline import propagation, sampling
+
+    lean_tracer = _lean_tracer(monkeypatch, ParentBased(TraceIdRatioBased(0.0)))
+    seen: list = []  # (path, the context current in the handler, the headers its calls carry)
+
+    async def app(scope, receive, send):
+        context = propagation.current_context()
+        dropped = sampling.dropped_call(context)
+        seen.append((scope["path"], context, dropped and dropped[1]))
+        if scope["path"] == "/run":  # a call to itself, with what a call under /run carries
+            await middleware(_request("/v1/responses", dropped[1]["traceparent"]), receive, send)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message):
+        pass
+
+    def _request(path, traceparent=None):
+        headers = [(b"host", b"127.0.0.1:8000")] + ([(b"traceparent", traceparent.encode())] if traceparent else [])
+        return {"type": "http", "method": "POST", "path": path, "scheme": "http", "http_version": "1.1",
+                "server": ("127.0.0.1", 8000), "headers": headers}
+
+    middleware = GymServerMiddleware(app, server_name="agent_server")
+    asyncio.run(middleware(_request("/run"), receive, send))
+    (outer_path, root, carried), (inner_path, inner, carried_inner) = seen
+    assert (outer_path, inner_path) == ("/run", "/v1/responses")
+    header = carried["traceparent"]
+    assert inner is root and carried_inner == carried  # the root's context, and what its calls carry
+    assert propagation.unsampled_context(header) is None  # (not read from the header)
+    made = trace.get_current_span(root).get_span_context()
+    assert made.is_valid and not made.trace_flags.sampled and not made.is_remote
+
+    # A sampler that records the children of unsampled callers: the header is read as usual.
+    monkeypatch.setattr(lean_tracer, "sampler", ParentBased(
+        TraceIdRatioBased(0.0), remote_parent_not_sampled=ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON))
+    asyncio.run(middleware(_request("/v1/responses", header), receive, send))
+    _, read, carried_read = seen[-1]
+    span = trace.get_current_span(read)
+    assert read is not root and carried_read is None and span.get_span_context().trace_flags.sampled
+    assert span.get_span_context().trace_id == made.trace_id and span.parent.is_remote
+    assert span.parent.span_id == made.span_id
+
+
 def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
     """Decided before its span is made (``ingress._root``) and started with the trace id it
     was decided on: a ratio of 1/2 keeps about half of the roots (deciding twice would
