@@ -393,10 +393,11 @@ def _lean_tracer(monkeypatch, sampler):
     return lean_tracer
 
 
-def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer: bool = False):
+def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer: bool = False, then=None):
     """Our middleware, with ``sampler`` installed (on a lean tracer when ``lean_tracer``),
     around a bare ASGI app that notes, before any call is made under it, what the dropped
-    path has kept for its context, then what a call under it is sent with:
+    path has kept for its context, then what a call under it is sent with, and awaits
+    ``then(scope, receive, send)`` (when given) before it responds:
     ``(middleware, seen, receive, send)``."""
     from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.pipeline import propagation, sampling
@@ -412,6 +413,8 @@ def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer
         context = propagation.current_context()
         kept = sampling._dropped_contexts.get(id(context))
         seen.append((context, kept and kept[0] is context and kept[4], sampling.dropped_call(context)))
+        if then is not None:
+            await then(scope, receive, send)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
@@ -509,51 +512,37 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
     from opentelemetry import trace
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
-    from gym_autoinstr.pipeline import propagation, sampling
+    from gym_autoinstr.pipeline import propagation, sampling, spans
 
-    lean_tracer = _lean_tracer(monkeypatch, ParentBased(TraceIdRatioBased(0.0)))
-    seen: list = []  # (path, the context current in the handler, the headers its calls carry)
-
-    async def app(scope, receive, send):
-        context = propagation.current_context()
-        dropped = sampling.dropped_call(context)
-        seen.append((scope["path"], context, dropped and dropped[1]))
-        if scope["path"] == "/run":  # a call to itself, with what a call under /run carries
-            await middleware(_request("/v1/responses", dropped[1]["traceparent"]), receive, send)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    async def receive():
-        return {"type": "http.request", "body": b"{}"}
-
-    async def send(message):
-        pass
-
-    def _request(path, traceparent=None):
+    def request(path, traceparent=None):
         headers = [(b"host", b"127.0.0.1:8000")] + ([(b"traceparent", traceparent.encode())] if traceparent else [])
         return {"type": "http", "method": "POST", "path": path, "scheme": "http", "http_version": "1.1",
                 "server": ("127.0.0.1", 8000), "headers": headers}
 
-    middleware = GymServerMiddleware(app, server_name="agent_server")
-    asyncio.run(middleware(_request("/run"), receive, send))
-    (outer_path, root, carried), (inner_path, inner, carried_inner) = seen
-    assert (outer_path, inner_path) == ("/run", "/v1/responses")
+    async def call_itself(scope, receive, send):  # with what a call under /run carries
+        if scope["path"] == "/run":
+            carried = sampling.dropped_call(propagation.current_context())[1]
+            await middleware(request("/v1/responses", carried["traceparent"]), receive, send)
+
+    middleware, seen, receive, send = _calls_seeing_middleware(
+        monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "agent_server", lean_tracer=True, then=call_itself)
+    asyncio.run(middleware(request("/run"), receive, send))
+    (root, kept, (_, carried)), (inner, kept_inner, (_, carried_inner)) = seen
     header = carried["traceparent"]
-    assert inner is root and carried_inner == carried  # the root's context, and what its calls carry
+    assert inner is root and kept == kept_inner == carried == carried_inner  # the root's context and headers
     assert propagation.unsampled_context(header) is None  # (not read from the header)
     made = trace.get_current_span(root).get_span_context()
     assert made.is_valid and not made.trace_flags.sampled and not made.is_remote
 
     # A sampler that records the children of unsampled callers: the header is read as usual.
-    monkeypatch.setattr(lean_tracer, "sampler", ParentBased(
+    monkeypatch.setattr(spans._tracer, "sampler", ParentBased(
         TraceIdRatioBased(0.0), remote_parent_not_sampled=ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON))
-    asyncio.run(middleware(_request("/v1/responses", header), receive, send))
-    _, read, carried_read = seen[-1]
+    asyncio.run(middleware(request("/v1/responses", header), receive, send))
+    read, kept_read, dropped_read = seen[-1]
     span = trace.get_current_span(read)
-    assert read is not root and carried_read is None and span.get_span_context().trace_flags.sampled
-    assert span.get_span_context().trace_id == made.trace_id and span.parent.is_remote
-    assert span.parent.span_id == made.span_id
+    assert read is not root and kept_read is None and dropped_read is None
+    assert span.get_span_context().trace_flags.sampled and span.get_span_context().trace_id == made.trace_id
+    assert span.parent.is_remote and span.parent.span_id == made.span_id
 
 
 def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
