@@ -817,6 +817,69 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def across_report(runs: "list[tuple[str, dict]]") -> str:
+    """Several saved long runs (``--json``) read as one: per run and pooled, each variant's
+    CPU over bare per rollout (mean of repetitions) and the parts of a dropped rollout's
+    overhead as fractions of a traced one's: what span groups off (the same metrics, no
+    dropped path) costs, what the dropped path costs beyond it, and the two together (the
+    issue 13 target).  Pooled: the ratio of sums over every repetition of every run, with
+    a bootstrap interval that draws runs first, then repetitions within them."""
+    keys = ("off", "default", "sampled")
+    per: dict = {k: [] for k in keys}  # key -> [(run, overhead per repetition)]
+    lines = ["CPU over bare per rollout, mean of repetitions, ms; and as fractions of the traced "
+             "(default) rollout's overhead", "",
+             "| run | repetitions | off | default | sampled out | off / default | (sampled - off) / default "
+             "| sampled / default |", "|---|---|---|---|---|---|---|---|"]
+    for name, results in runs:
+        variants = results.get("variants") if isinstance(results, dict) else None
+        rows = {r["key"]: r for r in variants if isinstance(r, dict) and "key" in r and "cpu_ms" in r} \
+            if isinstance(variants, list) else {}
+        if not rows:
+            lines.append(f"| {name} | - | (not the --json of a run of ./run-benchmarks: left out) | | | | | |")
+            continue
+        if "bare" not in rows or any(k not in rows for k in keys):
+            lines.append(f"| {name} | - | (no {', '.join(k for k in ('bare', *keys) if k not in rows)}: left out) "
+                         "| | | | | |")
+            continue
+        over = {}
+        for k in keys:
+            row = rows[k]
+            over[k] = [c - b for c, b in zip(row["cpu_ms"], bare_reference(row, rows["bare"]))]
+            per[k].append((name, over[k]))
+        m = {k: statistics.fmean(v) for k, v in over.items()}
+        den = m["default"]
+        frac = (lambda x: f"{x / den:.3f}") if den > 0 else (lambda x: "n/a")
+        lines.append(f"| {name} | {len(over['default'])} | {m['off']:+.2f} | {m['default']:+.2f} | "
+                     f"{m['sampled']:+.2f} | {frac(m['off'])} | {frac(m['sampled'] - m['off'])} | "
+                     f"{frac(m['sampled'])} |")
+    if not per["default"]:
+        return "\n".join(lines)
+    # pairs: one per repetition of a run, the three variants' overheads side by side
+    pairs = [(run, o, d, s) for (run, os_), (_, ds), (_, ss) in zip(per["off"], per["default"], per["sampled"])
+             for o, d, s in zip(os_, ds, ss)]
+    runs_of = [p[0] for p in pairs]
+    den = [p[2] for p in pairs]
+    lines += ["", f"Pooled over {len(per['default'])} run(s) ({len(pairs)} repetitions): ratio of sums "
+              "[90% interval, runs drawn first]", ""]
+    for label, num in (("span groups off over traced", [p[1] for p in pairs]),
+                       ("the dropped path (sampled out - off) over traced", [p[3] - p[1] for p in pairs]),
+                       ("a sampled-out rollout over a traced one (target <= 0.20)", [p[3] for p in pairs])):
+        got = ratio_interval(num, den, groups=runs_of)
+        lines.append(f"- {label}: " + ("n/a" if got is None else f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]"))
+    # the target's own measure: the windows with bare, default and sampled out loaded together
+    windows = []  # (run, dropped, traced) per window
+    for name, results in runs:
+        together = (results.get("sampled_together") if isinstance(results, dict) else None) or {}
+        if isinstance(together, dict) and together.get("bare") and name in {w[0] for w in per["default"]}:
+            traced, dropped = together_overheads(together)
+            windows += [(name, s, t) for s, t in zip(dropped, traced)]
+    got = ratio_interval([w[1] for w in windows], [w[2] for w in windows], groups=[w[0] for w in windows])
+    if got is not None:
+        lines.append(f"- the same, loaded together ({len(windows)} windows of {len({w[0] for w in windows})} run(s)): "
+                     f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -836,8 +899,14 @@ def main(argv: "list[str] | None" = None) -> int:
                     "together windows split evenly among the sets): the intervals then hold what stays fixed in "
                     "a trio for its life; default 1")
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
+    ap.add_argument("--across", type=pathlib.Path, nargs="+", metavar="JSON",
+                    help="read several saved runs (--json) as one: each variant's overhead per run and pooled, "
+                    "and a dropped rollout's overhead in parts (span groups off; the dropped path); then exit")
     add_output_options(ap)
     a = ap.parse_args(argv)
+    if a.across:
+        print(across_report([(path.stem, json.loads(path.read_text())) for path in a.across]))
+        return 0
     if printed_saved_report(a, report):
         return 0
     quick = a.quick

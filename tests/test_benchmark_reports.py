@@ -1,0 +1,40 @@
+"""The benchmark's reports of saved runs (``./run-benchmarks --across``): arithmetic on
+results shaped as ``--json`` writes them; no trio is started here."""
+
+from __future__ import annotations
+
+from benchmarks.run import across_report
+
+
+def _run(bare: list, off: list, default: list, sampled: list, together: "list | None" = None) -> dict:
+    def row(key, cpu):
+        return {"key": key, "cpu_ms": cpu, "bare_cpu_ms": bare}
+
+    results = {"variants": [{"key": "bare", "cpu_ms": bare}, row("off", off), row("default", default),
+                            row("sampled", sampled)]}
+    if together is not None:  # windows: (bare, default, sampled) CPU per rollout
+        results["sampled_together"] = {key: [{"n": 100, "cpu_ms": w[i], "set": 0} for w in together]
+                                       for i, key in enumerate(("bare", "default", "sampled"))}
+    return results
+
+
+def test_across_runs_splits_a_dropped_rollouts_overhead_into_span_groups_off_and_the_dropped_path():
+    # run a: off +0.2, default +1.0, sampled +0.5 ms in every repetition; run b: +0.0, +2.0, +0.4
+    a = _run([10.0, 11.0, 12.0], [10.2, 11.2, 12.2], [11.0, 12.0, 13.0], [10.5, 11.5, 12.5],
+             together=[(10.0, 11.0, 10.2), (10.0, 11.0, 10.2), (10.0, 11.0, 10.2)])
+    b = _run([10.0, 10.0, 10.0], [10.0, 10.0, 10.0], [12.0, 12.0, 12.0], [10.4, 10.4, 10.4],
+             together=[(10.0, 12.0, 10.6), (10.0, 12.0, 10.6), (10.0, 12.0, 10.6)])
+    text = across_report([("a", a), ("b", b), ("other", {"variants": {"not": "a run"}})])
+    lines = text.splitlines()
+    row_a = next(line for line in lines if line.startswith("| a |"))
+    assert [c.strip() for c in row_a.split("|")[2:9]] == ["3", "+0.20", "+1.00", "+0.50", "0.200", "0.300", "0.500"]
+    row_b = next(line for line in lines if line.startswith("| b |"))
+    assert [c.strip() for c in row_b.split("|")[6:9]] == ["0.000", "0.200", "0.200"]
+    assert any(line.startswith("| other |") and "left out" in line for line in lines)
+    pooled = {line.split(":")[0]: float(line.split(": ")[1].split()[0]) for line in lines if line.startswith("- ")}
+    # ratio of sums over all six repetitions: off 0.6/9.0, dropped (1.5-0.6 + 1.2)/9.0, sampled 2.7/9.0
+    assert abs(pooled["- span groups off over traced"] - 0.6 / 9.0) < 5e-4  # (printed to three decimals)
+    assert abs(pooled["- the dropped path (sampled out - off) over traced"] - 2.1 / 9.0) < 5e-4  # (printed to three decimals)
+    assert abs(pooled["- a sampled-out rollout over a traced one (target <= 0.20)"] - 2.7 / 9.0) < 5e-4  # (printed to three decimals)
+    together = next(v for k, v in pooled.items() if k.startswith("- the same, loaded together (6 windows of 2 run(s))"))
+    assert abs(together - (3 * 0.2 + 3 * 0.6) / (3 * 1.0 + 3 * 2.0)) < 5e-4  # (printed to three decimals)
