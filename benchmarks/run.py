@@ -822,8 +822,9 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
     CPU over bare per rollout (mean of repetitions) and the parts of a dropped rollout's
     overhead as fractions of a traced one's: what span groups off (the same metrics, no
     dropped path) costs, what the dropped path costs beyond it, and the two together (the
-    issue 13 target).  Pooled: the ratio of sums over every repetition of every run, with
-    a bootstrap interval that draws runs first, then repetitions within them."""
+    issue 13 target); then every variant's capacity against bare.  Pooled: the ratio of
+    sums over every repetition (or together window) of every run, with a bootstrap interval
+    that draws runs first, then repetitions within them."""
     keys = ("off", "default", "sampled")
     per: dict = {k: [] for k in keys}  # key -> [(run, overhead per repetition)]
     lines = ["CPU over bare per rollout, mean of repetitions, ms; and as fractions of the traced "
@@ -858,6 +859,7 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
     pairs = [(run, o, d, s) for (run, os_), (_, ds), (_, ss) in zip(per["off"], per["default"], per["sampled"])
              for o, d, s in zip(os_, ds, ss)]
     runs_of = [p[0] for p in pairs]
+    kept = set(runs_of)  # the runs read (the others were left out above)
     den = [p[2] for p in pairs]
     lines += ["", f"Pooled over {len(per['default'])} run(s) ({len(pairs)} repetitions): ratio of sums "
               "[90% interval, runs drawn first]", ""]
@@ -870,13 +872,30 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
     windows = []  # (run, dropped, traced) per window
     for name, results in runs:
         together = (results.get("sampled_together") if isinstance(results, dict) else None) or {}
-        if isinstance(together, dict) and together.get("bare") and name in {w[0] for w in per["default"]}:
+        if isinstance(together, dict) and together.get("bare") and name in kept:
             traced, dropped = together_overheads(together)
             windows += [(name, s, t) for s, t in zip(dropped, traced)]
     got = ratio_interval([w[1] for w in windows], [w[2] for w in windows], groups=[w[0] for w in windows])
     if got is not None:
         lines.append(f"- the same, loaded together ({len(windows)} windows of {len({w[0] for w in windows})} run(s)): "
                      f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]")
+    # every variant's capacity (bare's CPU per rollout over the variant's), pooled the same way
+    capacity: dict = {}  # key -> (run, bare reference, cpu) per repetition
+    for name, results in runs:
+        if name not in kept:
+            continue
+        rows = {r["key"]: r for r in results["variants"]}
+        for key, row in rows.items():
+            if key != "bare":
+                capacity.setdefault(key, []).extend(
+                    (name, b, c) for b, c in zip(bare_reference(row, rows["bare"]), row["cpu_ms"]))
+    lines += ["", "Capacity vs bare (bare's CPU per rollout over the variant's), ratio of sums [90% interval, runs "
+              "drawn first]:", ""]
+    for key, got_rows in capacity.items():
+        got = ratio_interval([r[1] for r in got_rows], [r[2] for r in got_rows], groups=[r[0] for r in got_rows])
+        if got is not None:
+            lines.append(f"- {key} ({len({r[0] for r in got_rows})} run(s), {len(got_rows)} repetitions): "
+                         f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]")
     return "\n".join(lines)
 
 

@@ -38,3 +38,6 @@ def test_across_runs_splits_a_dropped_rollouts_overhead_into_span_groups_off_and
     assert abs(pooled["- a sampled-out rollout over a traced one (target <= 0.20)"] - 2.7 / 9.0) < 5e-4  # (printed to three decimals)
     together = next(v for k, v in pooled.items() if k.startswith("- the same, loaded together (6 windows of 2 run(s))"))
     assert abs(together - (3 * 0.2 + 3 * 0.6) / (3 * 1.0 + 3 * 2.0)) < 5e-4  # (printed to three decimals)
+    # capacity, pooled: bare's CPU over the variant's, summed over both runs' repetitions
+    capacity = {k.split(" (")[0]: v for k, v in pooled.items() if k.startswith(("- off (", "- default ("))}
+    assert abs(capacity["- default"] - 63.0 / 72.0) < 5e-4 and abs(capacity["- off"] - 63.0 / 63.6) < 5e-4
