@@ -817,6 +817,22 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _pooled(num: "list[float]", den: "list[float]", runs: "list[str]") -> str:
+    got = ratio_interval(num, den, groups=runs)
+    return "n/a" if got is None else f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]"
+
+
+def _run_rows(results: Any) -> "tuple[dict, str]":
+    """A saved run's variants by key, or ({}, why it cannot be read as a long run)."""
+    variants = results.get("variants") if isinstance(results, dict) else None
+    rows = {r["key"]: r for r in variants if isinstance(r, dict) and "key" in r and "cpu_ms" in r} \
+        if isinstance(variants, list) else {}
+    if not rows:
+        return {}, "not the --json of a run of ./run-benchmarks"
+    missing = [k for k in ("bare", "off", "default", "sampled") if k not in rows]
+    return ({}, f"no {', '.join(missing)}") if missing else (rows, "")
+
+
 def across_report(runs: "list[tuple[str, dict]]") -> str:
     """Several saved long runs (``--json``) read as one: per run and pooled, each variant's
     CPU over bare per rollout (mean of repetitions) and the parts of a dropped rollout's
@@ -825,78 +841,71 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
     issue 13 target); then every variant's capacity against bare.  Pooled: the ratio of
     sums over every repetition (or together window) of every run, with a bootstrap interval
     that draws runs first, then repetitions within them."""
-    keys = ("off", "default", "sampled")
-    per: dict = {k: [] for k in keys}  # key -> [(run, overhead per repetition)]
     lines = ["CPU over bare per rollout, mean of repetitions, ms; and as fractions of the traced "
              "(default) rollout's overhead", "",
              "| run | repetitions | off | default | sampled out | off / default | (sampled - off) / default "
              "| sampled / default |", "|---|---|---|---|---|---|---|---|"]
+    read: "list[tuple[str, dict, dict]]" = []  # (run, its variants by key, its results)
+    pairs = []  # (run, off, default, sampled): overheads over bare, one per repetition
     for name, results in runs:
-        variants = results.get("variants") if isinstance(results, dict) else None
-        rows = {r["key"]: r for r in variants if isinstance(r, dict) and "key" in r and "cpu_ms" in r} \
-            if isinstance(variants, list) else {}
+        rows, why = _run_rows(results)
         if not rows:
-            lines.append(f"| {name} | - | (not the --json of a run of ./run-benchmarks: left out) | | | | | |")
+            lines.append(f"| {name} | - | ({why}: left out) | | | | | |")
             continue
-        if "bare" not in rows or any(k not in rows for k in keys):
-            lines.append(f"| {name} | - | (no {', '.join(k for k in ('bare', *keys) if k not in rows)}: left out) "
-                         "| | | | | |")
-            continue
-        over = {}
-        for k in keys:
-            row = rows[k]
-            over[k] = [c - b for c, b in zip(row["cpu_ms"], bare_reference(row, rows["bare"]))]
-            per[k].append((name, over[k]))
-        m = {k: statistics.fmean(v) for k, v in over.items()}
-        den = m["default"]
-        frac = (lambda x: f"{x / den:.3f}") if den > 0 else (lambda x: "n/a")
-        lines.append(f"| {name} | {len(over['default'])} | {m['off']:+.2f} | {m['default']:+.2f} | "
-                     f"{m['sampled']:+.2f} | {frac(m['off'])} | {frac(m['sampled'] - m['off'])} | "
-                     f"{frac(m['sampled'])} |")
-    if not per["default"]:
+        read.append((name, rows, results))
+        over = [[c - b for c, b in zip(rows[k]["cpu_ms"], bare_reference(rows[k], rows["bare"]))]
+                for k in ("off", "default", "sampled")]
+        pairs += [(name, o, d, s) for o, d, s in zip(*over)]
+        o, d, s = (statistics.fmean(v) for v in over)
+        frac = (lambda x: f"{x / d:.3f}") if d > 0 else (lambda x: "n/a")
+        lines.append(f"| {name} | {len(over[1])} | {o:+.2f} | {d:+.2f} | {s:+.2f} | {frac(o)} | {frac(s - o)} | "
+                     f"{frac(s)} |")
+    if not read:
         return "\n".join(lines)
-    # pairs: one per repetition of a run, the three variants' overheads side by side
-    pairs = [(run, o, d, s) for (run, os_), (_, ds), (_, ss) in zip(per["off"], per["default"], per["sampled"])
-             for o, d, s in zip(os_, ds, ss)]
-    runs_of = [p[0] for p in pairs]
-    kept = set(runs_of)  # the runs read (the others were left out above)
-    den = [p[2] for p in pairs]
-    lines += ["", f"Pooled over {len(per['default'])} run(s) ({len(pairs)} repetitions): ratio of sums "
-              "[90% interval, runs drawn first]", ""]
-    for label, num in (("span groups off over traced", [p[1] for p in pairs]),
-                       ("the dropped path (sampled out - off) over traced", [p[3] - p[1] for p in pairs]),
-                       ("a sampled-out rollout over a traced one (target <= 0.20)", [p[3] for p in pairs])):
-        got = ratio_interval(num, den, groups=runs_of)
-        lines.append(f"- {label}: " + ("n/a" if got is None else f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]"))
+    runs_of, den = [p[0] for p in pairs], [p[2] for p in pairs]
+    lines += ["", f"Pooled over {len(read)} run(s) ({len(pairs)} repetitions): ratio of sums "
+              "[90% interval, runs drawn first]", "",
+              "- span groups off over traced: " + _pooled([p[1] for p in pairs], den, runs_of),
+              "- the dropped path (sampled out - off) over traced: " + _pooled([p[3] - p[1] for p in pairs], den,
+                                                                               runs_of),
+              "- a sampled-out rollout over a traced one (target <= 0.20): " + _pooled([p[3] for p in pairs], den,
+                                                                                       runs_of)]
     # the target's own measure: the windows with bare, default and sampled out loaded together
     windows = []  # (run, dropped, traced) per window
-    for name, results in runs:
-        together = (results.get("sampled_together") if isinstance(results, dict) else None) or {}
-        if isinstance(together, dict) and together.get("bare") and name in kept:
+    for name, _, results in read:
+        together = results.get("sampled_together") or {}
+        if isinstance(together, dict) and together.get("bare"):
             traced, dropped = together_overheads(together)
             windows += [(name, s, t) for s, t in zip(dropped, traced)]
-    got = ratio_interval([w[1] for w in windows], [w[2] for w in windows], groups=[w[0] for w in windows])
-    if got is not None:
+    if windows:
         lines.append(f"- the same, loaded together ({len(windows)} windows of {len({w[0] for w in windows})} run(s)): "
-                     f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]")
+                     + _pooled([w[1] for w in windows], [w[2] for w in windows], [w[0] for w in windows]))
     # every variant's capacity (bare's CPU per rollout over the variant's), pooled the same way
     capacity: dict = {}  # key -> (run, bare reference, cpu) per repetition
-    for name, results in runs:
-        if name not in kept:
-            continue
-        rows = {r["key"]: r for r in results["variants"]}
+    for name, rows, _ in read:
         for key, row in rows.items():
             if key != "bare":
                 capacity.setdefault(key, []).extend(
                     (name, b, c) for b, c in zip(bare_reference(row, rows["bare"]), row["cpu_ms"]))
     lines += ["", "Capacity vs bare (bare's CPU per rollout over the variant's), ratio of sums [90% interval, runs "
               "drawn first]:", ""]
-    for key, got_rows in capacity.items():
-        got = ratio_interval([r[1] for r in got_rows], [r[2] for r in got_rows], groups=[r[0] for r in got_rows])
-        if got is not None:
-            lines.append(f"- {key} ({len({r[0] for r in got_rows})} run(s), {len(got_rows)} repetitions): "
-                         f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]")
+    lines += [f"- {key} ({len({r[0] for r in got})} run(s), {len(got)} repetitions): "
+              + _pooled([r[1] for r in got], [r[2] for r in got], [r[0] for r in got]) for key, got in capacity.items()]
     return "\n".join(lines)
+
+
+def _saved_runs(paths: "list[pathlib.Path]") -> "list[tuple[str, dict]]":
+    """``--across``'s files, each named by its stem (by its path when two stems are alike);
+    a file that cannot be read stops the command with its name and why."""
+    stems = [p.stem for p in paths]
+    out = []
+    for path, stem in zip(paths, stems):
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"--across: cannot read {path} ({error}); give files that ./run-benchmarks --json wrote")
+        out.append((stem if stems.count(stem) == 1 else str(path), results))
+    return out
 
 
 # ------------------------------------------------------------------ main
@@ -924,7 +933,7 @@ def main(argv: "list[str] | None" = None) -> int:
     add_output_options(ap)
     a = ap.parse_args(argv)
     if a.across:
-        print(across_report([(path.stem, json.loads(path.read_text())) for path in a.across]))
+        print(across_report(_saved_runs(a.across)))
         return 0
     if printed_saved_report(a, report):
         return 0
