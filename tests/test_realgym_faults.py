@@ -191,17 +191,24 @@ def _assert_shutdown_fits(shutdown: Shutdown, baseline: dict) -> None:
         assert len(waits) <= 1, (process, waits)
 
 
+# A server's prefix, wherever on a line it landed (see _lines_by_process).
+_SERVER_PREFIX = re.compile(r"\((" + "|".join(re.escape(name) for name in SERVERS) + r")\) ")
+
+
 def _lines_by_process(log: str) -> dict[str, list[str]]:
     """Gym prefixes each server's output line with ``(<server name>) ``.  Several servers
-    share one pipe, so a prefix can land in front of another process's line: attribute a
-    line to the last prefix on it; lines without one are the orchestrator's (or, rarely,
-    a server's whose prefix went elsewhere)."""
+    and the orchestrator share one pipe, so a prefix can land in front of another
+    process's line, and a line written without its newline (Ray's ulimit notice, say)
+    ends up in front of the next process's prefix: attribute a line to the last server
+    prefix on it, wherever it is; lines without one are the orchestrator's (or, rarely, a
+    server's whose prefix went elsewhere)."""
     out: dict[str, list[str]] = collections.defaultdict(list)
     for line in log.splitlines():
-        m = re.match(r"((?:\(\S+\) )+)(.*)", line)
-        if m:
-            name = re.findall(r"\((\S+)\) ", m.group(1))[-1]
-            out[name].append(m.group(2))
+        last = None
+        for last in _SERVER_PREFIX.finditer(line):
+            pass
+        if last is not None:
+            out[last.group(1)].append(line[last.end():])
         else:
             out["other"].append(line)
     return out
