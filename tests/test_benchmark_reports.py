@@ -18,6 +18,10 @@ def _run(bare: list, off: list, default: list, sampled: list, together: "list | 
     return results
 
 
+def _close(got: float, want: float) -> bool:
+    return abs(got - want) < 5e-4  # (the report prints three decimals)
+
+
 def test_across_runs_splits_a_dropped_rollouts_overhead_into_span_groups_off_and_the_dropped_path():
     # run a: off +0.2, default +1.0, sampled +0.5 ms in every repetition; run b: +0.0, +2.0, +0.4
     a = _run([10.0, 11.0, 12.0], [10.2, 11.2, 12.2], [11.0, 12.0, 13.0], [10.5, 11.5, 12.5],
@@ -33,11 +37,11 @@ def test_across_runs_splits_a_dropped_rollouts_overhead_into_span_groups_off_and
     assert any(line.startswith("| other |") and "left out" in line for line in lines)
     pooled = {line.split(":")[0]: float(line.split(": ")[1].split()[0]) for line in lines if line.startswith("- ")}
     # ratio of sums over all six repetitions: off 0.6/9.0, dropped (1.5-0.6 + 1.2)/9.0, sampled 2.7/9.0
-    assert abs(pooled["- span groups off over traced"] - 0.6 / 9.0) < 5e-4  # (printed to three decimals)
-    assert abs(pooled["- the dropped path (sampled out - off) over traced"] - 2.1 / 9.0) < 5e-4  # (printed to three decimals)
-    assert abs(pooled["- a sampled-out rollout over a traced one (target <= 0.20)"] - 2.7 / 9.0) < 5e-4  # (printed to three decimals)
+    assert _close(pooled["- span groups off over traced"], 0.6 / 9.0)
+    assert _close(pooled["- the dropped path (sampled out - off) over traced"], 2.1 / 9.0)
+    assert _close(pooled["- a sampled-out rollout over a traced one (target <= 0.20)"], 2.7 / 9.0)
     together = next(v for k, v in pooled.items() if k.startswith("- the same, loaded together (6 windows of 2 run(s))"))
-    assert abs(together - (3 * 0.2 + 3 * 0.6) / (3 * 1.0 + 3 * 2.0)) < 5e-4  # (printed to three decimals)
+    assert _close(together, (3 * 0.2 + 3 * 0.6) / (3 * 1.0 + 3 * 2.0))
     # capacity, pooled: bare's CPU over the variant's, summed over both runs' repetitions
     capacity = {k.split(" (")[0]: v for k, v in pooled.items() if k.startswith(("- off (", "- default ("))}
-    assert abs(capacity["- default"] - 63.0 / 72.0) < 5e-4 and abs(capacity["- off"] - 63.0 / 63.6) < 5e-4
+    assert _close(capacity["- default"], 63.0 / 72.0) and _close(capacity["- off"], 63.0 / 63.6)
