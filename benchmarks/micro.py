@@ -14,7 +14,7 @@ Per call, with ``timeit``, variants interleaved in every repetition:
 * "dropped" (egress, seam, ingress): "on", for a caller whose span the sampler dropped
   (``traceparent`` flags ``02``, unsampled with a random trace id, as every root our
   tracer makes from the SDK's random ids is written; under the default parent-based sampler nothing is
-  recorded, and ``pipeline/sampling.py`` lets our advice skip the span altogether);
+  recorded, and ``telemetry/sampling.py`` lets our advice skip the span altogether);
   "root-dropped+metrics" (ingress): a request with no caller context that a ratio
   sampler of 0 (``OTEL_TRACES_SAMPLER=parentbased_traceidratio``, as configured) drops
   at its root, as the agent's ``POST /run`` of a rollout left out;
@@ -25,7 +25,7 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   root ("root-dropped+metrics"): the work a dropped rollout costs a server once, with the
   first call made under the request's context;
 * semaphore: a free ``asyncio.Semaphore`` acquired and released, as Gym's servers do
-  around their limited work, bare and once ``pipeline/concurrency.py`` observes it
+  around their limited work, bare and once ``advice/concurrency.py`` observes it
   (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
   base path after one ``locked()`` test);
 * job rollout: one rollout awaitable of ``run_examples`` (a coroutine that returns at
@@ -93,7 +93,7 @@ class Bench:
     def variant(self, name: str):
         from opentelemetry import context as otel_context
 
-        from gym_autoinstr.pipeline import groups, metrics
+        from gym_autoinstr.telemetry import groups, metrics
 
         groups.ENABLED = self.enabled[name]
         metrics.LIVE = name.endswith("+metrics")
@@ -106,7 +106,7 @@ class Bench:
         if name.startswith("root-dropped"):
             from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 
-            from gym_autoinstr.pipeline import sampling, spans
+            from gym_autoinstr.telemetry import sampling, spans
 
             tracer = spans.tracer()
             # what OTEL_TRACES_SAMPLER=parentbased_traceidratio, _ARG=0 makes (configured_sampler)
@@ -130,11 +130,11 @@ def build() -> Bench:
     from opentelemetry.sdk.metrics import MeterProvider
 
     from gym_autoinstr.advice import egress, ray_tasks, routes
-    from gym_autoinstr.pipeline import groups, metrics
-    from gym_autoinstr.pipeline.configurator import BATCH_DEFAULTS
+    from gym_autoinstr.telemetry import groups, metrics
+    from gym_autoinstr.setup.configurator import BATCH_DEFAULTS
     from gym_autoinstr.advice.ingress import GymServerMiddleware
 
-    from gym_autoinstr.pipeline.batching import EncodingSpanProcessor
+    from gym_autoinstr.fastpath.batching import EncodingSpanProcessor
 
     class Discard(SpanExporter):
         """Takes the encoded batches the OTLP exporter would send."""
@@ -156,7 +156,7 @@ def build() -> Bench:
 
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
 
-    from gym_autoinstr.pipeline import histograms
+    from gym_autoinstr.fastpath import histograms
 
     class DiscardMetrics(MetricExporter):
         def export(self, metrics_data, timeout_millis=10_000, **kwargs):
@@ -272,10 +272,10 @@ def build() -> Bench:
     plain_function, traced_function = RemoteFunction(), TracedRemoteFunction()
     call_args, call_kwargs = (1, 2), {"k": 3}
 
-    # -- semaphore (pipeline/concurrency.py) --
+    # -- semaphore (advice/concurrency.py) --
     import asyncio
 
-    from gym_autoinstr.pipeline import concurrency
+    from gym_autoinstr.advice import concurrency
 
     class SemaphoreServer:  # a Gym server object holding its limit
         pass

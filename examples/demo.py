@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gym_autoinstr.pipeline.files import read_path  # noqa: E402
+from gym_autoinstr.setup.files import read_path  # noqa: E402
 from gym_autoinstr.commands.view import build_traces  # noqa: E402
-from gym_autoinstr.pipeline.files import LOGS_SUFFIX, METRICS_SUFFIX  # noqa: E402
+from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX  # noqa: E402
 from tests.harness.gym_install import gym_venv  # noqa: E402
 from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
 

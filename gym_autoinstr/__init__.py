@@ -5,6 +5,6 @@ rollout becomes one trace across the agent, model and resources server processes
 See README.md for usage and ``pointcuts.py`` for everything it touches in Gym.
 """
 
-from .version import __version__
+from gym_autoinstr.version import __version__
 
 __all__ = ["__version__"]

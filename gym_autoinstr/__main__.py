@@ -2,6 +2,6 @@
 
 import sys
 
-from .commands.cli import main
+from gym_autoinstr.commands.cli import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from ._log import warn_once
+from gym_autoinstr._log import warn_once
 
 OFF = ("0", "false", "no", "off")
 ON = ("1", "true", "yes", "on")

@@ -20,10 +20,12 @@ from typing import Any, Collection
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from .pipeline import groups, identity
-from ._log import logger, warn_once
-from .patching import PatchSet
-from .pointcuts import POINTCUTS, Pointcut
+from gym_autoinstr.telemetry import groups
+
+from gym_autoinstr.setup import identity
+from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.patching import PatchSet
+from gym_autoinstr.pointcuts import POINTCUTS, Pointcut
 
 
 def _at_interpreter_start() -> bool:
@@ -54,12 +56,12 @@ class GymInstrumentor(BaseInstrumentor):
             warn_once("instrument", "gym-autoinstr could not instrument this process (%r); Gym runs untraced.", error)
         if gym_process and _at_interpreter_start():
             try:
-                from .pipeline.heap import freeze_startup_heap
+                from gym_autoinstr.setup.heap import freeze_startup_heap
 
                 freeze_startup_heap()
             except Exception as error:
                 warn_once("gc-freeze", "could not freeze the start-up heap: %r", error)
-        from .pipeline.spans import mark_startup
+        from gym_autoinstr.telemetry.spans import mark_startup
 
         mark_startup("instrumented")  # the end of OpenTelemetry's start-up (start-up spans)
 
@@ -72,7 +74,7 @@ class GymInstrumentor(BaseInstrumentor):
             logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
             return False
         try:
-            from .pipeline.configurator import adopt_foreign_provider
+            from gym_autoinstr.setup.configurator import adopt_foreign_provider
 
             adopt_foreign_provider()
         except Exception as error:
@@ -93,7 +95,7 @@ class GymInstrumentor(BaseInstrumentor):
         return True
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from .pipeline import concurrency
+        from gym_autoinstr.advice import concurrency
 
         self.patches.remove_all()
         concurrency.restore()
@@ -104,8 +106,8 @@ class GymInstrumentor(BaseInstrumentor):
     def _watch_ray_worker(self) -> None:
         """In a Ray worker, apply only the promotion rows (``RAY_WORKER_POINTCUTS``); their
         first call makes this worker Gym's orchestrator and applies every other row."""
-        from .advice import ray_actor
-        from .pointcuts import RAY_WORKER_POINTCUTS
+        from gym_autoinstr.advice import ray_actor
+        from gym_autoinstr.pointcuts import RAY_WORKER_POINTCUTS
 
         if not hasattr(self, "ray_worker_patches"):
             self.ray_worker_patches = PatchSet()
@@ -116,7 +118,7 @@ class GymInstrumentor(BaseInstrumentor):
         self.ray_worker_patches.active = True
 
     def _ray_worker_hook(self, late: bool) -> Any:
-        from .pointcuts import RAY_WORKER_POINTCUTS
+        from gym_autoinstr.pointcuts import RAY_WORKER_POINTCUTS
 
         def hook(module: Any) -> None:
             try:
@@ -157,11 +159,11 @@ def _announce() -> None:
     """One line from the orchestrator saying what is on, so a user can tell at a glance."""
     import os
 
-    from .pipeline.configurator import STATE
-    from .pipeline.distro import active_distro
+    from gym_autoinstr.setup.configurator import STATE
+    from gym_autoinstr.setup.distro import active_distro
 
     exporters = ", ".join(STATE["exporters"]) or "none"
-    from .pipeline.redaction import redact_url
+    from gym_autoinstr.telemetry.redaction import redact_url
 
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     endpoint = redact_url(endpoint)[0] if endpoint else "default"

@@ -20,8 +20,8 @@ from typing import Any
 
 import wrapt
 
-from ._log import logger, warn_once
-from .pointcuts import Pointcut
+from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.pointcuts import Pointcut
 
 
 @dataclass

@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .advice import coexistence, egress, fleet, ingress, job, ray_actor, ray_tasks, routes, sandbox, startup, venvs
-from .pipeline import groups
+from gym_autoinstr.advice import coexistence, egress, fleet, ingress, job, ray_actor, ray_tasks, routes, sandbox, startup, venvs
+from gym_autoinstr.telemetry import groups
 
 
 @dataclass(frozen=True)

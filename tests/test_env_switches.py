@@ -7,7 +7,8 @@ import pytest
 
 from gym_autoinstr._env import switched_off
 from gym_autoinstr._log import forget_said
-from gym_autoinstr.pipeline import histograms, pool
+from gym_autoinstr.fastpath import histograms
+from gym_autoinstr.advice import pool
 
 
 @pytest.mark.parametrize("value", ["0", "false", "No", " OFF "])

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gym_autoinstr.pipeline.files import LOGS_SUFFIX, METRICS_SUFFIX
+from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX
 from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import metric_points
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
@@ -229,7 +229,7 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
 
 def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, policy_model):
     """The embedded default: no endpoint, no exporter, no collector."""
-    from gym_autoinstr.pipeline.files import read_path
+    from gym_autoinstr.setup.files import read_path
 
     version = "0.4.0"
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True)

@@ -55,7 +55,7 @@ def _sdk_counters(lock) -> "tuple[dict, list] | None":
                 counts["ended"] += 1
 
     try:
-        from gym_autoinstr.pipeline.batching import EncodingSpanProcessor
+        from gym_autoinstr.fastpath.batching import EncodingSpanProcessor
     except ImportError:
         EncodingSpanProcessor = None
     batch_processors = []

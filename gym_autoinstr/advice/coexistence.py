@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._log import logger
+from gym_autoinstr._log import logger
 
 # Read as a plain module attribute on the per-request paths (a call per request and per
 # seam otherwise); ``native_telemetry_live()`` elsewhere.

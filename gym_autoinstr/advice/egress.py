@@ -39,11 +39,13 @@ try:
 except ImportError:  # older APIs kept it in the instrumentation package
     from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 
-from . import coexistence, job
-from ..pipeline import groups, metrics, pool, propagation, sampling
-from .._log import warn_once
-from ..pipeline.redaction import redact_url
-from ..pipeline.spans import mark_error, tracer
+from gym_autoinstr.advice import coexistence, job
+from gym_autoinstr.telemetry import groups, metrics, sampling
+from gym_autoinstr.advice import pool
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry.redaction import redact_url
+from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
 CLIENT_SPANS_MODES = ("all", "failures")  # the default first

@@ -17,10 +17,10 @@ import os
 import threading
 from typing import Any
 
-from . import startup
-from .._log import warn_once
-from ..pipeline import metrics
-from ..pipeline.metrics import set_servers_active
+from gym_autoinstr.advice import startup
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry import metrics
+from gym_autoinstr.telemetry.metrics import set_servers_active
 
 FLEET_MEMORY_VARIABLE = "GYM_AUTOINSTR_FLEET_MEMORY"
 # server name -> (psutil.Process of what run_command spawned, attributes)
@@ -93,6 +93,6 @@ def fleet_shutdown_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict
         return wrapped(*args, **kwargs)
     finally:
         set_servers_active(0)
-        from ..pipeline.flush import flush
+        from gym_autoinstr.setup.flush import flush
 
         flush(reason="gym shutdown")

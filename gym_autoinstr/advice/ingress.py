@@ -28,12 +28,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
-from . import startup
-from ..pipeline import concurrency, groups, logs, metrics, propagation, runtime, sampling
-from ..pipeline.spans import mark_startup
-from .._log import logger, warn_once
-from ..pipeline.flush import flush, flush_async
-from ..pipeline.spans import mark_error, tracer
+from gym_autoinstr.advice import startup
+from gym_autoinstr.advice import concurrency
+from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
+from gym_autoinstr.setup import logs
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.telemetry.spans import mark_startup
+from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.setup.flush import flush, flush_async
+from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 DEFAULT_EXCLUDED_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico")
 
@@ -88,7 +91,7 @@ class _Propagation:
 
 def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
     """The caller's context read from the request's headers, and whether the caller's span
-    was dropped by the sampler (then this request records no span: pipeline/sampling.py).
+    was dropped by the sampler (then this request records no span: telemetry/sampling.py).
 
     A rollout the sampler dropped sends one unchanged traceparent to every hop: a lone
     traceparent whose unsampled context ``propagation`` already keeps (read before here,
@@ -233,7 +236,7 @@ class GymServerMiddleware:
             if parent is _NO_CALLER:
                 parent, dropped, root_id = _root(scope)
             if dropped:
-                # The caller's span was dropped by the sampler (pipeline/sampling.py): no
+                # The caller's span was dropped by the sampler (telemetry/sampling.py): no
                 # span, only its context, so that this server's own calls carry the
                 # decision on (attached and detached inside the request's coroutine).
                 if metrics.LIVE:
@@ -476,7 +479,7 @@ def instrument_app(app: Any, server_name: str = "") -> bool:
             server_name or "?",
         )
         return False
-    from . import coexistence
+    from gym_autoinstr.advice import coexistence
 
     if coexistence.native_telemetry_live():
         logger.info("Gym's own telemetry is live in this process; gym-autoinstr leaves ingress to it")
@@ -539,7 +542,7 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
 def server_limits_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """After ``SimpleServer.set_ulimit``, which ``run_webserver`` calls on the server it
     built, before serving, in every release and in every uvicorn worker: observe the
-    server's semaphores (``pipeline/concurrency.py``) where it will serve."""
+    server's semaphores (``advice/concurrency.py``) where it will serve."""
     result = wrapped(*args, **kwargs)
     if metrics.LIVE:
         try:

@@ -46,10 +46,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
-from . import coexistence, ray_actor
-from .._log import warn_once
-from ..pipeline import groups
-from ..pipeline.spans import mark_error, run_in_span, tracer
+from gym_autoinstr.advice import coexistence, ray_actor
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
 JOB_TRACE_VARIABLE = "GYM_AUTOINSTR_JOB_TRACE"
 PER_ROLLOUT = "per_rollout"
@@ -212,7 +212,7 @@ class _ExamplesJob:
             self.state.span.end()
             # A Ray actor may be killed without an exit flush: the batch leaves now, and
             # nothing waits for it.
-            from ..pipeline.flush import request_flush
+            from gym_autoinstr.setup.flush import request_flush
 
             request_flush()
         except Exception as error:  # also runs from finalizers: never raise there

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from .._log import logger, warn_once
+from gym_autoinstr._log import logger, warn_once
 
 _lock = threading.Lock()
 _callbacks: list[Callable[[], None]] = []
@@ -68,7 +68,7 @@ def _promote() -> bool:
         if _promoted is not None:
             return _promoted
         try:
-            from ..pipeline.configurator import configure_ray_orchestrator
+            from gym_autoinstr.setup.configurator import configure_ray_orchestrator
 
             _promoted = bool(configure_ray_orchestrator(ray_actor_attributes()))
         except Exception as error:
@@ -115,7 +115,7 @@ def ray_actor_attributes() -> dict[str, Any]:
             attributes["ray.actor.name"] = str(actor_name)
     except Exception as error:
         warn_once("ray_actor:context", "Ray's runtime context is unavailable here (%r); no actor or node id.", error)
-    from ..pipeline.identity import SHARD_VARIABLE
+    from gym_autoinstr.setup.identity import SHARD_VARIABLE
 
     shard = os.environ.get(SHARD_VARIABLE) or actor_name or actor_id
     if shard:
@@ -186,8 +186,8 @@ _booted = False
 
 
 def _boot_settings() -> dict[str, str]:
-    from ..pipeline import identity
-    from ..pipeline.configurator import RAY_WORKER_SETTINGS
+    from gym_autoinstr.setup import identity
+    from gym_autoinstr.setup.configurator import RAY_WORKER_SETTINGS
 
     excluded = {*_BOOT_EXCLUDED, identity.RUN_ID_VARIABLE, identity.SHARD_VARIABLE}
     return {
@@ -232,7 +232,7 @@ MISSING_ACTOR_TEXT = MISSING_ACTOR_MESSAGE  # global the wrapper names: carried 
 
 def install_init(cls: Any, missing: "list | None" = None) -> None:
     """Put the carrier on the ``__init__`` of Ray's actor subclass (never the user's class)."""
-    from .ray_tasks import _signature_with_carrier
+    from gym_autoinstr.advice.ray_tasks import _signature_with_carrier
 
     raw = inspect.getattr_static(cls, "__init__", None)
     if not inspect.isfunction(raw):
@@ -251,7 +251,7 @@ def install_init(cls: Any, missing: "list | None" = None) -> None:
 def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ActorClass._remote``: the carrier joins the creation arguments when Ray's actor
     class took it (``ray.actor`` pointcut)."""
-    from ..pipeline import groups
+    from gym_autoinstr.telemetry import groups
 
     if groups.RAY not in groups.ENABLED:
         return wrapped(*args, **kwargs)
@@ -263,8 +263,8 @@ def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
 
 
 def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[tuple, dict]":
-    from . import coexistence
-    from .ray_tasks import CARRIER, _call_parts, _with_call_kwargs
+    from gym_autoinstr.advice import coexistence
+    from gym_autoinstr.advice.ray_tasks import CARRIER, _call_parts, _with_call_kwargs
 
     meta = getattr(instance, "__ray_metadata__", None)
     signatures = getattr(getattr(meta, "method_meta", None), "signatures", None) or {}
@@ -325,7 +325,7 @@ def boot(settings: "dict[str, str]") -> None:
         if _booted:
             return
         _booted = True
-    from ..instrumentor import GymInstrumentor
+    from gym_autoinstr.instrumentor import GymInstrumentor
 
     instrumentor = GymInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:

@@ -60,10 +60,11 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind
 
-from . import coexistence, ray_actor
-from .._log import logger, warn_once
-from ..pipeline import groups, propagation
-from ..pipeline.spans import mark_error, tracer
+from gym_autoinstr.advice import coexistence, ray_actor
+from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 CARRIER = "_gym_autoinstr_ctx"
 INSTALLED = "_gym_autoinstr_carrier"  # on a RemoteFunction: True traced, False not
@@ -251,7 +252,7 @@ def _ray_version() -> str:
 
 
 def _carrier(span: Any) -> dict:
-    from ..pipeline import configurator
+    from gym_autoinstr.setup import configurator
 
     headers: dict[str, str] = {}
     propagate.inject(headers, context=trace.set_span_in_context(span))
@@ -270,7 +271,7 @@ _settings_cache: "dict[str, str] | None" = None
 def _settings() -> dict:
     global _settings_cache
     if _settings_cache is None:
-        from ..pipeline.configurator import ray_worker_settings
+        from gym_autoinstr.setup.configurator import ray_worker_settings
 
         _settings_cache = ray_worker_settings()
     return _settings_cache
@@ -428,7 +429,7 @@ def _traced_actor(handle: Any) -> bool:
 
 def _flush_actor(handle: Any) -> None:
     import ray
-    from ..pipeline.flush import flush_timeout_seconds
+    from gym_autoinstr.setup.flush import flush_timeout_seconds
 
     if not isinstance(handle, ray.actor.ActorHandle) or not _traced_actor(handle):
         return  # Ray client handles and actors we do not trace: the kill as ever
@@ -454,7 +455,7 @@ def _actor_flusher(timeout: float) -> Any:
     # library to run it, and a worker lacking our package just answers False.
     def flush_before_kill(actor_instance):  # type: ignore[no-untyped-def]
         try:
-            from gym_autoinstr.pipeline.flush import flush
+            from gym_autoinstr.setup.flush import flush
         except Exception:
             return False
         return flush(timeout, reason="ray.kill")
@@ -674,7 +675,7 @@ def _runtime_facts() -> dict:
 def _begin(function: Any, carrier: Any) -> "tuple[Any, Any] | None":
     if not isinstance(carrier, dict):
         return None
-    from ..pipeline import configurator
+    from gym_autoinstr.setup import configurator
 
     facts = _runtime_facts()
     if not configurator.configure_ray_worker(
@@ -707,7 +708,7 @@ def _end(span: Any, token: Any) -> None:
     except Exception:
         pass
     span.end()
-    from ..pipeline.flush import request_flush
+    from gym_autoinstr.setup.flush import request_flush
 
     request_flush()
 

@@ -50,11 +50,13 @@ from typing import Any, Callable
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from . import coexistence, genai
-from ..pipeline import concurrency, groups, metrics, propagation, sampling
-from .._log import warn_once
-from .egress import current_rollout_id
-from ..pipeline.spans import mark_error, tracer
+from gym_autoinstr.advice import coexistence, genai
+from gym_autoinstr.advice import concurrency
+from gym_autoinstr.telemetry import groups, metrics, sampling
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.advice.egress import current_rollout_id
+from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 RESOURCES = "resources_servers"
 AGENT = "responses_api_agents"

@@ -36,10 +36,10 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from . import coexistence
-from ..pipeline import groups, metrics
-from .._log import warn_once
-from ..pipeline.spans import run_in_span, tracer
+from gym_autoinstr.advice import coexistence
+from gym_autoinstr.telemetry import groups, metrics
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry.spans import run_in_span, tracer
 
 PROVIDER = "nemo.gym.sandbox.provider"
 SANDBOX_ID = "nemo.gym.sandbox.id"

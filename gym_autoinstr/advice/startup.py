@@ -30,9 +30,9 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from .._log import warn_once
-from ..pipeline import groups
-from ..pipeline.spans import STARTUP_MARKS as MARKS, mark_error, mark_startup as mark, tracer
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.telemetry.spans import STARTUP_MARKS as MARKS, mark_error, mark_startup as mark, tracer
 
 TRACEPARENT_VARIABLE = "GYM_AUTOINSTR_STARTUP_TRACEPARENT"
 SPAWN_VARIABLE = "GYM_AUTOINSTR_SPAWN_NS"
@@ -78,7 +78,7 @@ def run_command_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     the fleet's memory sampler (opt-in)."""
     process = _spawn(wrapped, args, kwargs)
     try:
-        from . import fleet
+        from gym_autoinstr.advice import fleet
 
         if fleet.memory_sampling_on():
             fleet.watch_server_memory(_server_name(args, kwargs), process)

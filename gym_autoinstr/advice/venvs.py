@@ -51,7 +51,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from .._log import warn_once
+from gym_autoinstr._log import warn_once
 
 PROJECT = "gym-autoinstr"
 # Beyond opentelemetry-*: the closure members on the span's way to the wire (see above).
@@ -251,8 +251,8 @@ def with_server_requirements(deps: Iterable[str], ours: Iterable[str]) -> list[s
 
 
 def _is_orchestrator() -> bool:
-    from ..pipeline.configurator import STATE
-    from ..pipeline.identity import detect
+    from gym_autoinstr.setup.configurator import STATE
+    from gym_autoinstr.setup.identity import detect
 
     # A Ray worker running Gym's orchestration (ray_actor) is the orchestrator by what it
     # does, not by its command line.

@@ -46,16 +46,16 @@ def main(argv: "list[str] | None" = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "view":
-        from .view import main as view_main
+        from gym_autoinstr.commands.view import main as view_main
 
         return view_main(args.paths, rollout=args.rollout, slowest=args.slowest, errors=args.errors,
                          html_file=args.html, metrics=args.metrics, trace_id=args.trace)
 
     if args.command == "doctor":
-        from .doctor import main as doctor_main
+        from gym_autoinstr.commands.doctor import main as doctor_main
 
         return doctor_main(as_json=args.json, offline=args.offline)
-    from ..version import __version__
+    from gym_autoinstr.version import __version__
 
     print(__version__)
     return 0

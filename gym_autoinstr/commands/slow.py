@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..pipeline.files import METRICS_SUFFIX, _attributes, json_lines
+from gym_autoinstr.setup.files import METRICS_SUFFIX, _attributes, json_lines
 
 
 def metric_files(path: Path) -> list[Path]:

@@ -370,8 +370,8 @@ def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | 
     import sys
     from pathlib import Path
 
-    from ..pipeline.files import read_path
-    from . import slow
+    from gym_autoinstr.setup.files import read_path
+    from gym_autoinstr.commands import slow
 
     if metrics:
         text = slow.render_text(slow.summary_for(paths or ["."]))

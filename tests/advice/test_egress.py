@@ -217,7 +217,7 @@ def test_every_call_under_a_dropped_span_gets_the_same_headers_in_a_dict_of_its_
 def lean(monkeypatch):
     """The lean shape on, and ``fleet(base)`` makes ``base`` a Gym server of the fleet."""
     from gym_autoinstr.advice import egress
-    from gym_autoinstr.pipeline import pool
+    from gym_autoinstr.advice import pool
 
     monkeypatch.setitem(egress._LEAN, "on", True)
     names: dict[str, str] = {}
@@ -281,7 +281,7 @@ def test_lean_a_failed_call_between_gym_servers_gets_its_client_span_with_error(
     (span,) = _client_spans(spans)
     assert span.parent.span_id == handler.context.span_id
     assert span.status.status_code == StatusCode.ERROR
-    from gym_autoinstr.pipeline.spans import error_type
+    from gym_autoinstr.telemetry.spans import error_type
 
     assert span.attributes["error.type"] == error_type(raised.value)
     assert span.attributes["url.full"].endswith("/slow") and span.attributes["http.request.method"] == "POST"
@@ -307,7 +307,7 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
     from nemo_gym import server_utils
     from opentelemetry import trace
 
-    from gym_autoinstr.pipeline import lean, propagation
+    from gym_autoinstr.fastpath import lean, propagation
 
     app = _echo_app()
     with serve(app) as base:

@@ -109,7 +109,7 @@ def test_server_error_sets_error_status_without_the_message(instrumented, spans)
 
 
 def test_groups_off_means_no_server_spans(instrumented, spans, monkeypatch):
-    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.telemetry import groups
 
     monkeypatch.setattr(groups, "ENABLED", frozenset())
     app = _gym_like_app()
@@ -248,7 +248,7 @@ def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
     from gym_autoinstr.advice.ingress import GymServerMiddleware
-    from gym_autoinstr.pipeline.spans import tracer
+    from gym_autoinstr.telemetry.spans import tracer
 
     seen: list = []
     app, receive = _context_seeing_app(seen)
@@ -291,7 +291,7 @@ def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_con
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from gym_autoinstr.advice.ingress import GymServerMiddleware
-    from gym_autoinstr.pipeline.spans import tracer
+    from gym_autoinstr.telemetry.spans import tracer
 
     monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.0)))
     seen: list = []
@@ -371,7 +371,8 @@ def _lean_tracer(monkeypatch, sampler):
     from opentelemetry.sdk.trace import TracerProvider
 
     from gym_autoinstr.advice import ingress
-    from gym_autoinstr.pipeline import batching, lean, spans
+    from gym_autoinstr.fastpath import batching, lean
+    from gym_autoinstr.telemetry import spans
 
     class Discard:
         def export(self, batch):
@@ -400,8 +401,9 @@ def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer
     ``then(scope, receive, send)`` (when given) before it responds:
     ``(middleware, seen, receive, send)``."""
     from gym_autoinstr.advice.ingress import GymServerMiddleware
-    from gym_autoinstr.pipeline import propagation, sampling
-    from gym_autoinstr.pipeline.spans import tracer
+    from gym_autoinstr.fastpath import propagation
+    from gym_autoinstr.telemetry import sampling
+    from gym_autoinstr.telemetry.spans import tracer
 
     if lean_tracer:
         _lean_tracer(monkeypatch, sampler)
@@ -445,8 +447,8 @@ def test_a_dropped_rollouts_first_request_leaves_the_headers_of_its_calls_ready(
     from opentelemetry import trace
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.pipeline import sampling
-    from gym_autoinstr.pipeline.spans import tracer
+    from gym_autoinstr.telemetry import sampling
+    from gym_autoinstr.telemetry.spans import tracer
 
     middleware, seen, receive, send = _calls_seeing_middleware(
         monkeypatch, ParentBased(TraceIdRatioBased(0.5)), "first_request_server")
@@ -485,7 +487,7 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
 
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.pipeline import sampling
+    from gym_autoinstr.telemetry import sampling
 
     middleware, seen, receive, send = _calls_seeing_middleware(monkeypatch, ParentBased(TraceIdRatioBased(0.0)),
                                                                "root_server", lean_tracer)
@@ -512,7 +514,9 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
     from opentelemetry import trace
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.pipeline import propagation, sampling, spans
+    from gym_autoinstr.fastpath import propagation
+
+    from gym_autoinstr.telemetry import sampling, spans
 
     def request(path, traceparent=None):
         headers = [(b"host", b"127.0.0.1:8000")] + ([(b"traceparent", traceparent.encode())] if traceparent else [])

@@ -191,7 +191,7 @@ def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spa
     from opentelemetry import context as otel_context
 
     from gym_autoinstr.advice import ray_actor
-    from gym_autoinstr.pipeline.spans import tracer
+    from gym_autoinstr.telemetry.spans import tracer
 
     monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     execute = tracer().start_span("ray.execute GymActor.run_rollouts", kind=SpanKind.CONSUMER)

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
         embedder.add_span_processor(SimpleSpanProcessor(exporter))
         trace.set_tracer_provider(embedder)
 
-    from gym_autoinstr.pipeline import configurator
+    from gym_autoinstr.setup import configurator
     from gym_autoinstr.instrumentor import GymInstrumentor
     configurator.GymConfigurator().configure()
     instrumentor = GymInstrumentor()
@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent(
 
     if os.environ.get("CASE_WORKER_FIRST"):  # a traced actor method ran before Gym started
         out["worker_first"] = configurator.configure_ray_worker("agent", {}, None)
-        from gym_autoinstr.pipeline.spans import tracer
+        from gym_autoinstr.telemetry.spans import tracer
         tracer().start_span("ray.execute Actor.setup").end()
     out["first_error"] = collect()
     provider = trace.get_tracer_provider()

@@ -106,7 +106,7 @@ def test_await_ref_marks_the_awaiting_coroutines_span(local_ray, spans):
 
 
 def test_with_the_ray_group_off_nothing_is_marked(local_ray, spans, monkeypatch):
-    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.telemetry import groups
 
     monkeypatch.setattr(groups, "ENABLED", frozenset())
     ray = local_ray

@@ -80,7 +80,7 @@ def test_the_wrapper_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(t
 
 
 def test_no_span_and_no_carrier_when_the_ray_group_is_off(monkeypatch):
-    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.telemetry import groups
 
     monkeypatch.setattr(groups, "ENABLED", frozenset())
     seen = []
@@ -135,7 +135,7 @@ def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_importe
 @pytest.fixture
 def ray_on(monkeypatch):
     from gym_autoinstr._log import forget_said
-    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.telemetry import groups
 
     monkeypatch.setattr(groups, "ENABLED", frozenset({groups.RAY}))
     forget_said()

@@ -269,7 +269,7 @@ def test_view_groups_rollout_traces_under_their_job(fleets):
     match = re.fullmatch(r"job ([0-9a-f]{32})  \S+  [\d.]+ ms  sent=2 failed=0 repeats=2  \| 2 linked rollout traces below "
                          r"\(job trace ([0-9a-f]{32})\)", job_line)
     assert match, job_line
-    from gym_autoinstr.pipeline.files import read_path
+    from gym_autoinstr.setup.files import read_path
 
     spans = read_path(run_dir)
     (job,) = job_spans(spans)

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import pytest
 
-from gym_autoinstr.pipeline.groups import ALL_GROUPS, RAY, SANDBOX, parse_spec
+from gym_autoinstr.telemetry.groups import ALL_GROUPS, RAY, SANDBOX, parse_spec
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
-from gym_autoinstr.pipeline import groups
+from gym_autoinstr.telemetry import groups
 from gym_autoinstr.advice.ingress import instrument_app
 from tests.servers import run_async, serve
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gym_autoinstr.pipeline import groups
+from gym_autoinstr.telemetry import groups
 from tests.servers import run_async
 
 pytest.importorskip("nemo_gym.sandbox.api")

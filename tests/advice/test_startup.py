@@ -10,8 +10,8 @@ import pytest
 from opentelemetry import trace
 
 from gym_autoinstr.advice import startup
-from gym_autoinstr.pipeline import groups
-from gym_autoinstr.pipeline.spans import STARTUP_MARKS
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.telemetry.spans import STARTUP_MARKS
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from gym_autoinstr.commands import slow
-from gym_autoinstr.pipeline import files
-from gym_autoinstr.pipeline.metrics import DURATION_BOUNDARIES_MS
+from gym_autoinstr.setup import files
+from gym_autoinstr.telemetry.metrics import DURATION_BOUNDARIES_MS
 
 
 def _process(run_dir, service: str, values: list[float]) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.pipeline.files import METRICS_SUFFIX, OtlpJsonFileExporter, read_path
+from gym_autoinstr.setup.files import METRICS_SUFFIX, OtlpJsonFileExporter, read_path
 from gym_autoinstr.commands.view import build_traces, select, summary
 
 N_ROLLOUTS = 4

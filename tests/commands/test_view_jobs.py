@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, SpanKind
 
 from gym_autoinstr.commands.view import Job, build_traces, group_by_job, render_html, select
-from gym_autoinstr.pipeline.files import OtlpJsonFileExporter, read_path
+from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 
 def _write_run(directory: Path) -> dict:

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
 
-from gym_autoinstr.pipeline import batching  # noqa: E402
-from gym_autoinstr.pipeline.flush import WatchedExporter  # noqa: E402
+from gym_autoinstr.fastpath import batching  # noqa: E402
+from gym_autoinstr.setup.flush import WatchedExporter  # noqa: E402
 
 SETTINGS = {"max_queue_size": 1000, "schedule_delay_millis": 50, "max_export_batch_size": 64}
 

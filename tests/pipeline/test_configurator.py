@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from gym_autoinstr.pipeline import configurator, identity
+from gym_autoinstr.setup import configurator, identity
 from gym_autoinstr._log import forget_said
 
 
@@ -100,7 +100,7 @@ def _detect_in(argv: list[str], env: dict[str, str]) -> str:
     code = textwrap.dedent(
         """
         import sys
-        from gym_autoinstr.pipeline import identity
+        from gym_autoinstr.setup import identity
         print(identity.detect().role, identity.detect().name)
         """
     )

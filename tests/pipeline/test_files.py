@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from gym_autoinstr.pipeline import files
+from gym_autoinstr.setup import files
 from gym_autoinstr._log import forget_said
 
 
@@ -52,7 +52,7 @@ def test_concurrent_processes_never_interleave_or_lose_a_line(tmp_path):
         from pathlib import Path
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from gym_autoinstr.pipeline.files import OtlpJsonFileExporter
+        from gym_autoinstr.setup.files import OtlpJsonFileExporter
         provider = TracerProvider()
         provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(Path(sys.argv[1]), "w"), schedule_delay_millis=5, max_export_batch_size=7))
         tracer = provider.get_tracer("t")

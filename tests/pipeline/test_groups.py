@@ -3,7 +3,7 @@ warned about once with the valid ones listed, and Gym's own knob honoured."""
 
 from __future__ import annotations
 
-from gym_autoinstr.pipeline import groups
+from gym_autoinstr.telemetry import groups
 from gym_autoinstr._log import forget_said
 
 

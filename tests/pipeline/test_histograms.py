@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (
 
 from opentelemetry.metrics import Observation
 
-from gym_autoinstr.pipeline import histograms
+from gym_autoinstr.fastpath import histograms
 
 BOUNDS = (5, 10, 25, 50, 100, 250)
 

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased  # noqa: E402
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
 
-from gym_autoinstr.pipeline import batching, lean, wire  # noqa: E402
+from gym_autoinstr.fastpath import batching, lean, wire  # noqa: E402
 
 
 class Capture:
@@ -178,7 +178,7 @@ def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_fir
     r of them, not r x r."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.pipeline import sampling
+    from gym_autoinstr.telemetry import sampling
 
     def make():
         base = {"ratio": ParentBased(TraceIdRatioBased(0.3)), "always off": ParentBased(ALWAYS_OFF),
@@ -240,7 +240,7 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, StaticSampler, TraceIdRatioBased
     from opentelemetry.trace import TraceState
 
-    from gym_autoinstr.pipeline import sampling
+    from gym_autoinstr.telemetry import sampling
 
     def make():
         base = {"always on": lambda: ParentBased(ALWAYS_ON), "ratio": lambda: ParentBased(TraceIdRatioBased(0.3)),

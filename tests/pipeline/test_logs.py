@@ -7,7 +7,7 @@ import logging
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from gym_autoinstr.pipeline import logs
+from gym_autoinstr.setup import logs
 
 
 def test_gyms_own_switch_is_honoured_and_ours_wins():

@@ -14,7 +14,8 @@ import pytest
 from fastapi import FastAPI
 
 from gym_autoinstr.advice.ingress import instrument_app
-from gym_autoinstr.pipeline import metrics, pool, runtime
+from gym_autoinstr.telemetry import metrics, runtime
+from gym_autoinstr.advice import pool
 from tests.advice.test_routes import _agent, _model, _post, _resources
 from tests.servers import post_json, run_async, serve
 
@@ -105,7 +106,7 @@ def test_model_calls_by_dialect_and_server_with_time_to_first_byte(instrumented,
 
 
 def test_the_server_group_off_still_gives_metrics(instrumented, reader, spans, monkeypatch):
-    from gym_autoinstr.pipeline import groups
+    from gym_autoinstr.telemetry import groups
 
     monkeypatch.setattr(groups, "ENABLED", frozenset())
     agent = _agent("untraced_agent")
@@ -208,7 +209,7 @@ def test_the_probe_reads_soon_after_start_then_once_per_interval(instrumented, r
 def test_a_flush_records_the_gc_pauses_the_probe_has_not_drained_yet(reader):
     import gc
 
-    from gym_autoinstr.pipeline import flush
+    from gym_autoinstr.setup import flush
 
     before = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation").get(2, 0)
     gc.collect(2)
@@ -247,7 +248,7 @@ MECHANISMS = pytest.mark.parametrize("hooks", ["1", "0"], ids=["hooks", "trace-c
 
 
 def _check_mechanism(session, hooks: str) -> None:
-    from gym_autoinstr.pipeline import pool
+    from gym_autoinstr.advice import pool
 
     hooked = "_request" in vars(session)
     assert hooked == (hooks == "1")
@@ -386,7 +387,7 @@ def test_a_gym_semaphore_limit_held_waiting_and_waits(instrumented, reader):
     """A real Gym model server that caps its calls with an asyncio semaphore (as Gym's
     openai_model does): the limit, the holders and waiters at collection time, and the
     waits of the calls that queued."""
-    from gym_autoinstr.pipeline import concurrency
+    from gym_autoinstr.advice import concurrency
     from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
     from tests.advice.test_routes import Ask, _client, _config
 
@@ -494,7 +495,7 @@ def test_semaphores_a_server_makes_later_are_observed_from_the_next_collection(i
     """A real Gym resources server watched with no semaphore; it makes one after it
     started serving (held at that moment), and replaces it later: each is observed from
     the next collection, the in-use one with the limit it shows once seen idle."""
-    from gym_autoinstr.pipeline import concurrency
+    from gym_autoinstr.advice import concurrency
     from nemo_gym.base_resources_server import BaseResourcesServerConfig, SimpleResourcesServer
     from tests.advice.test_routes import _client, _config
 
@@ -549,7 +550,7 @@ def test_an_observed_semaphore_behaves_as_its_own_class(instrumented, reader):
     import inspect
     import pickle
 
-    from gym_autoinstr.pipeline import concurrency
+    from gym_autoinstr.advice import concurrency
 
     class Counting(asyncio.Semaphore):
         acquired = 0
@@ -619,7 +620,7 @@ def test_only_the_processes_that_serve_watch_a_servers_limits(instrumented, read
     from types import SimpleNamespace
 
     from gym_autoinstr.advice import ingress
-    from gym_autoinstr.pipeline import concurrency
+    from gym_autoinstr.advice import concurrency
 
     def limits_of(workers: int) -> list:
         server = SimpleNamespace(config=SimpleNamespace(num_workers=workers), limit=asyncio.Semaphore(4))

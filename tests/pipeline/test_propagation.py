@@ -7,7 +7,7 @@ from opentelemetry import baggage, context, propagate, trace
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from gym_autoinstr.pipeline import propagation
+from gym_autoinstr.fastpath import propagation
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CARRIERS = [

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link
 
-from gym_autoinstr.pipeline import sampling
+from gym_autoinstr.telemetry import sampling
 
 
 def _provider(monkeypatch, sampler: str, arg: str):
@@ -202,7 +202,7 @@ def test_a_requests_caller_is_dropped_exactly_when_the_dropped_parent_check_says
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from gym_autoinstr.advice import ingress
-    from gym_autoinstr.pipeline import propagation
+    from gym_autoinstr.fastpath import propagation
 
     class FakeTracer:
         sampler = ParentBased(TraceIdRatioBased(0.0))

@@ -26,7 +26,7 @@ from opentelemetry.trace import (  # noqa: E402
     set_span_in_context,
 )
 
-from gym_autoinstr.pipeline import wire  # noqa: E402
+from gym_autoinstr.fastpath import wire  # noqa: E402
 
 
 def _provider(resource: dict, schema_url: str = "") -> tuple[TracerProvider, InMemorySpanExporter]:

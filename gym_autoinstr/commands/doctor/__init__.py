@@ -23,15 +23,15 @@ import sys
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from .exporters import exporters, signal_exporters
-from .installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
-from .native import native_telemetry
-from .pipeline import pipeline
-from .ray import ray_propagation
-from .report import ERROR, exit_status, render
-from .span_groups import client_spans, job_trace, span_groups
-from .startup import startup
-from .venvs import server_venvs
+from gym_autoinstr.commands.doctor.exporters import exporters, signal_exporters
+from gym_autoinstr.commands.doctor.installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
+from gym_autoinstr.commands.doctor.native import native_telemetry
+from gym_autoinstr.commands.doctor.pipeline import pipeline
+from gym_autoinstr.commands.doctor.ray import ray_propagation
+from gym_autoinstr.commands.doctor.report import ERROR, exit_status, render
+from gym_autoinstr.commands.doctor.span_groups import client_spans, job_trace, span_groups
+from gym_autoinstr.commands.doctor.startup import startup
+from gym_autoinstr.commands.doctor.venvs import server_venvs
 
 __all__ = ["diagnose", "is_gym_module", "main", "render"]
 
@@ -40,8 +40,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
     """Everything the doctor knows, as one JSON-ready dict; ``ok`` is False when tracing
     would not work."""
     environ = dict(os.environ if environ is None else environ)
-    from ...pipeline.configurator import STATE
-    from ...version import __version__
+    from gym_autoinstr.setup.configurator import STATE
+    from gym_autoinstr.version import __version__
 
     version = installed_gym_version()
     gym, problems = gym_section(version)

@@ -6,9 +6,9 @@ import importlib
 import os
 from typing import Any, Mapping
 
-from ...pipeline import files
-from .report import ERROR, INFO, WARNING, Problem
-from .startup import OUR_CONFIGURATOR, _entry_points
+from gym_autoinstr.setup import files
+from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR, _entry_points
 
 # protocol -> (module, package); kept in step with configurator.py
 OTLP_EXPORTERS = {
@@ -147,7 +147,7 @@ SIGNAL_VARIABLES = {"metrics": "OTEL_METRICS_EXPORTER", "logs": "OTEL_LOGS_EXPOR
 
 def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict[str, Any]], list[Problem]]:
     """The metric or log exporters every Gym process would build (``signal``: metrics, logs)."""
-    from ...pipeline import logs
+    from gym_autoinstr.setup import logs
 
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return [], []

@@ -15,8 +15,8 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
-from ...pointcuts import POINTCUTS, Pointcut, gym_release, version_applies
-from .report import ERROR, WARNING, Problem
+from gym_autoinstr.pointcuts import POINTCUTS, Pointcut, gym_release, version_applies
+from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
 
 # Top-level packages the nemo-gym distribution ships (0.2.0 - 0.7.0).
 GYM_PACKAGES = frozenset(
@@ -122,7 +122,7 @@ def resolve_pointcuts(gym_version: "str | None", pointcuts: "tuple[Pointcut, ...
     for each whether it resolved, whether the table expects it to on ``gym_version``,
     and why not.  Patches made here are removed again (unless this process was already
     instrumented, e.g. run under ``opentelemetry-instrument``)."""
-    from ...instrumentor import GymInstrumentor
+    from gym_autoinstr.instrumentor import GymInstrumentor
 
     instrumentor = GymInstrumentor()
     started_here = not instrumentor.is_instrumented_by_opentelemetry

@@ -6,7 +6,7 @@ import importlib
 import sys
 from typing import Any
 
-from .report import INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
 
 # The names Gym 0.7's ``init_telemetry`` imports from nemo-lens; without every one of
 # them it logs "nemo-lens is not installed" and its call sites stay inert.
@@ -18,7 +18,7 @@ NEMO_LENS_NAMES = (
 
 def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Problem]]:
     """Whether Gym's own OpenTelemetry call sites (0.7+) would export in a Gym server."""
-    from ...advice import coexistence
+    from gym_autoinstr.advice import coexistence
 
     section: dict[str, Any] = {"present": False, "call_sites": False, "enabled": False, "nemo_lens": None, "exporting_now": False, "live": False}
     problems: list[Problem] = []

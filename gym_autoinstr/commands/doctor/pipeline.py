@@ -27,7 +27,7 @@ import time
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
 
-from .report import ERROR, INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 
 BUDGET_SECONDS = 5.0
 STEP_SECONDS = 3.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...pipeline import groups
-from .report import INFO, WARNING, Problem
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
 
 # The Ray releases the carrier was built and tested against.
 TESTED_RAY = "2.60"
@@ -29,7 +29,7 @@ def worker_pointcuts() -> list[dict[str, Any]]:
     each with whether Gym here has the attribute it names (looked up, not patched)."""
     import importlib
 
-    from ...pointcuts import RAY_WORKER_POINTCUTS
+    from gym_autoinstr.pointcuts import RAY_WORKER_POINTCUTS
 
     rows = []
     for pointcut in RAY_WORKER_POINTCUTS:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...advice import egress, job
-from ...pipeline import groups
-from .report import ERROR, WARNING, Problem
+from gym_autoinstr.advice import egress, job
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
 
 def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
     variable = next((v for v in groups.SPEC_VARIABLES if environ.get(v) is not None), None)

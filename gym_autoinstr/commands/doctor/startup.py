@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .report import ERROR, INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 
 OUR_DISTRO = "gym_autoinstr"
 OUR_CONFIGURATOR = "gym_autoinstr"
@@ -13,7 +13,7 @@ OUR_INSTRUMENTOR = "nemo_gym"
 # What each known distro sets by default (``os.environ.setdefault``) before the
 # configurators run; they decide which configurator and exporter win.
 DISTRO_DEFAULTS: dict[str, dict[str, str]] = {
-    "gym_autoinstr.pipeline.distro": {
+    "gym_autoinstr.setup.distro": {
         "OTEL_PYTHON_CONFIGURATOR": OUR_CONFIGURATOR,
         "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi",
     },

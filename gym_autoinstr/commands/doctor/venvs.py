@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
 
 def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Problem]]:
     """Would ``gym env start`` put our packages into the server venvs it builds?"""
@@ -19,7 +19,7 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
             "or install gym-autoinstr into each server venv",
         )]
     try:
-        from ...advice.venvs import (
+        from gym_autoinstr.advice.venvs import (
             local_path_fix, local_path_message, local_requirements, requirement_override, server_requirements)
 
         section["requirements"] = list(server_requirements())

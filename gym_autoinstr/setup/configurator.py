@@ -33,9 +33,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
-from . import batching, files, identity, sampling
-from .._log import logger, warn_once
-from .flush import WatchedExporter, flush, start_flusher
+from gym_autoinstr.fastpath import batching
+
+from gym_autoinstr.setup import files, identity
+
+from gym_autoinstr.telemetry import sampling
+from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 
 # Batch settings for Gym's scale (thousands of concurrent rollouts): a deep queue so a
 # burst is absorbed instead of dropped, large batches, and a short delay so that little
@@ -231,7 +235,7 @@ def metric_readers(who: "identity.ProcessIdentity | None" = None) -> list[Any]:
             warn_once(f"metrics-exporter-error:{name}", "metric exporter %r could not be created: %r", name, error)
             continue
         if exporter is not None:
-            from . import histograms
+            from gym_autoinstr.fastpath import histograms
 
             if histograms.qualifies(exporter):  # request histograms aggregated by us, merged at export
                 exporter = histograms.MergingExporter(exporter)
@@ -243,7 +247,7 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from . import metrics as gym_metrics, runtime
+    from gym_autoinstr.telemetry import metrics as gym_metrics, runtime
 
     readers = metric_readers(who)
     if readers:
@@ -257,7 +261,7 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
                 options["exemplar_filter"] = AlwaysOffExemplarFilter()
             except ImportError:
                 pass
-        from . import histograms
+        from gym_autoinstr.fastpath import histograms
 
         provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
         metrics.set_meter_provider(provider)
@@ -270,7 +274,7 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
 
 
 def _configure_logs(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
-    from . import logs
+    from gym_autoinstr.setup import logs
 
     STATE["logs"] = logs.configure(resource, who)
 
@@ -283,7 +287,7 @@ def configure_process() -> "TracerProvider | None":
     """Set up the SDK for this process if it is part of a Gym fleet; idempotent."""
     if STATE["configured_by"] is not None:
         return None
-    from .spans import mark_startup
+    from gym_autoinstr.telemetry.spans import mark_startup
 
     mark_startup("configured")
     who = identity.detect()
@@ -302,7 +306,7 @@ def configure_process() -> "TracerProvider | None":
     except Exception as error:
         warn_once("logs", "log export is off: %r", error)
     start_flusher()
-    from . import quiet
+    from gym_autoinstr.setup import quiet
 
     quiet.install()  # one line per export-failure cause, not one per retry
     atexit.register(_flush_at_exit)
@@ -379,7 +383,7 @@ def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: 
         else:  # someone else's provider is already live here: use it, as elsewhere
             STATE["configured_by"] = f"foreign:{type(trace.get_tracer_provider()).__module__}"
         start_flusher()
-        from . import quiet
+        from gym_autoinstr.setup import quiet
 
         quiet.install()
         atexit.register(_flush_at_exit)
@@ -429,7 +433,7 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
             _add_identity(current, resource, attributes)
             STATE["configured_by"] = f"foreign:{type(current).__module__}"
         start_flusher()
-        from . import quiet
+        from gym_autoinstr.setup import quiet
 
         quiet.install()
         atexit.register(_flush_at_exit)
@@ -454,7 +458,7 @@ def _ray_worker_becomes_orchestrator(extra: "dict[str, Any]") -> bool:
     except Exception as error:
         warn_once("ray-orchestrator-upgrade", "this Ray actor's spans keep the Ray worker's identity: %r", error)
         return False
-    from . import spans
+    from gym_autoinstr.telemetry import spans
 
     spans._tracer = None  # our tracer is fetched again, with the new resource
     STATE["identity"] = who

@@ -24,7 +24,7 @@ import logging
 import os
 from typing import Any
 
-from .._log import warn_once
+from gym_autoinstr._log import warn_once
 
 LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
@@ -71,7 +71,7 @@ def requested(environ: "os._Environ[str] | dict[str, str] | None" = None) -> lis
     if names:
         return names
     if not raw and (environ.get("NEMO_GYM_OTEL_LOGS_ENABLED") or "").strip().lower() in _TRUE:
-        from . import files
+        from gym_autoinstr.setup import files
 
         return ["files" if files.embedded_default_applies(environ) else "otlp"]
     return []
@@ -84,7 +84,7 @@ class _NotOurs(logging.Filter):
 
 def _exporter(name: str, who: Any) -> Any:
     if name == "otlp":
-        from . import configurator
+        from gym_autoinstr.setup import configurator
 
         protocol = (os.environ.get("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL") or configurator._otlp_protocol()).strip().lower()
         if protocol == "grpc":
@@ -97,7 +97,7 @@ def _exporter(name: str, who: Any) -> Any:
 
         return ConsoleLogExporter()
     if name == "files":
-        from . import files, identity
+        from gym_autoinstr.setup import files, identity
 
         who = who or identity.detect()
         return files.log_exporter(files.resolve_output_dir(identity.run_id()), identity.service_name(who))

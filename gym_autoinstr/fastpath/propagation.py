@@ -43,7 +43,7 @@ _ZERO_SPAN = "0" * 16
 _known: list = [None, False]  # [the global textmap last checked, whether it is W3C's]
 
 # A rollout the sampler dropped carries one unchanged traceparent through every hop
-# (pipeline/sampling.py): the contexts read from such unsampled parents, and, by span
+# (telemetry/sampling.py): the contexts read from such unsampled parents, and, by span
 # object, the spans found valid and unsampled with the headers they are written as, are
 # kept (bounded; cleared when full) and reused.  A span's context never changes, and
 # contexts are never changed in place, so sharing them between requests is safe.  An

@@ -39,9 +39,9 @@ import sys
 import time
 from typing import Any
 
-from .._env import switched_off
-from .._log import warn_once
-from . import metrics
+from gym_autoinstr._env import switched_off
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry import metrics
 
 DESTINATION = "nemo.gym.http.destination.server.name"
 QUEUE_OUTCOME = "nemo.gym.http.connection_pool.queue_outcome"
@@ -319,7 +319,7 @@ def count_attempts(session: Any) -> None:
     set's token, that lived as long as the call.)"""
     if getattr(session, "__dict__", {}).get("request") is not None:
         return  # counted already
-    from . import propagation
+    from gym_autoinstr.fastpath import propagation
 
     request = session.request
     current, key = propagation.current_context, propagation._SPAN_KEY  # (an API without the key: nothing counted)

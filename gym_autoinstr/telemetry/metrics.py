@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 from opentelemetry import metrics
 
-from .._log import warn_once
-from ..version import __version__
-from . import histograms
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.version import __version__
+from gym_autoinstr.fastpath import histograms
 
 # True once `activate()` ran with a real meter provider: every recorder checks it first.
 LIVE = False

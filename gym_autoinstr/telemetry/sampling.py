@@ -17,11 +17,11 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan
 
-from .._env import switched_off
-from . import spans as _spans
-from .propagation import (_BAGGAGE_KEY, current_context, keep_own_root, traceparent, unsampled_entry,
+from gym_autoinstr._env import switched_off
+from gym_autoinstr.telemetry import spans as _spans
+from gym_autoinstr.fastpath.propagation import (_BAGGAGE_KEY, current_context, keep_own_root, traceparent, unsampled_entry,
                           unsampled_headers, unsampled_spans, w3c_default)
-from .spans import tracer_in_use
+from gym_autoinstr.telemetry.spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
     from opentelemetry.trace.propagation import _SPAN_KEY

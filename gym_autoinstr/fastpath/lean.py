@@ -35,10 +35,10 @@ except ImportError:
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
-from .._env import switched_off
-from . import wire
-from .propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
-from .._log import logger
+from gym_autoinstr._env import switched_off
+from gym_autoinstr.fastpath import wire
+from gym_autoinstr.fastpath.propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
+from gym_autoinstr._log import logger
 
 # The flags a span is started with, each the instance propagation shares for its value
 # (a TraceFlags is an int with an instance dict, an object the GC tracks, and every span
@@ -60,7 +60,7 @@ class LeanSpan(trace_api.Span):
     __slots__ = (
         "name", "context", "parent", "kind", "start_time", "end_time", "attributes", "events",
         "links", "status", "dropped_attributes", "dropped_events", "_tracer",
-        "gym_attempts",  # the attempts of a traced Gym request, when this is its CLIENT span (pipeline/pool.py)
+        "gym_attempts",  # the attempts of a traced Gym request, when this is its CLIENT span (advice/pool.py)
     )
 
     dropped_links = 0
@@ -284,12 +284,12 @@ class LeanTracer(trace_api.Tracer):
         return trace_id, None
 
     def _check_keeps(self) -> None:
-        from .sampling import keeps_under_sampled_parent
+        from gym_autoinstr.telemetry.sampling import keeps_under_sampled_parent
 
         self._keeps_of, self._keeps = self.sampler, _asked(keeps_under_sampled_parent, self.sampler, False)
 
     def _check_roots(self) -> None:
-        from .sampling import root_decision
+        from gym_autoinstr.telemetry.sampling import root_decision
 
         self._roots_of, self._roots = self.sampler, _asked(root_decision, self.sampler, None)
 
@@ -367,7 +367,7 @@ def lean_tracer_for(provider: Any, sdk_tracer: Any) -> "LeanTracer | None":
     our encoding processors and whose limits are the defaults; else None."""
     from opentelemetry.sdk.trace import SpanLimits, Tracer
 
-    from .batching import EncodingSpanProcessor
+    from gym_autoinstr.fastpath.batching import EncodingSpanProcessor
 
     if not enabled() or type(sdk_tracer) is not Tracer:
         return None

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .._log import warn_once
+from gym_autoinstr._log import warn_once
 
 OUTPUT_DIR_VARIABLE = "GYM_AUTOINSTR_OUTPUT_DIR"
 MAX_MB_VARIABLE = "GYM_AUTOINSTR_FILE_MAX_MB"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .._log import warn_once
+from gym_autoinstr._log import warn_once
 
 JOB = "job"
 SERVER = "server"

@@ -37,8 +37,8 @@ from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 
-from .._log import warn_once
-from . import metrics
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry import metrics
 
 LAG_INTERVAL_S = 1.0
 # The probe's first sleep; each next one doubles, up to the interval.

@@ -35,9 +35,9 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
 
-from . import wire
-from .._env import switched_off
-from .._log import logger, warn_once
+from gym_autoinstr.fastpath import wire
+from gym_autoinstr._env import switched_off
+from gym_autoinstr._log import logger, warn_once
 
 
 class EncodedBatch:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .._log import warn_once
+from gym_autoinstr._log import warn_once
 
 # Loggers the SDK's export path writes to (each module logs on its own logger, and a
 # logger's filters see only records created on it, so each one gets the filter).

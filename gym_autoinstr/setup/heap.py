@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import gc
 
-from .._env import switched_off
-from .._log import logger
+from gym_autoinstr._env import switched_off
+from gym_autoinstr._log import logger
 
 _done = {"frozen": 0}
 

@@ -52,8 +52,8 @@ from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 
-from .._log import warn_once
-from . import metrics
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.telemetry import metrics
 
 SITE = "nemo.gym.concurrency.site"
 WAIT_BOUNDARIES_MS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,

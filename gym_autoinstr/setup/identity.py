@@ -12,7 +12,7 @@ import os
 import sys
 import uuid
 from dataclasses import dataclass
-from .._env import switched_off
+from gym_autoinstr._env import switched_off
 
 # What the orchestrator sets so that every process it starts shares one run id.
 RUN_ID_VARIABLE = "GYM_AUTOINSTR_RUN_ID"

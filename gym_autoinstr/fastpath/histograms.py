@@ -40,8 +40,8 @@ from bisect import bisect_right
 from math import isfinite
 from typing import Any, Sequence
 
-from .._env import switched_off
-from .._log import warn_once
+from gym_autoinstr._env import switched_off
+from gym_autoinstr._log import warn_once
 
 ENV = "GYM_AUTOINSTR_FAST_HISTOGRAMS"
 # The SDK's default cardinality limit: attribute sets beyond it share one overflow point.
@@ -244,7 +244,7 @@ def _merged(metrics_data: Any) -> Any:
     from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    from ..version import __version__
+    from gym_autoinstr.version import __version__
 
     now = time.time_ns()
     extra = [m for m in (h.metric(now) for h in list(_state["histograms"])) if m is not None]

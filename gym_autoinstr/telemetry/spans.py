@@ -12,8 +12,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from . import propagation
-from ..version import __version__
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.version import __version__
 
 TRACER_NAME = "gym_autoinstr"
 
@@ -46,7 +46,7 @@ def tracer() -> trace.Tracer:
         lean_tracer = None
         if processors:
             try:
-                from .lean import lean_tracer_for
+                from gym_autoinstr.fastpath.lean import lean_tracer_for
 
                 lean_tracer = lean_tracer_for(provider, sdk_tracer)
             except Exception:  # never worse than the SDK's own tracer
@@ -92,7 +92,7 @@ async def run_in_span(span: trace.Span, call: Any, after: Any = None, label: str
             try:
                 after(span, result)
             except Exception as error:
-                from .._log import warn_once
+                from gym_autoinstr._log import warn_once
 
                 warn_once(f"after:{label}", "%s: result not recorded: %r", label, error)
         return result

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from .._log import logger, warn_once
+from gym_autoinstr._log import logger, warn_once
 
 DEFAULT_FLUSH_TIMEOUT_MS = 500
 
@@ -42,7 +42,7 @@ def flush_timeout_seconds() -> float:
 def _flush_providers() -> None:
     from opentelemetry import metrics, trace
 
-    from . import runtime
+    from gym_autoinstr.telemetry import runtime
 
     # GC pauses wait for the loop-lag probe (up to its interval); a process's last ones
     # would be lost at exit.  Safe here: this is the flush thread, never a GC callback.
