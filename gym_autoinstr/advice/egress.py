@@ -25,6 +25,7 @@ Calls to anything that is not a Gym server of the fleet, the collection driver's
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import time
@@ -48,17 +49,28 @@ from gym_autoinstr.telemetry.redaction import redact_url
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
-CLIENT_SPANS_MODES = ("all", "failures")  # the default first
+
+
+class ClientSpans(str, enum.Enum):
+    """Which calls get a CLIENT span (``GYM_AUTOINSTR_CLIENT_SPANS``)."""
+
+    ALL = "all"  # the default: every call
+    FAILURES = "failures"  # the lean shape: between Gym servers of the fleet, only a call that fails
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CLIENT_SPANS_MODES = tuple(mode.value for mode in ClientSpans)  # the default first
 
 
 def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
     raw = (os.environ if environ is None else environ).get(CLIENT_SPANS_ENV, "")
     value = raw.strip().lower()
-    default, failures = CLIENT_SPANS_MODES
-    if value in ("", default):
+    if value in ("", ClientSpans.ALL.value):
         return False
-    if value == failures:
+    if value == ClientSpans.FAILURES.value:
         return True
     warn_once(f"egress:client-spans:{value}", "%s=%r is neither 'all' nor 'failures'; every call keeps its CLIENT "
               "span ('all'). Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",
