@@ -29,6 +29,7 @@ import enum
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -78,8 +79,13 @@ def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> boo
     return False
 
 
+@dataclass(slots=True)
+class _Lean:
+    on: bool  # GYM_AUTOINSTR_CLIENT_SPANS=failures
+
+
 # Read once, when Gym's process is instrumented.
-_LEAN = {"on": client_spans_on_failure_only()}
+_LEAN = _Lean(client_spans_on_failure_only())
 
 
 def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
@@ -148,7 +154,7 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
                 return wrapped(*args, **{**kwargs, "headers": {**carrier} if headers is None else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
-    if _LEAN["on"]:
+    if _LEAN.on:
         try:
             parent = _lean_parent(args, kwargs)
         except Exception as error:
