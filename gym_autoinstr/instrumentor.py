@@ -68,7 +68,7 @@ class GymInstrumentor(BaseInstrumentor):
     def _instrument_guarded(self, **kwargs: Any) -> bool:
         """Apply the pointcuts; False when this process is one of Ray's (not patched)."""
         who = identity.detect()
-        if who.role == "ray" and not kwargs.get("force"):
+        if who.role is identity.Role.RAY and not kwargs.get("force"):
             if identity.is_ray_worker():
                 self._watch_ray_worker()
             logger.debug("Ray process: not instrumenting (Gym's work is traced, not Ray's internals)")
@@ -80,7 +80,7 @@ class GymInstrumentor(BaseInstrumentor):
         except Exception as error:
             warn_once("adopt", "could not check the active tracer provider: %r", error)
         groups.reload()
-        if who.role == "orchestrator":
+        if who.role is identity.Role.ORCHESTRATOR:
             _announce()
         self.patches.active = True
         for module_name in sorted({p.module for p in POINTCUTS}):
@@ -162,7 +162,7 @@ def _announce() -> None:
     from gym_autoinstr.setup.configurator import STATE
     from gym_autoinstr.setup.distro import active_distro
 
-    exporters = ", ".join(STATE["exporters"]) or "none"
+    exporters = ", ".join(STATE.exporters) or "none"
     from gym_autoinstr.telemetry.redaction import redact_url
 
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -170,7 +170,7 @@ def _announce() -> None:
     logger.info(
         "tracing Gym: distro=%s configurator=%s exporters=%s endpoint=%s span groups=%s",
         active_distro(),
-        STATE["configured_by"],
+        STATE.configured_by,
         exporters,
         endpoint,
         ",".join(sorted(groups.ENABLED)) or "none",

@@ -48,6 +48,7 @@ import inspect
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics
@@ -67,7 +68,16 @@ _servers: list[tuple[Any, str]] = []
 # into the SDK (a collection calls our gauges with the SDK's lock held, and they take this).
 _lock = threading.Lock()
 _start_lock = threading.Lock()
-_state: dict[str, Any] = {"histogram": None, "rescanned": 0.0}
+
+
+@dataclass(slots=True)
+class _ConcurrencyState:
+    histogram: Any = None  # gym.concurrency.queue_wait_duration_ms
+    provider: Any = None  # the meter provider it was made on
+    rescanned: float = 0.0  # when the servers were last looked at again
+
+
+_state = _ConcurrencyState()
 _subclasses: dict[type, type] = {}
 _ATTRIBUTES = "_gym_autoinstr_concurrency"
 _BASE = "_gym_autoinstr_base"
@@ -121,7 +131,7 @@ async def _timed(semaphore: Any, acquire: Any) -> Any:
     try:
         return await acquire(semaphore)
     finally:
-        histogram = _state["histogram"]
+        histogram = _state.histogram
         attributes = getattr(semaphore, _ATTRIBUTES, None)
         if histogram is not None and attributes is not None:
             try:
@@ -152,11 +162,11 @@ def _limit_of(semaphore: Any) -> int:
 
 def _start() -> None:
     provider = otel_metrics.get_meter_provider()
-    if _state["histogram"] is not None and _state.get("provider") is provider:
+    if _state.histogram is not None and _state.provider is provider:
         return
-    _state["provider"] = provider
+    _state.provider = provider
     meter = metrics.meter()
-    _state["histogram"] = metrics.histogram(
+    _state.histogram = metrics.histogram(
         "gym.concurrency.queue_wait_duration_ms", "ms",
         "Time one acquisition of a Gym concurrency limit (asyncio semaphore) waited.", WAIT_BOUNDARIES_MS)
     for name, read, description in (
@@ -188,9 +198,9 @@ def _observer(read: Any) -> Any:
 def _rescan() -> None:
     """Semaphores the watched servers made or replaced since: observed from now on."""
     now = time.monotonic()
-    if now - _state["rescanned"] < RESCAN_SECONDS:
+    if now - _state.rescanned < RESCAN_SECONDS:
         return
-    _state["rescanned"] = now
+    _state.rescanned = now
     try:
         for ref, name in list(_servers):
             server = ref()
@@ -252,5 +262,5 @@ def restore() -> None:
                 semaphore.__dict__.pop(_ATTRIBUTES, None)
         _sites.clear()
         _servers.clear()
-        _state["histogram"] = None
-        _state["rescanned"] = 0.0
+        _state.histogram = None
+        _state.rescanned = 0.0

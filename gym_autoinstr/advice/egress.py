@@ -25,9 +25,11 @@ Calls to anything that is not a Gym server of the fleet, the collection driver's
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -48,17 +50,28 @@ from gym_autoinstr.telemetry.redaction import redact_url
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
-CLIENT_SPANS_MODES = ("all", "failures")  # the default first
+
+
+class ClientSpans(str, enum.Enum):
+    """Which calls get a CLIENT span (``GYM_AUTOINSTR_CLIENT_SPANS``)."""
+
+    ALL = "all"  # the default: every call
+    FAILURES = "failures"  # the lean shape: between Gym servers of the fleet, only a call that fails
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CLIENT_SPANS_MODES = tuple(mode.value for mode in ClientSpans)  # the default first
 
 
 def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
     raw = (os.environ if environ is None else environ).get(CLIENT_SPANS_ENV, "")
     value = raw.strip().lower()
-    default, failures = CLIENT_SPANS_MODES
-    if value in ("", default):
+    if value in ("", ClientSpans.ALL.value):
         return False
-    if value == failures:
+    if value == ClientSpans.FAILURES.value:
         return True
     warn_once(f"egress:client-spans:{value}", "%s=%r is neither 'all' nor 'failures'; every call keeps its CLIENT "
               "span ('all'). Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",
@@ -66,8 +79,13 @@ def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> boo
     return False
 
 
+@dataclass(slots=True)
+class _Lean:
+    on: bool  # GYM_AUTOINSTR_CLIENT_SPANS=failures
+
+
 # Read once, when Gym's process is instrumented.
-_LEAN = {"on": client_spans_on_failure_only()}
+_LEAN = _Lean(client_spans_on_failure_only())
 
 
 def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
@@ -136,7 +154,7 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
                 return wrapped(*args, **{**kwargs, "headers": {**carrier} if headers is None else _copy_with(headers, carrier)})
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
-    if _LEAN["on"]:
+    if _LEAN.on:
         try:
             parent = _lean_parent(args, kwargs)
         except Exception as error:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from gym_autoinstr.advice import startup
@@ -25,7 +26,14 @@ from gym_autoinstr.telemetry.metrics import set_servers_active
 FLEET_MEMORY_VARIABLE = "GYM_AUTOINSTR_FLEET_MEMORY"
 # server name -> (psutil.Process of what run_command spawned, attributes)
 _spawned: dict[str, tuple[Any, dict[str, str]]] = {}
-_memory: dict[str, Any] = {"registered": False}
+
+
+@dataclass(slots=True)
+class _Memory:
+    registered: bool = False  # the servers' memory gauge is registered
+
+
+_memory = _Memory()
 _lock = threading.Lock()
 
 
@@ -45,8 +53,8 @@ def watch_server_memory(server_name: "str | None", process: Any) -> None:
 
         with _lock:
             _spawned[server_name] = (psutil.Process(pid), {metrics.SERVER_NAME: server_name})
-            if not _memory["registered"]:
-                _memory["registered"] = True
+            if not _memory.registered:
+                _memory.registered = True
                 metrics.observable("gym.server.process_tree.memory.usage", "up_down_counter", _observe_memory, "By",
                                    "Resident memory of a Gym server's whole process tree (orchestrator, opt-in).")
     except Exception as error:

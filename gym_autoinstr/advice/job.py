@@ -35,6 +35,7 @@ always nests), so only ours is read.  ``gym.job`` ends with the counts it saw:
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import uuid
 import weakref
@@ -52,10 +53,21 @@ from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
 JOB_TRACE_VARIABLE = "GYM_AUTOINSTR_JOB_TRACE"
-PER_ROLLOUT = "per_rollout"
-SINGLE = "single"
-EMBEDDED = "embedded"  # recorded on gym.job when a caller's span parents the job
-JOB_TRACE_MODES = (PER_ROLLOUT, SINGLE)
+
+
+class JobTrace(str, enum.Enum):
+    """How a job's rollouts are traced; its value is ``nemo.gym.job.trace``."""
+
+    PER_ROLLOUT = "per_rollout"  # the default: each rollout a root trace, linked to gym.job
+    SINGLE = "single"  # the rollouts nest under gym.job
+    EMBEDDED = "embedded"  # never set: a caller's span parents the job, the rollouts nest
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# What GYM_AUTOINSTR_JOB_TRACE may name, the default first.
+JOB_TRACE_MODES = (JobTrace.PER_ROLLOUT.value, JobTrace.SINGLE.value)
 
 JOB_ID = "nemo.gym.job.id"
 JOB_TRACE = "nemo.gym.job.trace"
@@ -65,15 +77,15 @@ NUM_REPEATS = "nemo.gym.job.num_repeats"
 JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_examples (an embedder's)
 
 
-def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
+def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -> JobTrace:
     """``per_rollout`` or ``single`` from ``GYM_AUTOINSTR_JOB_TRACE``; anything else warns once."""
     environ = os.environ if environ is None else environ
     raw = environ.get(JOB_TRACE_VARIABLE)
     if raw is None or not raw.strip():
-        return PER_ROLLOUT
+        return JobTrace.PER_ROLLOUT
     mode = raw.strip().lower()
     if mode in JOB_TRACE_MODES:
-        return mode
+        return JobTrace(mode)
     warn_once(
         f"env:{JOB_TRACE_VARIABLE}:{raw}",
         "%s=%r is not one of %s; using %s (each rollout its own trace, linked to gym.job). "
@@ -81,10 +93,10 @@ def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -
         JOB_TRACE_VARIABLE,
         raw,
         ", ".join(JOB_TRACE_MODES),
-        PER_ROLLOUT,
+        JobTrace.PER_ROLLOUT.value,
         JOB_TRACE_VARIABLE,
     )
-    return PER_ROLLOUT
+    return JobTrace.PER_ROLLOUT
 
 
 @dataclass
@@ -113,16 +125,16 @@ def _open_job(repeats: "int | None", entry: str) -> JobState:
     trace of its own, linked to that ``ray.execute`` span."""
     actor_call = ray_actor.rootless_call()
     embedded = actor_call is None and trace.get_current_span().get_span_context().is_valid
-    mode = EMBEDDED if embedded else job_trace_mode()
+    mode = JobTrace.EMBEDDED if embedded else job_trace_mode()
     job_id = uuid.uuid4().hex
-    attributes: dict[str, Any] = {JOB_ID: job_id, JOB_TRACE: mode, JOB_ENTRY: entry}
+    attributes: dict[str, Any] = {JOB_ID: job_id, JOB_TRACE: mode.value, JOB_ENTRY: entry}
     if repeats is not None:
         attributes[NUM_REPEATS] = repeats
     options: dict[str, Any] = {}
     if actor_call is not None:
         options = {"context": _EMPTY, "links": [Link(actor_call.get_span_context())]}
     span = tracer().start_span("gym.job", kind=SpanKind.INTERNAL, attributes=attributes, **options)
-    state = JobState(span=span, job_id=job_id, reroot=mode == PER_ROLLOUT)
+    state = JobState(span=span, job_id=job_id, reroot=mode is JobTrace.PER_ROLLOUT)
     if state.reroot:
         state.links = [Link(span.get_span_context())]
     return state

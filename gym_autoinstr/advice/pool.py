@@ -37,6 +37,7 @@ import contextvars
 import inspect
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gym_autoinstr._env import switched_off
@@ -50,7 +51,17 @@ BOUNDARIES_MS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 50
 INTERNAL = "nemo.gym.http.internal"
 RETRY_REASON = "nemo.gym.http.retry_reason"
 
-_state: dict[str, Any] = {"histogram": None, "trace_config": None, "names": None, "retries": None, "timeouts": None}
+
+@dataclass(slots=True)
+class _PoolState:
+    histogram: Any = None  # gym.http.connection_pool.queue_duration_ms, once made
+    trace_config: Any = None  # the aiohttp TraceConfig, on an aiohttp without our hooks
+    names: "dict[str, str] | None" = None  # host:port -> Gym server name, once Gym's config is loaded
+    retries: Any = None  # counters of retries and timeouts, made with the histogram
+    timeouts: Any = None
+
+
+_state = _PoolState()
 # destination server name -> [connections opened]; read by the observable counter.
 _connects: dict[str, list[int]] = {}
 # The attempts made inside a traced Gym request are counted on its CLIENT span, the
@@ -67,7 +78,7 @@ _attributes: dict[str, dict[str, str]] = {}
 
 def _server_names() -> dict[str, str]:
     """``host:port`` -> Gym server name, from the config dict Gym already loaded."""
-    names = _state["names"]
+    names = _state.names
     if names is not None:
         return names
     names = {}
@@ -82,7 +93,7 @@ def _server_names() -> dict[str, str]:
                     continue
         except Exception as error:
             warn_once("pool:names", "destination server names unavailable (%r); host:port is used.", error)
-        _state["names"] = names  # cached only once Gym's config is loaded
+        _state.names = names  # cached only once Gym's config is loaded
     return names
 
 
@@ -133,13 +144,13 @@ def _count_retry_of(failed: "tuple[str, Any, str]", method: Any, url: Any) -> No
     _failed.set(None)
     try:
         failed_method, failed_url, reason = failed
-        if failed_method != method or failed_url != url or _state["retries"] is None:
+        if failed_method != method or failed_url != url or _state.retries is None:
             return  # the failed request was not sent again: another request of this task
         key = (reason, _internal(url))
         attributes = _RETRIES.get(key)
         if attributes is None:
             attributes = _RETRIES[key] = {RETRY_REASON: key[0], INTERNAL: key[1]}
-        _state["retries"].add(1, attributes)
+        _state.retries.add(1, attributes)
     except Exception as error:
         warn_once("pool:retry", "HTTP retry not counted: %r", error)
 
@@ -152,8 +163,8 @@ def _failed_attempt(method: Any, key: Any, url: Any, error: BaseException) -> No
     """An attempt at ``method`` ``key`` (``url``: where it went) ended in ``error``."""
     try:
         reason = retry_reason(error)
-        if reason == "timeout" and _state["timeouts"] is not None:
-            _state["timeouts"].add(1, _TIMEOUTS[_internal(url)])
+        if reason == "timeout" and _state.timeouts is not None:
+            _state.timeouts.add(1, _TIMEOUTS[_internal(url)])
         _failed.set((method, key, reason))
     except Exception as failure:
         warn_once("pool:exception", "HTTP failure not counted: %r", failure)
@@ -195,7 +206,7 @@ async def _on_queued_end(session: Any, context: Any, params: Any) -> None:
 
 
 def _waited(started: float, host: Any, port: Any) -> None:
-    histogram = _state["histogram"]
+    histogram = _state.histogram
     if histogram is None:
         return
     try:
@@ -205,14 +216,14 @@ def _waited(started: float, host: Any, port: Any) -> None:
 
 
 def _instruments() -> None:
-    if _state["histogram"] is None:
-        _state["histogram"] = metrics.histogram(
+    if _state.histogram is None:
+        _state.histogram = metrics.histogram(
             "gym.http.connection_pool.queue_duration_ms", "ms",
             "Time one queued connection acquisition waited for an aiohttp pool slot.", BOUNDARIES_MS)
         meter = metrics.meter()
-        _state["retries"] = meter.create_counter(
+        _state.retries = meter.create_counter(
             "gym.http.retry_total", unit="{retry}", description="Outbound HTTP requests Gym sent again after a failed attempt, by reason.")
-        _state["timeouts"] = meter.create_counter(
+        _state.timeouts = meter.create_counter(
             "gym.http.timeout_total", unit="{timeout}", description="Outbound HTTP attempts that timed out.")
         meter.create_observable_counter(
             "gym.http.connection_pool.connect_total", callbacks=[_observe_connects], unit="{connection}",
@@ -222,7 +233,7 @@ def _instruments() -> None:
 def trace_config() -> Any:
     import aiohttp
 
-    if _state["trace_config"] is None:
+    if _state.trace_config is None:
         _instruments()
         config = aiohttp.TraceConfig()
         config.on_request_start.append(_on_request_start)
@@ -231,8 +242,8 @@ def trace_config() -> Any:
         config.on_connection_queued_end.append(_on_queued_end)
         config.on_connection_create_end.append(_on_connection_created)
         config.freeze()
-        _state["trace_config"] = config
-    return _state["trace_config"]
+        _state.trace_config = config
+    return _state.trace_config
 
 
 HOOKS_ENV = "GYM_AUTOINSTR_AIOHTTP_HOOKS"

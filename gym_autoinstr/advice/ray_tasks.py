@@ -256,7 +256,7 @@ def _carrier(span: Any) -> dict:
 
     headers: dict[str, str] = {}
     propagate.inject(headers, context=trace.set_span_in_context(span))
-    who = configurator.STATE.get("identity")
+    who = configurator.STATE.identity
     return {
         "context": headers,
         "server": getattr(who, "name", None) or "unknown",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -38,8 +39,15 @@ TRACEPARENT_VARIABLE = "GYM_AUTOINSTR_STARTUP_TRACEPARENT"
 SPAWN_VARIABLE = "GYM_AUTOINSTR_SPAWN_NS"
 SERVER_NAME = "nemo.gym.server.name"
 
+
 # Orchestrator state: the open gym.startup span and one child per spawned server.
-_run: dict[str, Any] = {"span": None, "servers": {}}
+@dataclass(slots=True)
+class _StartupRun:
+    span: Any = None  # gym.startup
+    servers: "dict[str, Any]" = field(default_factory=dict)  # server name -> its spawn span
+
+
+_run = _StartupRun()
 _CONFIG_PATH = re.compile(r"NEMO_GYM_CONFIG_PATH=('([^']*)'|(\S+))")
 
 
@@ -52,9 +60,9 @@ def _enabled() -> bool:
 
 def run_start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Around ``RunHelper.start``: open ``gym.startup`` (ended when all servers are ready)."""
-    if _enabled() and _run["span"] is None:
+    if _enabled() and _run.span is None:
         try:
-            _run["span"] = tracer().start_span("gym.startup", kind=SpanKind.INTERNAL)
+            _run.span = tracer().start_span("gym.startup", kind=SpanKind.INTERNAL)
         except Exception as error:
             warn_once("startup:start", "gym.startup span skipped: %r", error)
     try:
@@ -90,18 +98,18 @@ def run_command_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
 def _spawn(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     """``run_command`` while ``gym.startup`` is open: a server span per spawn, whose
     context the child inherits through the environment ``run_command`` copies."""
-    parent = _run["span"]
+    parent = _run.span
     if parent is None:
         return wrapped(*args, **kwargs)
     saved: dict[str, "str | None"] = {}
     try:
         name = _server_name(args, kwargs)
-        if name and name not in _run["servers"]:
+        if name and name not in _run.servers:
             span = tracer().start_span(
                 "gym.startup.server", context=trace.set_span_in_context(parent), kind=SpanKind.INTERNAL,
                 attributes={SERVER_NAME: name},
             )
-            _run["servers"][name] = span
+            _run.servers[name] = span
             carrier: dict[str, str] = {}
             propagate.inject(carrier, context=trace.set_span_in_context(span))
             for variable, value in ((TRACEPARENT_VARIABLE, carrier.get("traceparent")), (SPAWN_VARIABLE, str(time.time_ns()))):
@@ -124,10 +132,10 @@ def statuses_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     """After ``RunHelper.check_http_server_statuses``: end the span of each server that
     answered its health poll for the first time."""
     statuses = wrapped(*args, **kwargs)
-    if _run["servers"]:
+    if _run.servers:
         try:
             for name, status in statuses:
-                span = _run["servers"].get(name)
+                span = _run.servers.get(name)
                 if span is not None and status == "success" and span.is_recording():
                     span.end()
         except Exception as error:
@@ -138,25 +146,25 @@ def statuses_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
 def spinup_done(error: "BaseException | None" = None) -> None:
     """``RunHelper.wait_for_spinup`` returned (every server ready) or raised (from fleet.py,
     which owns that pointcut)."""
-    if _run["span"] is not None:
+    if _run.span is not None:
         _end_all(error)
 
 
 def _end_all(error: "BaseException | None") -> None:
     try:
-        for span in list(_run["servers"].values()):
+        for span in list(_run.servers.values()):
             if span.is_recording():
                 if isinstance(error, Exception):
                     mark_error(span, error)
                 span.end()
-        span = _run["span"]
+        span = _run.span
         if span is not None:
             if isinstance(error, Exception):
                 mark_error(span, error)
             span.end()
     except Exception as failure:
         warn_once("startup:end", "start-up spans not ended: %r", failure)
-    _run["span"] = None
+    _run.span = None
 
 
 # -- server ---------------------------------------------------------------------------

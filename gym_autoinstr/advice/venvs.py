@@ -252,13 +252,13 @@ def with_server_requirements(deps: Iterable[str], ours: Iterable[str]) -> list[s
 
 def _is_orchestrator() -> bool:
     from gym_autoinstr.setup.configurator import STATE
-    from gym_autoinstr.setup.identity import detect
+    from gym_autoinstr.setup.identity import Role, detect
 
     # A Ray worker running Gym's orchestration (ray_actor) is the orchestrator by what it
     # does, not by its command line.
-    if getattr(STATE.get("identity"), "role", None) == "orchestrator":
+    if STATE.identity is not None and STATE.identity.role is Role.ORCHESTRATOR:
         return True
-    return detect().role == "orchestrator"
+    return detect().role is Role.ORCHESTRATOR
 
 
 def head_server_deps_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -37,6 +37,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
+from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any, Sequence
 
@@ -50,7 +51,15 @@ _OVERFLOW = (("otel.metric.overflow", True),)
 _NO_ATTRIBUTES: frozenset = frozenset()
 _INFINITY = float("inf")
 
-_state: dict[str, Any] = {"provider": None, "histograms": [], "lock": threading.Lock()}
+
+@dataclass(slots=True)
+class _HistogramsState:
+    provider: Any = None  # the meter provider ours are bound to
+    histograms: list = field(default_factory=list)  # ours, merged at export
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_state = _HistogramsState()
 
 
 def enabled_by_env() -> bool:
@@ -189,18 +198,18 @@ class FastHistogram:
 
 def active(provider: Any) -> bool:
     """Fast histograms serve ``provider`` (bound by the configurator when it qualifies)."""
-    return provider is not None and provider is _state["provider"]
+    return provider is not None and provider is _state.provider
 
 
 def histogram(meter: Any, provider: Any, name: str, unit: str, description: str, boundaries: Sequence[float]) -> Any:
     """A fast histogram when ``provider`` is the one bound here, else the SDK's."""
     if active(provider):
-        with _state["lock"]:
-            for existing in _state["histograms"]:
+        with _state.lock:
+            for existing in _state.histograms:
                 if existing.name == name:
                     return existing
             made = FastHistogram(name, unit, description, boundaries)
-            _state["histograms"].append(made)
+            _state.histograms.append(made)
             return made
     return meter.create_histogram(name, unit=unit, description=description,
                                   explicit_bucket_boundaries_advisory=list(boundaries))
@@ -227,16 +236,16 @@ def bind(provider: Any, readers: Sequence[Any]) -> bool:
     """Serve ``provider`` with fast histograms if every reader exports through a
     ``MergingExporter``; returns whether it does."""
     ok = bool(readers) and all(isinstance(getattr(r, "_exporter", None), MergingExporter) for r in readers)
-    with _state["lock"]:
-        _state["provider"] = provider if ok else None
-        _state["histograms"] = []
+    with _state.lock:
+        _state.provider = provider if ok else None
+        _state.histograms = []
     return ok
 
 
 def unbind() -> None:
-    with _state["lock"]:
-        _state["provider"] = None
-        _state["histograms"] = []
+    with _state.lock:
+        _state.provider = None
+        _state.histograms = []
 
 
 def _merged(metrics_data: Any) -> Any:
@@ -247,7 +256,7 @@ def _merged(metrics_data: Any) -> Any:
     from gym_autoinstr.version import __version__
 
     now = time.time_ns()
-    extra = [m for m in (h.metric(now) for h in list(_state["histograms"])) if m is not None]
+    extra = [m for m in (h.metric(now) for h in list(_state.histograms)) if m is not None]
     if not extra or not metrics_data.resource_metrics:
         return metrics_data
     first, *rest = metrics_data.resource_metrics
@@ -280,7 +289,7 @@ class MergingExporter(_base()):
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
         try:
-            if _state["histograms"]:
+            if _state.histograms:
                 metrics_data = _merged(metrics_data)
         except Exception as error:
             warn_once("histograms-merge", "request histograms left out of this export: %r", error)

@@ -199,9 +199,12 @@ class LeanTracer(trace_api.Tracer):
         self.event = Event
         random = getattr(self.id_generator, "is_trace_id_random", None)
         self._random_root = bool(_RANDOM is not None and random is not None and random())
-        # how the sampler decides roots (sampling.root_decision), for the sampler it was worked out for
+        # how the sampler decides roots (sampling.root_decision), for the sampler it was worked out
+        # for: its fields (a mask of None: the sampler decides every root itself)
         self._roots_of: Any = _UNCHECKED
-        self._roots: "tuple[int, int, str | None] | None" = None
+        self._root_mask: "int | None" = None
+        self._root_bound = 0
+        self._root_kept: "str | None" = None
         # whether the sampler keeps every child of a sampled parent (keeps_under_sampled_parent)
         self._keeps_of: Any = _UNCHECKED
         self._keeps = False
@@ -276,8 +279,8 @@ class LeanTracer(trace_api.Tracer):
         trace_id = self.id_generator.generate_trace_id()
         if self.sampler is not self._roots_of:
             self._check_roots()
-        roots = self._roots
-        if roots is not None and trace_id & roots[0] >= roots[1] and name != roots[2]:
+        mask = self._root_mask
+        if mask is not None and trace_id & mask >= self._root_bound and name != self._root_kept:
             return trace_id, trace_api.NonRecordingSpan(span_context(
                 trace_id, self.id_generator.generate_span_id(), False,
                 _DEFAULT_RANDOM if self._random_root else _DEFAULT))
@@ -291,7 +294,12 @@ class LeanTracer(trace_api.Tracer):
     def _check_roots(self) -> None:
         from gym_autoinstr.telemetry.sampling import root_decision
 
-        self._roots_of, self._roots = self.sampler, _asked(root_decision, self.sampler, None)
+        decision = _asked(root_decision, self.sampler, None)
+        if decision is None:
+            self._root_mask, self._root_bound, self._root_kept = None, 0, None
+        else:
+            self._root_mask, self._root_bound, self._root_kept = decision.mask, decision.bound, decision.kept
+        self._roots_of = self.sampler
 
     def start_as_current_span(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import baggage as otel_baggage
@@ -40,7 +41,13 @@ _UNSAMPLED_ENDS = ("-00", "-02")  # how _SDK_UNSAMPLED's headers end
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
-_known: list = [None, False]  # [the global textmap last checked, whether it is W3C's]
+@dataclass(slots=True)
+class _TextmapChecked:
+    textmap: Any = None  # the global textmap last checked
+    w3c: bool = False  # whether it is W3C's
+
+
+_known = _TextmapChecked()
 
 # A rollout the sampler dropped carries one unchanged traceparent through every hop
 # (telemetry/sampling.py): the contexts read from such unsampled parents, and, by span
@@ -267,8 +274,8 @@ def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
 def w3c_default() -> bool:
     """The global propagator is W3C Trace Context, alone or with W3C Baggage."""
     textmap = propagate.get_global_textmap()
-    if textmap is _known[0]:
-        return _known[1]
+    if textmap is _known.textmap:
+        return _known.w3c
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
     from opentelemetry.propagators.composite import CompositePropagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -278,7 +285,7 @@ def w3c_default() -> bool:
     w3c = bool(kinds) and kinds[0] is TraceContextTextMapPropagator and all(
         k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds
     )
-    _known[0], _known[1] = textmap, w3c
+    _known.textmap, _known.w3c = textmap, w3c
     return w3c
 
 
@@ -346,7 +353,7 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, st
     if _BAGGAGE_KEY is None or context.get(_BAGGAGE_KEY):
         return None
     textmap = propagate.get_global_textmap()  # w3c_default(), its answer kept
-    if not (_known[1] if textmap is _known[0] else w3c_default()):
+    if not (_known.w3c if textmap is _known.textmap else w3c_default()):
         return None
     hit = unsampled_spans.get(id(span))  # unsampled_entry(), a hit without its frame
     if hit is None or hit[0] is not span:

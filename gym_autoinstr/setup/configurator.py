@@ -23,8 +23,10 @@ for Gym, and differs from the SDK's stock configurator where Gym needs it to:
 from __future__ import annotations
 
 import atexit
+import enum
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -57,8 +59,37 @@ _OTLP_EXPORTERS = {
     PROTOCOL_GRPC: ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
 }
 
+
+class ConfiguredBy(str, enum.Enum):
+    """Who set up this process's pipeline (besides ``foreign(provider)``, another's)."""
+
+    GYM_AUTOINSTR = "gym_autoinstr"  # configure_process: a Gym server or orchestrator
+    RAY_WORKER = "gym_autoinstr:ray_worker"  # configure_ray_worker
+    RAY_ORCHESTRATOR = "gym_autoinstr:ray_orchestrator"  # a Ray actor running Gym's orchestration
+    SKIPPED = "skipped"  # no provider: one of Ray's processes, or OTEL_SDK_DISABLED
+    DISABLED = "disabled"  # a Ray worker whose task's settings say OTEL_SDK_DISABLED
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def foreign(provider: Any) -> str:
+    """``configured_by`` when another's tracer provider is live here: ``foreign:<its module>``."""
+    return f"foreign:{type(provider).__module__}"
+
+
+@dataclass
+class ConfiguratorState:
+    # None until configured; a ConfiguredBy, or foreign(provider)'s string
+    configured_by: "ConfiguredBy | str | None" = None
+    exporters: list[str] = field(default_factory=list)  # labels of the span exporters
+    identity: "identity.ProcessIdentity | None" = None
+    metrics: bool = False  # our request metrics are recorded
+    logs: bool = False  # log records are exported
+
+
 # What this process ended up with; `gym-autoinstr doctor` and the tests read it.
-STATE: dict[str, Any] = {"configured_by": None, "exporters": [], "identity": None, "metrics": False}
+STATE = ConfiguratorState()
 
 
 def _int_env(name: str, default: int) -> int:
@@ -185,7 +216,7 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] 
                 ),
             )
         )
-        STATE["exporters"].append(label)
+        STATE.exporters.append(label)
     return provider
 
 
@@ -268,15 +299,15 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
         # ours only: if another provider is already global (an embedder's), its readers
         # never see our merged histograms, so the SDK's instruments serve it
         histograms.bind(provider, readers)
-        STATE["metrics"] = gym_metrics.activate()
-        if STATE["metrics"]:
+        STATE.metrics = gym_metrics.activate()
+        if STATE.metrics:
             runtime.start(who)
 
 
 def _configure_logs(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
     from gym_autoinstr.setup import logs
 
-    STATE["logs"] = logs.configure(resource, who)
+    STATE.logs = logs.configure(resource, who)
 
 
 def _flush_at_exit() -> None:
@@ -285,15 +316,15 @@ def _flush_at_exit() -> None:
 
 def configure_process() -> "TracerProvider | None":
     """Set up the SDK for this process if it is part of a Gym fleet; idempotent."""
-    if STATE["configured_by"] is not None:
+    if STATE.configured_by is not None:
         return None
     from gym_autoinstr.telemetry.spans import mark_startup
 
     mark_startup("configured")
     who = identity.detect()
-    STATE["identity"] = who
-    if who.role == "ray" or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        STATE["configured_by"] = "skipped"
+    STATE.identity = who
+    if who.role is identity.Role.RAY or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        STATE.configured_by = ConfiguredBy.SKIPPED
         return None
     provider = build_tracer_provider(who)
     trace.set_tracer_provider(provider)
@@ -310,8 +341,8 @@ def configure_process() -> "TracerProvider | None":
 
     quiet.install()  # one line per export-failure cause, not one per retry
     atexit.register(_flush_at_exit)
-    STATE["configured_by"] = "gym_autoinstr"
-    logger.debug("configured %s (%s); exporters: %s", who.name, who.role, STATE["exporters"] or "none")
+    STATE.configured_by = ConfiguredBy.GYM_AUTOINSTR
+    logger.debug("configured %s (%s); exporters: %s", who.name, who.role.value, STATE.exporters or "none")
     return provider
 
 
@@ -359,16 +390,16 @@ def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: 
     (they win over the worker's environment, which a task's runtime_env may replace).
     """
     with _ray_worker_lock:
-        configured = STATE["configured_by"]
-        if configured not in (None, "skipped"):
-            return configured != "disabled"
+        configured = STATE.configured_by
+        if configured not in (None, ConfiguredBy.SKIPPED):
+            return configured != ConfiguredBy.DISABLED
         who = identity.ray_worker(server_name)
-        STATE["identity"] = who
+        STATE.identity = who
         saved = {name: os.environ.get(name) for name in settings}
         os.environ.update(settings)
         try:
             if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-                STATE["configured_by"] = "disabled"
+                STATE.configured_by = ConfiguredBy.DISABLED
                 return False
             provider = build_tracer_provider(who, extra={"ray.node.id": node_id} if node_id else None)
         finally:
@@ -379,15 +410,15 @@ def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: 
                     os.environ[name] = value
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             trace.set_tracer_provider(provider)
-            STATE["configured_by"] = "gym_autoinstr:ray_worker"
+            STATE.configured_by = ConfiguredBy.RAY_WORKER
         else:  # someone else's provider is already live here: use it, as elsewhere
-            STATE["configured_by"] = f"foreign:{type(trace.get_tracer_provider()).__module__}"
+            STATE.configured_by = foreign(trace.get_tracer_provider())
         start_flusher()
         from gym_autoinstr.setup import quiet
 
         quiet.install()
         atexit.register(_flush_at_exit)
-        logger.debug("Ray worker configured for %s; exporters: %s", server_name, STATE["exporters"] or "none")
+        logger.debug("Ray worker configured for %s; exporters: %s", server_name, STATE.exporters or "none")
         return True
 
 
@@ -403,41 +434,41 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
     ``gym env start``.
     """
     with _ray_worker_lock:
-        configured = STATE["configured_by"]
-        if configured == "gym_autoinstr:ray_worker":
+        configured = STATE.configured_by
+        if configured == ConfiguredBy.RAY_WORKER:
             return _ray_worker_becomes_orchestrator(extra)
-        if configured not in (None, "skipped"):
-            who = STATE.get("identity")
-            return getattr(who, "role", None) == "orchestrator"
+        if configured not in (None, ConfiguredBy.SKIPPED):
+            who = STATE.identity
+            return who is not None and who.role is identity.Role.ORCHESTRATOR
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-            STATE["configured_by"] = "disabled"
+            STATE.configured_by = ConfiguredBy.DISABLED
             return False
         shard = extra.get("nemo.gym.shard")
         if shard and not os.environ.get(identity.SHARD_VARIABLE):
             os.environ[identity.SHARD_VARIABLE] = str(shard)
         who = identity.ray_orchestrator()
-        STATE["identity"] = who
+        STATE.identity = who
         current = trace.get_tracer_provider()
         resource = getattr(current, "_resource", None)
         if isinstance(current, trace.ProxyTracerProvider) or not isinstance(resource, Resource):
             provider = build_tracer_provider(who, extra={k: v for k, v in extra.items() if v is not None})
             if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
                 trace.set_tracer_provider(provider)
-                STATE["configured_by"] = "gym_autoinstr:ray_orchestrator"
+                STATE.configured_by = ConfiguredBy.RAY_ORCHESTRATOR
             else:  # not an SDK provider we can add our identity to: use it as it is
-                STATE["configured_by"] = f"foreign:{type(current).__module__}"
+                STATE.configured_by = foreign(current)
         else:
             # The embedder's provider: our identity joins its resource; its service.name
             # stays unless OTEL_SERVICE_NAME says otherwise (as adopt_foreign_provider).
             attributes = {**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}}
             _add_identity(current, resource, attributes)
-            STATE["configured_by"] = f"foreign:{type(current).__module__}"
+            STATE.configured_by = foreign(current)
         start_flusher()
         from gym_autoinstr.setup import quiet
 
         quiet.install()
         atexit.register(_flush_at_exit)
-        logger.debug("Ray worker runs Gym's orchestration: configured as %s (%s)", who.name, STATE["configured_by"])
+        logger.debug("Ray worker runs Gym's orchestration: configured as %s (%s)", who.name, STATE.configured_by)
         return True
 
 
@@ -461,8 +492,8 @@ def _ray_worker_becomes_orchestrator(extra: "dict[str, Any]") -> bool:
     from gym_autoinstr.telemetry import spans
 
     spans._tracer = None  # our tracer is fetched again, with the new resource
-    STATE["identity"] = who
-    STATE["configured_by"] = "gym_autoinstr:ray_orchestrator"
+    STATE.identity = who
+    STATE.configured_by = ConfiguredBy.RAY_ORCHESTRATOR
     logger.debug("Ray worker that ran Gym tasks now runs Gym's orchestration: configured as %s", who.name)
     return True
 
@@ -478,17 +509,17 @@ class GymConfigurator(_BaseConfigurator):
 def adopt_foreign_provider() -> None:
     """Another configurator built the SDK provider (e.g. opentelemetry-distro's, picked
     first): give it our per-process identity before any tracer is handed out."""
-    if STATE["configured_by"] is not None:
+    if STATE.configured_by is not None:
         return
     who = identity.detect()
-    STATE["identity"] = who
+    STATE.identity = who
     if not who.is_gym:
         return
     provider = trace.get_tracer_provider()
     resource = getattr(provider, "_resource", None)
     if not isinstance(resource, Resource):
         return
-    STATE["configured_by"] = f"foreign:{type(provider).__module__}"
+    STATE.configured_by = foreign(provider)
     _add_identity(provider, resource, identity.resource_attributes(who))
 
 

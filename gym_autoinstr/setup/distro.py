@@ -13,11 +13,18 @@ Gym-friendly components:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
-ACTIVE: dict[str, bool] = {"configured": False}
+
+@dataclass(slots=True)
+class _Active:
+    configured: bool = False  # our distro's _configure ran
+
+
+ACTIVE = _Active()
 
 DEFAULTS = {
     "OTEL_PYTHON_CONFIGURATOR": "gym_autoinstr",
@@ -29,13 +36,13 @@ class GymDistro(BaseDistro):
     def _configure(self, **kwargs: Any) -> None:
         for name, value in DEFAULTS.items():
             os.environ.setdefault(name, value)
-        ACTIVE["configured"] = True
+        ACTIVE.configured = True
 
 
 def active_distro() -> str:
     """The distro ``opentelemetry-instrument`` picked in this process (its rule: the one
     named by ``OTEL_PYTHON_DISTRO``, else the first entry point found)."""
-    if ACTIVE["configured"]:
+    if ACTIVE.configured:
         return "gym_autoinstr"
     named = os.environ.get("OTEL_PYTHON_DISTRO")
     if named:

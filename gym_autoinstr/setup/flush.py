@@ -13,6 +13,7 @@ import asyncio
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 from gym_autoinstr._log import logger, warn_once
 
@@ -137,7 +138,15 @@ _flusher = _Flusher()
 # known to be stuck: the SDK's export call blocks its batch thread (and force_flush
 # behind it) through retries and backoff for up to the exporter's timeout (10 s).
 _STUCK_AFTER_SECONDS = 1.0
-_exports = {"since": None, "failing": False}
+
+
+@dataclass(slots=True)
+class _Exports:
+    since: "float | None" = None  # when the running export started (monotonic)
+    failing: bool = False  # the last export failed
+
+
+_exports = _Exports()
 
 
 class WatchedExporter:
@@ -147,15 +156,15 @@ class WatchedExporter:
         self._exporter = exporter
 
     def export(self, batch: object) -> object:
-        _exports["since"] = time.monotonic()
+        _exports.since = time.monotonic()
         ok = False
         try:
             result = self._exporter.export(batch)  # type: ignore[attr-defined]
             ok = getattr(result, "name", None) == "SUCCESS"
             return result
         finally:
-            _exports["since"] = None
-            _exports["failing"] = not ok
+            _exports.since = None
+            _exports.failing = not ok
 
     def shutdown(self) -> object:
         return self._exporter.shutdown()  # type: ignore[attr-defined]
@@ -169,8 +178,8 @@ class WatchedExporter:
 
 def exports_stuck() -> bool:
     """The last span export failed, or one has been running for over a second."""
-    since = _exports["since"]
-    return bool(_exports["failing"]) or (since is not None and time.monotonic() - since > _STUCK_AFTER_SECONDS)
+    since = _exports.since
+    return bool(_exports.failing) or (since is not None and time.monotonic() - since > _STUCK_AFTER_SECONDS)
 
 
 def start_flusher() -> None:

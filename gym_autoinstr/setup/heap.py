@@ -15,21 +15,28 @@ done when the collector is switched off.
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 
 from gym_autoinstr._env import switched_off
 from gym_autoinstr._log import logger
 
-_done = {"frozen": 0}
+
+@dataclass(slots=True)
+class _Done:
+    frozen: int = 0  # objects frozen at start-up (0: not yet, or nothing done)
+
+
+_done = _Done()
 
 
 def freeze_startup_heap() -> int:
     """Freeze what is alive now (once per process); returns how many objects were frozen."""
-    if _done["frozen"] or switched_off("GYM_AUTOINSTR_GC_FREEZE"):
+    if _done.frozen or switched_off("GYM_AUTOINSTR_GC_FREEZE"):
         return 0
     if not gc.isenabled():
         return 0
     before = gc.get_freeze_count()
     gc.freeze()
-    _done["frozen"] = gc.get_freeze_count() - before
-    logger.debug("froze %d start-up objects out of garbage collection", _done["frozen"])
-    return _done["frozen"]
+    _done.frozen = gc.get_freeze_count() - before
+    logger.debug("froze %d start-up objects out of garbage collection", _done.frozen)
+    return _done.frozen

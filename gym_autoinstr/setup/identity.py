@@ -8,6 +8,7 @@ interpreter start, so identity is known before any Gym module is imported.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import uuid
@@ -22,16 +23,33 @@ ORCHESTRATOR_COMMANDS = frozenset({"gym", "ng"})
 ORCHESTRATOR_PREFIXES = ("ng_", "nemo_gym_")
 
 
+class Role(str, enum.Enum):
+    """A process's role in the fleet; its value is ``nemo.gym.process.role``."""
+
+    SERVER = "server"  # a Gym server (it finds NEMO_GYM_CONFIG_PATH)
+    ORCHESTRATOR = "orchestrator"  # `gym`/`ng_*`, or a Ray actor running Gym's orchestration
+    RAY = "ray"  # any Ray process at start-up: silent
+    RAY_WORKER = "ray_worker"  # a Ray worker running a Gym process's tasks
+    PROCESS = "process"  # any other Python process
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class ProcessIdentity:
-    role: str  # "server" | "orchestrator" | "ray" | "ray_worker" | "process"
+    role: Role
     # the Gym server name, "orchestrator", or the program's name; for a ray_worker, the
     # Gym server whose tasks it runs
     name: str
 
+    def __post_init__(self) -> None:
+        if type(self.role) is not Role:  # a role given by its value
+            object.__setattr__(self, "role", Role(self.role))
+
     @property
     def is_gym(self) -> bool:
-        return self.role in ("server", "orchestrator")
+        return self.role in (Role.SERVER, Role.ORCHESTRATOR)
 
 
 def _command_line() -> list[str]:
@@ -64,7 +82,7 @@ def is_ray_worker(argv: "list[str] | None" = None) -> bool:
 def ray_worker(server_name: str) -> ProcessIdentity:
     """The identity a Ray worker takes on when it runs the first task a Gym process
     submitted with our context: it does that server's work."""
-    return ProcessIdentity("ray_worker", server_name or "unknown")
+    return ProcessIdentity(Role.RAY_WORKER, server_name or "unknown")
 
 
 def _program_name(argv: list[str]) -> str:
@@ -85,14 +103,14 @@ def detect(environ: "dict[str, str] | os._Environ[str] | None" = None) -> Proces
     environ = os.environ if environ is None else environ
     argv = _command_line()
     if _is_ray_process(argv):
-        return ProcessIdentity("ray", "ray")
+        return ProcessIdentity(Role.RAY, "ray")
     server_name = environ.get("NEMO_GYM_CONFIG_PATH")
     if server_name:
-        return ProcessIdentity("server", server_name)
+        return ProcessIdentity(Role.SERVER, server_name)
     program = _program_name(argv)
     if program in ORCHESTRATOR_COMMANDS or program.startswith(ORCHESTRATOR_PREFIXES):
-        return ProcessIdentity("orchestrator", "orchestrator")
-    return ProcessIdentity("process", program)
+        return ProcessIdentity(Role.ORCHESTRATOR, "orchestrator")
+    return ProcessIdentity(Role.PROCESS, program)
 
 
 def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: bool = False) -> "str | None":
@@ -117,8 +135,8 @@ def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Envir
     environ = os.environ if environ is None else environ
     base = environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAMESPACE
     if switched_off("GYM_AUTOINSTR_SERVICE_NAME_SUFFIX", environ):
-        return f"{base}/ray" if identity.role == "ray_worker" else base
-    if identity.role == "ray_worker":
+        return f"{base}/ray" if identity.role is Role.RAY_WORKER else base
+    if identity.role is Role.RAY_WORKER:
         return f"{base}/{identity.name}/ray"
     return f"{base}/{identity.name}"
 
@@ -137,20 +155,20 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
     attributes = {
         "service.name": service_name(identity, environ),
         "service.instance.id": uuid.uuid4().hex,
-        "nemo.gym.process.role": identity.role,
+        "nemo.gym.process.role": identity.role.value,
         # Which venv this process reports from (Gym gives each server its own).
         "process.executable.path": sys.executable,
     }
-    if identity.role == "server":
+    if identity.role is Role.SERVER:
         attributes["nemo.gym.server.name"] = identity.name
         attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
         server_type = _server_type_from_directory()
         if server_type:
             attributes["nemo.gym.server.type"] = server_type
-    elif identity.role == "orchestrator":
+    elif identity.role is Role.ORCHESTRATOR:
         attributes["nemo.gym.server.name"] = "orchestrator"
         attributes["nemo.gym.server.type"] = "orchestrator"
-    elif identity.role == "ray_worker":
+    elif identity.role is Role.RAY_WORKER:
         # Whose work it does, and where: the Ray node id is added by the configurator.
         attributes["nemo.gym.server.name"] = identity.name
         attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
@@ -159,7 +177,7 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
     shard = environ.get(SHARD_VARIABLE)
     if shard:
         attributes["nemo.gym.shard"] = shard
-    rid = run_id(environ, mint=identity.role == "orchestrator")
+    rid = run_id(environ, mint=identity.role is Role.ORCHESTRATOR)
     if rid:
         attributes["nemo.gym.run.id"] = rid
     version = gym_version()
@@ -208,4 +226,4 @@ SHARD_VARIABLE = "GYM_AUTOINSTR_SHARD"
 
 def ray_orchestrator() -> ProcessIdentity:
     """The identity a Ray worker takes on when it runs Gym's orchestration."""
-    return ProcessIdentity("orchestrator", "orchestrator")
+    return ProcessIdentity(Role.ORCHESTRATOR, "orchestrator")

@@ -33,6 +33,7 @@ import gc
 import os
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics
@@ -48,7 +49,18 @@ GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
 GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
 
-_state: dict[str, Any] = {"lag": None, "gc": None, "loops": weakref.WeakSet(), "started": False}
+
+@dataclass(slots=True)
+class _RuntimeState:
+    lag: Any = None  # the loop-lag histogram
+    gc: Any = None  # our gc callback
+    loops: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)  # loops with a probe
+    started: bool = False
+    tasks: "set[Any]" = field(default_factory=set)  # the probes' tasks (a loop holds tasks weakly)
+    pause: Any = None  # the GC pause histogram
+
+
+_state = _RuntimeState()
 _GENERATIONS = tuple({GENERATION: g} for g in range(3))
 # (pause ms, generation) appended by the GC callback, recorded by `drain_gc_pauses`.
 # Bounded: drained at every probe wake-up and flush; 16384 is far more than a server
@@ -58,12 +70,12 @@ _pauses: "collections.deque[tuple[float, int]]" = collections.deque(maxlen=16384
 
 def start(who: Any = None) -> None:
     """Register the runtime instruments on the live meter provider (once per process)."""
-    if _state["started"]:
+    if _state.started:
         return
-    _state["started"] = True
+    _state.started = True
     meter = metrics.meter()
     try:
-        _state["lag"] = metrics.histogram(
+        _state.lag = metrics.histogram(
             "gym.event_loop.lag_ms", "ms", "How late a sleeping coroutine woke on the event loop.", LAG_BOUNDARIES_MS)
         _start_gc(meter)
     except Exception as error:
@@ -76,17 +88,17 @@ def start(who: Any = None) -> None:
 
 def watch_running_loop() -> None:
     """Start the lag probe on the running loop, once per loop (from the app's lifespan)."""
-    lag = _state["lag"]
+    lag = _state.lag
     if lag is None or not metrics.LIVE:
         return
     try:
         loop = asyncio.get_running_loop()
-        if loop in _state["loops"]:  # weakly held: a closed loop's successor may reuse its id
+        if loop in _state.loops:  # weakly held: a closed loop's successor may reuse its id
             return
-        _state["loops"].add(loop)
+        _state.loops.add(loop)
         task = loop.create_task(_probe(loop, lag), name="gym-autoinstr-loop-lag")
-        _state.setdefault("tasks", set()).add(task)  # keep a reference: the loop holds tasks weakly
-        task.add_done_callback(_state["tasks"].discard)
+        _state.tasks.add(task)  # keep a reference: the loop holds tasks weakly
+        task.add_done_callback(_state.tasks.discard)
     except Exception as error:
         warn_once("loop-lag", "event-loop lag probe not started: %r", error)
 
@@ -127,7 +139,7 @@ async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:
 
 
 def _start_gc(meter: Any) -> None:
-    _state["pause"] = metrics.histogram(
+    _state.pause = metrics.histogram(
         "gym.gc.pause_duration_ms", "ms", "Duration of one garbage collection (the process is paused).", GC_BOUNDARIES_MS)
     started = [0.0]
     clock = time.perf_counter
@@ -142,7 +154,7 @@ def _start_gc(meter: Any) -> None:
             started[0] = 0.0
 
     gc.callbacks.append(on_gc)
-    _state["gc"] = on_gc
+    _state.gc = on_gc
     for name, key, unit, description in (
         ("gym.gc.collections_total", "collections", "{collection}", "Garbage collections by generation."),
         ("gym.gc.collected_total", "collected", "{object}", "Objects the garbage collector freed, by generation."),
@@ -153,7 +165,7 @@ def _start_gc(meter: Any) -> None:
 
 def drain_gc_pauses() -> None:
     """Record the pauses the GC callback queued (from the loop-lag probe, never from GC)."""
-    pause = _state.get("pause")
+    pause = _state.pause
     if pause is None:
         return
     while _pauses:
@@ -176,11 +188,11 @@ def _gc_stat(key: str) -> Any:
 
 def stop() -> None:
     """Take the GC callback off (tests)."""
-    callback = _state.get("gc")
+    callback = _state.gc
     if callback in gc.callbacks:
         gc.callbacks.remove(callback)
-    _state.update(gc=None, lag=None, started=False)
-    _state["loops"] = weakref.WeakSet()
+    _state.gc, _state.lag, _state.started = None, None, False
+    _state.loops = weakref.WeakSet()
 
 
 # -- process ---------------------------------------------------------------------------

@@ -11,7 +11,8 @@ counts survive any ratio.  Everything else goes to the configured sampler unchan
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Sequence
 
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
@@ -70,7 +71,13 @@ def configured_sampler() -> Sampler:
 # the id and the context switch: the caller's context already carries the decision, and
 # injecting the parent's context tells the next hop the same thing.
 
-_follows: list = [None, False]  # [sampler last checked, whether it drops under an unsampled parent]
+@dataclass(slots=True)
+class _SamplerChecked:
+    sampler: Any = None  # the sampler last checked
+    drops: bool = False  # whether it drops every span under an unsampled parent
+
+
+_follows = _SamplerChecked()
 
 
 FAST_PATH_ENV = "GYM_AUTOINSTR_DROPPED_FAST_PATH"
@@ -118,11 +125,20 @@ def _stock_parent_based(sampler: Any) -> bool:
         cls is getattr(sdk_sampling, "ParentBasedTraceIdRatio", None) and "should_sample" not in vars(cls))
 
 
-def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
+class RootDecision(NamedTuple):
+    """How a sampler decides a root on its trace id alone: dropped when ``trace_id & mask
+    >= bound`` and its name is not ``kept``, sampled otherwise."""
+
+    mask: int
+    bound: int
+    kept: "str | None"  # gym.job when the job-keeping wrapper is there, else None
+
+
+def root_decision(sampler: Any) -> "RootDecision | None":
     """When ``sampler`` decides a root span by its trace id alone (``parentbased_traceidratio``,
-    ``parentbased_always_off``, either wrapped in ``JobKeepingSampler``): ``(mask, bound,
-    kept)``, where a root is dropped when ``trace_id & mask >= bound`` and its name is not
-    ``kept`` (``gym.job`` when the job-keeping wrapper is there, else None), sampled
+    ``parentbased_always_off``, either wrapped in ``JobKeepingSampler``): the
+    ``RootDecision``, where a root is dropped when ``trace_id & mask >= bound`` and its name
+    is not ``kept`` (``gym.job`` when the job-keeping wrapper is there, else None), sampled
     otherwise.  None for any other sampler (or with the fast paths switched off): the
     sampler decides every root itself."""
     from opentelemetry.sdk.trace.sampling import StaticSampler, TraceIdRatioBased
@@ -136,9 +152,9 @@ def root_decision(sampler: Any) -> "tuple[int, int, str | None] | None":
         return None
     root = getattr(sampler, "_root", None)
     if type(root) is TraceIdRatioBased and type(root.bound) is int and type(root.TRACE_ID_LIMIT) is int:
-        return root.TRACE_ID_LIMIT, root.bound, kept
+        return RootDecision(root.TRACE_ID_LIMIT, root.bound, kept)
     if type(root) is StaticSampler and getattr(root, "_decision", None) is Decision.DROP:
-        return 0, 0, kept
+        return RootDecision(0, 0, kept)
     return None
 
 
@@ -253,9 +269,9 @@ def dropping_sampler() -> Any:
     once per sampler object), else None."""
     tracer_now = _spans._tracer  # (the tracer ``tracer()`` last handed out: tracer_in_use())
     sampler = getattr(tracer_now if tracer_now is not None else tracer_in_use(), "sampler", None)
-    if sampler is not _follows[0]:
+    if sampler is not _follows.sampler:
         _check_sampler(sampler)
-    return sampler if _follows[1] else None
+    return sampler if _follows.drops else None
 
 
 def _check_sampler(sampler: Any) -> None:
@@ -263,4 +279,4 @@ def _check_sampler(sampler: Any) -> None:
         follows = _drops_under_unsampled_parent(sampler)
     except Exception:
         follows = False
-    _follows[0], _follows[1] = sampler, follows
+    _follows.sampler, _follows.drops = sampler, follows

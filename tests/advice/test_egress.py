@@ -219,9 +219,9 @@ def lean(monkeypatch):
     from gym_autoinstr.advice import egress
     from gym_autoinstr.advice import pool
 
-    monkeypatch.setitem(egress._LEAN, "on", True)
+    monkeypatch.setattr(egress._LEAN, "on", True)
     names: dict[str, str] = {}
-    monkeypatch.setitem(pool._state, "names", names)
+    monkeypatch.setattr(pool._state, "names", names)
 
     def fleet(base: str) -> None:
         names[base[len("http://"):]] = "resources"

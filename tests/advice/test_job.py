@@ -124,13 +124,13 @@ def test_an_embedders_open_span_parents_the_job_and_its_rollouts(instrumented, s
 
 def test_a_bad_job_trace_value_warns_once_naming_the_fix(caplog):
     forget_said()
-    assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "one-trace"}) == job.PER_ROLLOUT
-    assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "one-trace"}) == job.PER_ROLLOUT
+    assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "one-trace"}) is job.JobTrace.PER_ROLLOUT
+    assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "one-trace"}) is job.JobTrace.PER_ROLLOUT
     warnings = [r.getMessage() for r in caplog.records if "one-trace" in r.getMessage()]
     assert len(warnings) == 1
     assert job.JOB_TRACE_VARIABLE in warnings[0] and "=single" in warnings[0] and "per_rollout" in warnings[0]
-    assert job.job_trace_mode({}) == job.PER_ROLLOUT
-    assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "SINGLE"}) == job.SINGLE
+    assert job.job_trace_mode({}) is job.JobTrace.PER_ROLLOUT
+    assert job.job_trace_mode({job.JOB_TRACE_VARIABLE: "SINGLE"}) is job.JobTrace.SINGLE
 
 
 def _examples(base: str, bodies: list[dict]):

@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent(
     configurator.GymConfigurator().configure()
     instrumentor = GymInstrumentor()
     instrumentor.instrument()
-    out = {"before": configurator.STATE["configured_by"]}
+    out = {"before": configurator.STATE.configured_by}
 
     from nemo_gym.config_types import BaseServerConfig
     from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
@@ -66,8 +66,8 @@ SCRIPT = textwrap.dedent(
     if not os.environ.get("CASE_EMBEDDER") and hasattr(provider, "add_span_processor"):
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     out["second_error"] = collect()
-    out["configured_by"] = configurator.STATE["configured_by"]
-    who = configurator.STATE["identity"]
+    out["configured_by"] = configurator.STATE.configured_by
+    who = configurator.STATE.identity
     out["role"] = getattr(who, "role", None)
     out["resource"] = {k: v for k, v in getattr(provider, "resource", None).attributes.items()} if hasattr(provider, "resource") else {}
     out["applied"] = sorted(instrumentor.patches.applied)

@@ -75,7 +75,7 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
         # server's environment: started that way with the server's interpreter, it runs
         # the sitecustomize, and our configurator, from the server's own venv.
         probe = ("import sys; from gym_autoinstr.setup.configurator import STATE; "
-                 "print(STATE['configured_by'], sys.modules['sitecustomize'].__file__)")
+                 "print(STATE.configured_by, sys.modules['sitecustomize'].__file__)")
         grandchildren = {}
         for name, process in servers.items():
             environ = dict(environs[name], OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")

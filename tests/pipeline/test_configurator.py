@@ -86,6 +86,17 @@ def test_server_identity_from_gyms_environment(monkeypatch):
     assert attributes["nemo.gym.version"]
 
 
+def test_a_role_is_a_role_and_is_written_as_its_plain_value():
+    who = identity.ProcessIdentity("ray_worker", "agent")  # given by its value
+    assert who.role is identity.Role.RAY_WORKER and not who.is_gym
+    assert identity.ProcessIdentity(identity.Role.SERVER, "agent").is_gym
+    value = identity.resource_attributes(who)["nemo.gym.process.role"]
+    assert type(value) is str and value == "ray_worker"  # a plain str in telemetry, never the enum
+    assert f"{who.role} {configurator.ConfiguredBy.SKIPPED}" == "ray_worker skipped"  # logs and doctor print values
+    with pytest.raises(ValueError):
+        identity.ProcessIdentity("gym_server", "agent")
+
+
 def test_explicit_run_ids_win_and_the_orchestrator_mints_one(monkeypatch):
     environ = {"SLURM_JOB_ID": "777", "GYM_AUTOINSTR_RUN_ID": "minted"}
     assert identity.run_id(environ) == "777"

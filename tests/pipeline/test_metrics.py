@@ -276,7 +276,7 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
         port = int(base.rsplit(":", 1)[1])
         config = OmegaConf.create({"slow_resources": {"resources_servers": {"slow": {"host": "127.0.0.1", "port": port}}}})
         monkeypatch.setattr(global_config, "_GLOBAL_CONFIG_DICT", config)
-        monkeypatch.setitem(pool._state, "names", None)
+        monkeypatch.setattr(pool._state, "names", None)
         pool._attributes.clear()
         previous = server_utils._GLOBAL_AIOHTTP_CLIENT
 

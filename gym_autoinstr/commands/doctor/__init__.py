@@ -87,7 +87,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
         "native_telemetry": native,
         "server_venvs": venvs_section,
         "ray": ray_section,
-        "this_process": {"configured_by": STATE.get("configured_by"), "exporters": list(STATE.get("exporters") or [])},
+        "this_process": {"configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
+                         "exporters": list(STATE.exporters)},
         "problems": [asdict(p) for p in problems],
     }
 

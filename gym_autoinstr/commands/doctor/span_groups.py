@@ -45,7 +45,7 @@ def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Proble
 def job_trace(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
     """``GYM_AUTOINSTR_JOB_TRACE``: each rollout its own trace (default) or one per job."""
     raw = environ.get(job.JOB_TRACE_VARIABLE)
-    mode = (raw or "").strip().lower() or job.PER_ROLLOUT
+    mode = (raw or "").strip().lower() or job.JobTrace.PER_ROLLOUT.value
     problems = []
     if mode not in job.JOB_TRACE_MODES:
         problems.append(
@@ -53,12 +53,12 @@ def job_trace(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
                 WARNING,
                 "job trace",
                 f"{job.JOB_TRACE_VARIABLE}={raw!r} is not one of {', '.join(job.JOB_TRACE_MODES)}: "
-                f"{job.PER_ROLLOUT} is used",
+                f"{job.JobTrace.PER_ROLLOUT.value} is used",
                 f"unset it (each rollout its own trace, linked to gym.job) or set {job.JOB_TRACE_VARIABLE}=single "
                 "(one trace per job)",
             )
         )
-        mode = job.PER_ROLLOUT
+        mode = job.JobTrace.PER_ROLLOUT.value
     return {"variable": job.JOB_TRACE_VARIABLE, "value": raw, "mode": mode}, problems
 
 
@@ -66,7 +66,7 @@ def client_spans(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Probl
     """``GYM_AUTOINSTR_CLIENT_SPANS``: a CLIENT span per call (default) or only on failed
     calls between Gym servers (the leaner shape)."""
     raw = environ.get(egress.CLIENT_SPANS_ENV)
-    value = (raw or "").strip().lower() or egress.CLIENT_SPANS_MODES[0]
+    value = (raw or "").strip().lower() or egress.ClientSpans.ALL.value
     problems = []
     if value not in egress.CLIENT_SPANS_MODES:
         problems.append(
@@ -78,5 +78,5 @@ def client_spans(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Probl
                 "successful call between two Gym servers of the fleet)",
             )
         )
-        value = egress.CLIENT_SPANS_MODES[0]
+        value = egress.ClientSpans.ALL.value
     return {"variable": egress.CLIENT_SPANS_ENV, "value": raw, "mode": value}, problems
