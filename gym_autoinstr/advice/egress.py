@@ -25,7 +25,6 @@ Calls to anything that is not a Gym server of the fleet, the collection driver's
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -39,6 +38,7 @@ try:
 except ImportError:  # older APIs kept it in the instrumentation package
     from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import coexistence, job
 from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.advice import pool
@@ -47,23 +47,13 @@ from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry.redaction import redact_url
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
-CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
+CLIENT_SPANS_ENV = settings.CLIENT_SPANS.name
 CLIENT_SPANS_MODES = ("all", "failures")  # the default first
 
 
 def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
-    raw = (os.environ if environ is None else environ).get(CLIENT_SPANS_ENV, "")
-    value = raw.strip().lower()
-    default, failures = CLIENT_SPANS_MODES
-    if value in ("", default):
-        return False
-    if value == failures:
-        return True
-    warn_once(f"egress:client-spans:{value}", "%s=%r is neither 'all' nor 'failures'; every call keeps its CLIENT "
-              "span ('all'). Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",
-              CLIENT_SPANS_ENV, raw)
-    return False
+    return settings.CLIENT_SPANS.read(environ) == "failures"
 
 
 # Read once, when Gym's process is instrumented.

@@ -46,12 +46,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
-JOB_TRACE_VARIABLE = "GYM_AUTOINSTR_JOB_TRACE"
+JOB_TRACE_VARIABLE = settings.JOB_TRACE.name
 PER_ROLLOUT = "per_rollout"
 SINGLE = "single"
 EMBEDDED = "embedded"  # recorded on gym.job when a caller's span parents the job
@@ -67,24 +68,7 @@ JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_exampl
 
 def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
     """``per_rollout`` or ``single`` from ``GYM_AUTOINSTR_JOB_TRACE``; anything else warns once."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(JOB_TRACE_VARIABLE)
-    if raw is None or not raw.strip():
-        return PER_ROLLOUT
-    mode = raw.strip().lower()
-    if mode in JOB_TRACE_MODES:
-        return mode
-    warn_once(
-        f"env:{JOB_TRACE_VARIABLE}:{raw}",
-        "%s=%r is not one of %s; using %s (each rollout its own trace, linked to gym.job). "
-        "Set %s=single for one trace per job.",
-        JOB_TRACE_VARIABLE,
-        raw,
-        ", ".join(JOB_TRACE_MODES),
-        PER_ROLLOUT,
-        JOB_TRACE_VARIABLE,
-    )
-    return PER_ROLLOUT
+    return settings.JOB_TRACE.read(environ)
 
 
 @dataclass

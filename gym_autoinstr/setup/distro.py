@@ -17,11 +17,13 @@ from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
+from gym_autoinstr import settings
+
 ACTIVE: dict[str, bool] = {"configured": False}
 
 DEFAULTS = {
-    "OTEL_PYTHON_CONFIGURATOR": "gym_autoinstr",
-    "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi",
+    settings.PYTHON_CONFIGURATOR.name: "gym_autoinstr",
+    settings.PYTHON_DISABLED_INSTRUMENTATIONS.name: "fastapi",
 }
 
 
@@ -37,7 +39,7 @@ def active_distro() -> str:
     named by ``OTEL_PYTHON_DISTRO``, else the first entry point found)."""
     if ACTIVE["configured"]:
         return "gym_autoinstr"
-    named = os.environ.get("OTEL_PYTHON_DISTRO")
+    named = settings.PYTHON_DISTRO.raw()
     if named:
         return named
     try:
