@@ -29,9 +29,12 @@ OFF = ("0", "false", "no", "off")
 
 
 class Setting:
-    """A variable read as text (stripped of nothing): the raw value, or ``default`` when unset."""
+    """One declared variable; its kind (a subclass) says how its text parses.
 
-    kind = "string"
+    ``raw``: the text as set (None when unset); ``read``: the typed value, the default when
+    unset or blank, or when bad (with one warning); ``check``: the same without logging."""
+
+    kind = ""
 
     def __init__(self, name: str, default: Any, description: str, *, fallback: str = "", fix: str = "") -> None:
         self.name = name
@@ -47,9 +50,6 @@ class Setting:
     def raw(self, environ: "Mapping[str, str] | None" = None) -> "str | None":
         """The value as set, or None when unset."""
         return (os.environ if environ is None else environ).get(self.name)
-
-    def is_set(self, environ: "Mapping[str, str] | None" = None) -> bool:
-        return bool(self.raw(environ))
 
     def parse(self, raw: str) -> Any:
         """The typed value of a set ``raw``; ValueError(what was expected) when it does not parse."""
@@ -87,7 +87,10 @@ class Setting:
 
 
 class Text(Setting):
-    """Free text, as set; blanks count as unset."""
+    """Free text, as set (``read``: blanks count as unset); callers that must tell unset
+    from empty use ``raw``."""
+
+    kind = "string"
 
 
 class Switch(Setting):

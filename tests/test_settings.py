@@ -134,7 +134,7 @@ def test_a_comma_list_drops_blanks_and_set_but_empty_is_empty():
 # -- the registry, and who reads the environment --------------------------------------
 
 def test_every_declared_setting_has_a_description_and_a_unique_name():
-    assert all(s.description and s.name == name for name, s in settings.ALL.items())
+    assert all(s.description and s.kind and s.name == name for name, s in settings.ALL.items())
     declared = [v for v in vars(settings).values() if isinstance(v, settings.Setting)]
     assert len(declared) == len(settings.ALL)
 

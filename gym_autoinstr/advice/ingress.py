@@ -500,7 +500,7 @@ def instrument_app(app: Any, server_name: str = "") -> bool:
 
 
 def _server_name_of(cls: Any) -> str:
-    return (settings.GYM_CONFIG_PATH.raw() or "") or getattr(cls, "__name__", "")
+    return settings.GYM_CONFIG_PATH.raw() or getattr(cls, "__name__", "")
 
 
 def run_webserver_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -527,7 +527,7 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     app = kwargs.get("app", args[0] if args else None)
     if app is not None and not isinstance(app, str):
         try:
-            instrument_app(app, (settings.GYM_CONFIG_PATH.raw() or ""))
+            instrument_app(app, settings.GYM_CONFIG_PATH.raw() or "")
         except Exception as error:
             warn_once("ingress-app", "ingress tracing skipped: %s", error)
     try:
@@ -544,7 +544,7 @@ def server_limits_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     if metrics.LIVE:
         try:
             if _serves_here(instance):
-                concurrency.watch_server(instance, (settings.GYM_CONFIG_PATH.raw() or "") or type(instance).__name__)
+                concurrency.watch_server(instance, settings.GYM_CONFIG_PATH.raw() or type(instance).__name__)
         except Exception as error:
             warn_once("ingress-concurrency", "Gym's concurrency limits are not observed: %r", error)
     return result

@@ -29,7 +29,6 @@ from gym_autoinstr._log import warn_once
 
 LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
-_TRUE = ("1", "true", "yes", "on")
 
 _state: dict[str, Any] = {"handler": None, "correlate": False}
 
