@@ -20,6 +20,7 @@ from typing import Any, Collection
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
+from gym_autoinstr import settings
 from gym_autoinstr.telemetry import groups
 
 from gym_autoinstr.setup import identity
@@ -157,15 +158,13 @@ def _pointcuts_for(module_name: str) -> list[Pointcut]:
 
 def _announce() -> None:
     """One line from the orchestrator saying what is on, so a user can tell at a glance."""
-    import os
-
     from gym_autoinstr.setup.configurator import STATE
     from gym_autoinstr.setup.distro import active_distro
 
     exporters = ", ".join(STATE.exporters) or "none"
     from gym_autoinstr.telemetry.redaction import redact_url
 
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    endpoint = settings.endpoint()
     endpoint = redact_url(endpoint)[0] if endpoint else "default"
     logger.info(
         "tracing Gym: distro=%s configurator=%s exporters=%s endpoint=%s span groups=%s",

@@ -26,7 +26,6 @@ Calls to anything that is not a Gym server of the fleet, the collection driver's
 from __future__ import annotations
 
 import enum
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ try:
 except ImportError:  # older APIs kept it in the instrumentation package
     from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import coexistence, job
 from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.advice import pool
@@ -49,7 +49,7 @@ from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry.redaction import redact_url
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
-CLIENT_SPANS_ENV = "GYM_AUTOINSTR_CLIENT_SPANS"
+CLIENT_SPANS_ENV = settings.CLIENT_SPANS.name
 
 
 class ClientSpans(str, enum.Enum):
@@ -67,16 +67,7 @@ CLIENT_SPANS_MODES = tuple(mode.value for mode in ClientSpans)  # the default fi
 
 def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
-    raw = (os.environ if environ is None else environ).get(CLIENT_SPANS_ENV, "")
-    value = raw.strip().lower()
-    if value in ("", ClientSpans.ALL.value):
-        return False
-    if value == ClientSpans.FAILURES.value:
-        return True
-    warn_once(f"egress:client-spans:{value}", "%s=%r is neither 'all' nor 'failures'; every call keeps its CLIENT "
-              "span ('all'). Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",
-              CLIENT_SPANS_ENV, raw)
-    return False
+    return ClientSpans(settings.CLIENT_SPANS.read(environ)) is ClientSpans.FAILURES
 
 
 @dataclass(slots=True)

@@ -13,17 +13,17 @@ pages shared between a server's processes count once per process.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import startup
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 from gym_autoinstr.telemetry.metrics import set_servers_active
 
-FLEET_MEMORY_VARIABLE = "GYM_AUTOINSTR_FLEET_MEMORY"
+FLEET_MEMORY_VARIABLE = settings.FLEET_MEMORY.name
 # server name -> (psutil.Process of what run_command spawned, attributes)
 _spawned: dict[str, tuple[Any, dict[str, str]]] = {}
 
@@ -38,7 +38,7 @@ _lock = threading.Lock()
 
 
 def memory_sampling_on() -> bool:
-    return (os.environ.get(FLEET_MEMORY_VARIABLE) or "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.FLEET_MEMORY.read()
 
 
 def watch_server_memory(server_name: "str | None", process: Any) -> None:

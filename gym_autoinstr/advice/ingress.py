@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import os
 import time
 from typing import Any
 
@@ -28,6 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import startup
 from gym_autoinstr.advice import concurrency
 from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
@@ -38,7 +38,7 @@ from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.setup.flush import flush, flush_async
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
-DEFAULT_EXCLUDED_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico")
+DEFAULT_EXCLUDED_PATHS = settings.EXCLUDED_PATHS.default  # ("/", "/health", ..., "/favicon.ico")
 
 # Set while `SimpleServer.run_webserver` runs, so that only Gym's own `uvicorn.run`
 # call is touched (the head server and user apps use uvicorn too).
@@ -48,10 +48,7 @@ APP_FLAG = "_gym_autoinstr_instrumented"
 
 
 def excluded_paths() -> frozenset[str]:
-    raw = os.environ.get("GYM_AUTOINSTR_EXCLUDED_PATHS")
-    if raw is None:
-        return frozenset(DEFAULT_EXCLUDED_PATHS)
-    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+    return frozenset(settings.EXCLUDED_PATHS.read())
 
 
 # W3C lets a receiver drop a tracestate longer than this; a bigger one is only cost.
@@ -59,7 +56,7 @@ MAX_TRACESTATE_LENGTH = 512
 
 
 def accept_inbound_baggage() -> bool:
-    return os.environ.get("GYM_AUTOINSTR_ACCEPT_BAGGAGE", "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.ACCEPT_BAGGAGE.read()
 
 
 class _Propagation:
@@ -503,7 +500,7 @@ def instrument_app(app: Any, server_name: str = "") -> bool:
 
 
 def _server_name_of(cls: Any) -> str:
-    return os.environ.get("NEMO_GYM_CONFIG_PATH", "") or getattr(cls, "__name__", "")
+    return settings.GYM_CONFIG_PATH.raw() or getattr(cls, "__name__", "")
 
 
 def run_webserver_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -530,7 +527,7 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     app = kwargs.get("app", args[0] if args else None)
     if app is not None and not isinstance(app, str):
         try:
-            instrument_app(app, os.environ.get("NEMO_GYM_CONFIG_PATH", ""))
+            instrument_app(app, settings.GYM_CONFIG_PATH.raw() or "")
         except Exception as error:
             warn_once("ingress-app", "ingress tracing skipped: %s", error)
     try:
@@ -547,7 +544,7 @@ def server_limits_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     if metrics.LIVE:
         try:
             if _serves_here(instance):
-                concurrency.watch_server(instance, os.environ.get("NEMO_GYM_CONFIG_PATH", "") or type(instance).__name__)
+                concurrency.watch_server(instance, settings.GYM_CONFIG_PATH.raw() or type(instance).__name__)
         except Exception as error:
             warn_once("ingress-concurrency", "Gym's concurrency limits are not observed: %r", error)
     return result
@@ -559,7 +556,7 @@ def _serves_here(server: Any) -> bool:
     workers = getattr(getattr(server, "config", None), "num_workers", None)
     if not isinstance(workers, int) or workers <= 1:
         return True
-    return os.environ.get("IS_NEMO_GYM_FASTAPI_WORKER") == "1"  # Gym's worker flag (0.2.0+)
+    return settings.GYM_FASTAPI_WORKER.raw() == "1"  # Gym's worker flag (0.2.0+)
 
 
 def head_server_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -47,12 +47,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
-JOB_TRACE_VARIABLE = "GYM_AUTOINSTR_JOB_TRACE"
+JOB_TRACE_VARIABLE = settings.JOB_TRACE.name
 
 
 class JobTrace(str, enum.Enum):
@@ -79,24 +80,7 @@ JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_exampl
 
 def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -> JobTrace:
     """``per_rollout`` or ``single`` from ``GYM_AUTOINSTR_JOB_TRACE``; anything else warns once."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(JOB_TRACE_VARIABLE)
-    if raw is None or not raw.strip():
-        return JobTrace.PER_ROLLOUT
-    mode = raw.strip().lower()
-    if mode in JOB_TRACE_MODES:
-        return JobTrace(mode)
-    warn_once(
-        f"env:{JOB_TRACE_VARIABLE}:{raw}",
-        "%s=%r is not one of %s; using %s (each rollout its own trace, linked to gym.job). "
-        "Set %s=single for one trace per job.",
-        JOB_TRACE_VARIABLE,
-        raw,
-        ", ".join(JOB_TRACE_MODES),
-        JobTrace.PER_ROLLOUT.value,
-        JOB_TRACE_VARIABLE,
-    )
-    return JobTrace.PER_ROLLOUT
+    return JobTrace(settings.JOB_TRACE.read(environ))
 
 
 @dataclass

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gym_autoinstr._env import switched_off
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 
@@ -246,7 +246,7 @@ def trace_config() -> Any:
     return _state.trace_config
 
 
-HOOKS_ENV = "GYM_AUTOINSTR_AIOHTTP_HOOKS"
+HOOKS_ENV = settings.AIOHTTP_HOOKS.name
 # (owner attribute, the parameters it must take) for each hook
 _HOOKED = (("_request", ("method", "str_or_url")),
            ("_wait_for_available_connection", ("key", "traces")),
@@ -254,7 +254,7 @@ _HOOKED = (("_request", ("method", "str_or_url")),
 
 
 def _hookable(session: Any) -> bool:
-    if switched_off(HOOKS_ENV):
+    if not settings.AIOHTTP_HOOKS.read():
         return False
     connector = getattr(session, "connector", None)
     for name, parameters in _HOOKED:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 
 _lock = threading.Lock()
@@ -117,7 +118,7 @@ def ray_actor_attributes() -> dict[str, Any]:
         warn_once("ray_actor:context", "Ray's runtime context is unavailable here (%r); no actor or node id.", error)
     from gym_autoinstr.setup.identity import SHARD_VARIABLE
 
-    shard = os.environ.get(SHARD_VARIABLE) or actor_name or actor_id
+    shard = settings.SHARD.raw() or actor_name or actor_id
     if shard:
         attributes["nemo.gym.shard"] = str(shard)
     return attributes
@@ -173,9 +174,10 @@ def caller_is_rootless() -> bool:
 
 # What the creator hands the actor to boot with: exporter settings and our own switches,
 # never the creator's service name, run id or shard (the actor is its own orchestrator).
-_BOOT_EXTRA = ("OTEL_PYTHON_DISTRO", "OTEL_PYTHON_CONFIGURATOR", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
-               "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
-_BOOT_EXCLUDED = ("OTEL_SERVICE_NAME", "NEMO_GYM_OTEL_RUN_ID")
+_BOOT_EXTRA = tuple(s.name for s in (settings.PYTHON_DISTRO, settings.PYTHON_CONFIGURATOR,
+                                      settings.PYTHON_DISABLED_INSTRUMENTATIONS, settings.TRACES_SAMPLER,
+                                      settings.TRACES_SAMPLER_ARG, settings.METRICS_EXPORTER, settings.LOGS_EXPORTER))
+_BOOT_EXCLUDED = (settings.SERVICE_NAME.name, settings.GYM_RUN_ID.name)
 
 MISSING_ACTOR_MESSAGE = (
     "gym-autoinstr: this Ray actor's Python cannot import gym_autoinstr, so Gym's orchestration in it "
@@ -192,7 +194,7 @@ def _boot_settings() -> dict[str, str]:
     excluded = {*_BOOT_EXCLUDED, identity.RUN_ID_VARIABLE, identity.SHARD_VARIABLE}
     return {
         name: value for name, value in os.environ.items()
-        if (name in RAY_WORKER_SETTINGS or name in _BOOT_EXTRA or name.startswith("GYM_AUTOINSTR_"))
+        if (name in RAY_WORKER_SETTINGS or name in _BOOT_EXTRA or name.startswith(settings.PREFIX))
         and name not in excluded
     }
 

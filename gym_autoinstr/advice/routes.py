@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -50,6 +49,7 @@ from typing import Any, Callable
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import coexistence, genai
 from gym_autoinstr.advice import concurrency
 from gym_autoinstr.telemetry import groups, metrics, sampling
@@ -128,7 +128,7 @@ def _gym_server_setting_up() -> Any:
 
 
 def _server_name(server: Any) -> str:
-    name = os.environ.get("NEMO_GYM_CONFIG_PATH")
+    name = settings.GYM_CONFIG_PATH.raw()
     if name:
         return name
     configured = getattr(getattr(server, "config", None), "name", None)

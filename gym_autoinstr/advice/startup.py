@@ -31,12 +31,13 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import STARTUP_MARKS as MARKS, mark_error, mark_startup as mark, tracer
 
-TRACEPARENT_VARIABLE = "GYM_AUTOINSTR_STARTUP_TRACEPARENT"
-SPAWN_VARIABLE = "GYM_AUTOINSTR_SPAWN_NS"
+TRACEPARENT_VARIABLE = settings.STARTUP_TRACEPARENT.name
+SPAWN_VARIABLE = settings.SPAWN_NS.name
 SERVER_NAME = "nemo.gym.server.name"
 
 
@@ -177,9 +178,9 @@ def report_server_startup(server_name: str) -> None:
     mark("reported")
     try:
         ready = time.time_ns()
-        carrier = {"traceparent": os.environ.get(TRACEPARENT_VARIABLE, "")}
+        carrier = {"traceparent": settings.STARTUP_TRACEPARENT.raw() or ""}
         parent = propagate.extract(carrier) if carrier["traceparent"] else None
-        spawn = _int(os.environ.get(SPAWN_VARIABLE))
+        spawn = _int(settings.SPAWN_NS.raw())
         configured = MARKS.get("configured")
         instrumented = MARKS.get("instrumented")
         webserver = MARKS.get("run_webserver")

@@ -51,6 +51,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 
 PROJECT = "gym-autoinstr"
@@ -58,7 +59,7 @@ PROJECT = "gym-autoinstr"
 WIRE_PATH = frozenset({PROJECT, "wrapt", "protobuf", "googleapis-common-protos", "grpcio", "requests"})
 HEAD_SERVER_DEPS_KEY = "head_server_deps"
 # The requirement server venvs install gym-autoinstr from, instead of this machine's.
-SERVER_REQUIREMENT_VARIABLE = "GYM_AUTOINSTR_SERVER_REQUIREMENT"
+SERVER_REQUIREMENT_VARIABLE = settings.SERVER_REQUIREMENT.name
 
 
 def canonical_name(name: str) -> str:
@@ -175,7 +176,7 @@ def pinned_requirements(root: str = PROJECT, path: "list[str] | None" = None) ->
 
 def requirement_override(environ: "Any" = None) -> "tuple[str, ...] | None":
     """``GYM_AUTOINSTR_SERVER_REQUIREMENT`` as install arguments; None when unset or bad."""
-    raw = (os.environ if environ is None else environ).get(SERVER_REQUIREMENT_VARIABLE, "").strip()
+    raw = (settings.SERVER_REQUIREMENT.raw(environ) or "").strip()
     if not raw:
         return None
     # One requirement, as pip and uv take it ("name @ url" stays one argument), or -e PATH.

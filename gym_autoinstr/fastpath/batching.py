@@ -36,7 +36,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
 
 from gym_autoinstr.fastpath import wire
-from gym_autoinstr._env import switched_off
+from gym_autoinstr.settings import ENCODE_ON_END
 from gym_autoinstr._log import logger, warn_once
 
 
@@ -341,7 +341,7 @@ def make_processor(exporter: Any, wrap: Callable[[Any], Any], **settings: Any) -
     """Our encoding processor in front of a known OTLP exporter, the SDK's
     ``BatchSpanProcessor`` in front of anything else."""
     try:
-        fast = not switched_off("GYM_AUTOINSTR_ENCODE_ON_END")
+        fast = ENCODE_ON_END.read()
         if fast and accepts_encoded(exporter):
             return EncodingSpanProcessor(wrap(exporter), **settings)
     except Exception as error:

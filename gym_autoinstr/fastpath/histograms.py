@@ -33,7 +33,6 @@ not hold: a reader exports histograms as DELTA
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from bisect import bisect_right
@@ -41,10 +40,10 @@ from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any, Sequence
 
-from gym_autoinstr._env import switched_off
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 
-ENV = "GYM_AUTOINSTR_FAST_HISTOGRAMS"
+ENV = settings.FAST_HISTOGRAMS.name
 # The SDK's default cardinality limit: attribute sets beyond it share one overflow point.
 MAX_ATTRIBUTE_SETS = 2000
 _OVERFLOW = (("otel.metric.overflow", True),)
@@ -63,7 +62,7 @@ _state = _HistogramsState()
 
 
 def enabled_by_env() -> bool:
-    return not switched_off(ENV)
+    return settings.FAST_HISTOGRAMS.read()
 
 
 # Values a point holds before the thread recording the next one folds them in.
@@ -222,7 +221,7 @@ def qualifies(exporter: Any) -> bool:
     from opentelemetry.sdk.metrics.export import AggregationTemporality
     from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
 
-    if not enabled_by_env() or os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "").strip():
+    if not enabled_by_env() or settings.METRICS_EXEMPLAR_FILTER.read():
         return False
     temporality = (getattr(exporter, "_preferred_temporality", None) or {}).get(Histogram)
     aggregation = (getattr(exporter, "_preferred_aggregation", None) or {}).get(Histogram)

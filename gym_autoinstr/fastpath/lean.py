@@ -18,7 +18,6 @@ SDK's.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from typing import Any, Iterator, Sequence
@@ -35,7 +34,7 @@ except ImportError:
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
-from gym_autoinstr._env import switched_off
+from gym_autoinstr import settings
 from gym_autoinstr.fastpath import wire
 from gym_autoinstr.fastpath.propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
 from gym_autoinstr._log import logger
@@ -363,9 +362,9 @@ def _clean_value(key: str, value: Any) -> Any:
 
 
 def enabled() -> bool:
-    if switched_off("GYM_AUTOINSTR_LEAN_SPANS"):
+    if not settings.LEAN_SPANS.read():
         return False
-    if os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true":
+    if settings.PYTHON_SDK_INTERNAL_METRICS.read():
         return False
     return True
 

@@ -35,6 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
+from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr.fastpath import batching
 
 from gym_autoinstr.setup import files, identity
@@ -47,9 +48,8 @@ from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 # burst is absorbed instead of dropped, large batches, and a short delay so that little
 # is left to flush when Gym's one-second shutdown grace starts.
 BATCH_DEFAULTS = {
-    "OTEL_BSP_SCHEDULE_DELAY": 1000,
-    "OTEL_BSP_MAX_QUEUE_SIZE": 65536,
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": 4096,
+    setting.name: setting.default  # 1000 ms, 65536, 4096
+    for setting in (env.BSP_SCHEDULE_DELAY, env.BSP_MAX_QUEUE_SIZE, env.BSP_MAX_EXPORT_BATCH_SIZE)
 }
 
 PROTOCOL_HTTP = "http/protobuf"
@@ -92,35 +92,9 @@ class ConfiguratorState:
 STATE = ConfiguratorState()
 
 
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(float(raw))
-        if value <= 0:
-            raise ValueError
-        return value
-    except ValueError:
-        warn_once(f"env:{name}", "%s=%r is not a positive number; using %d.", name, raw, default)
-        return default
-
-
 def _otlp_protocol() -> str:
-    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    if not raw:
-        return PROTOCOL_HTTP
-    protocol = raw.strip().lower()
-    if protocol in ("http/protobuf", "http"):
-        return PROTOCOL_HTTP
-    if protocol == "grpc":
-        return PROTOCOL_GRPC
-    warn_once(
-        "otlp-protocol",
-        "OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use 'grpc' or 'http/protobuf'); using http/protobuf.",
-        raw,
-    )
-    return PROTOCOL_HTTP
+    """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``: grpc or http/protobuf."""
+    return env.OTLP_TRACES_PROTOCOL.read()
 
 
 def _otlp_exporter(protocol: str) -> "SpanExporter | None":
@@ -176,7 +150,8 @@ def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[
         who = who or identity.detect()
         directory = files.resolve_output_dir(identity.run_id())
         return [(f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who)))]
-    names = os.environ.get("OTEL_TRACES_EXPORTER", "otlp")
+    names = env.TRACES_EXPORTER.raw()
+    names = "otlp" if names is None else names
     exporters: list[tuple[str, SpanExporter]] = []
     for raw in names.split(","):
         name = raw.strip().lower()
@@ -209,11 +184,9 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] 
             batching.make_processor(
                 exporter,
                 WatchedExporter,
-                max_queue_size=_int_env("OTEL_BSP_MAX_QUEUE_SIZE", BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"]),
-                schedule_delay_millis=_int_env("OTEL_BSP_SCHEDULE_DELAY", BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"]),
-                max_export_batch_size=_int_env(
-                    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"]
-                ),
+                max_queue_size=env.BSP_MAX_QUEUE_SIZE.read(),
+                schedule_delay_millis=env.BSP_SCHEDULE_DELAY.read(),
+                max_export_batch_size=env.BSP_MAX_EXPORT_BATCH_SIZE.read(),
             )
         )
         STATE.exporters.append(label)
@@ -222,7 +195,7 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] 
 
 # Metrics are read every 10 s (the SDK's default is 60 s: a short run would show
 # nothing until its shutdown flush).
-METRIC_EXPORT_INTERVAL_MS = 10000
+METRIC_EXPORT_INTERVAL_MS = env.METRIC_EXPORT_INTERVAL.default  # 10000
 
 
 def _metric_exporter(name: str, who: "identity.ProcessIdentity | None") -> Any:
@@ -234,7 +207,7 @@ def _metric_exporter(name: str, who: "identity.ProcessIdentity | None") -> Any:
     if name == "console":
         return ConsoleMetricExporter()
     if name == "otlp":
-        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _otlp_protocol()).strip().lower()
+        protocol = (env.OTLP_METRICS_PROTOCOL.raw() or _otlp_protocol()).strip().lower()
         if protocol == PROTOCOL_GRPC:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
@@ -254,9 +227,10 @@ def metric_readers(who: "identity.ProcessIdentity | None" = None) -> list[Any]:
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     default = "files" if files.embedded_default_applies() else "otlp"
-    interval = _int_env("OTEL_METRIC_EXPORT_INTERVAL", METRIC_EXPORT_INTERVAL_MS)
+    interval = env.METRIC_EXPORT_INTERVAL.read()
     readers = []
-    for raw in os.environ.get("OTEL_METRICS_EXPORTER", default).split(","):
+    configured = env.METRICS_EXPORTER.raw()
+    for raw in (default if configured is None else configured).split(","):
         name = raw.strip().lower()
         if not name or name == "none":
             continue
@@ -283,7 +257,7 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
     readers = metric_readers(who)
     if readers:
         options: dict[str, Any] = {}
-        if not os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER"):
+        if not env.METRICS_EXEMPLAR_FILTER.raw():
             # The SDK's default samples an exemplar on every record made inside a sampled
             # span: about as costly as the record itself, on every request.
             try:
@@ -323,7 +297,7 @@ def configure_process() -> "TracerProvider | None":
     mark_startup("configured")
     who = identity.detect()
     STATE.identity = who
-    if who.role is identity.Role.RAY or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if who.role is identity.Role.RAY or env.SDK_DISABLED.read():
         STATE.configured_by = ConfiguredBy.SKIPPED
         return None
     provider = build_tracer_provider(who)
@@ -349,29 +323,29 @@ def configure_process() -> "TracerProvider | None":
 # What a Gym process hands a Ray worker with each task, so that the worker exports where
 # the fleet does even when the task's runtime_env or the cluster's own environment
 # differs.  Never headers, certificates or keys: those stay in the worker's environment.
-RAY_WORKER_SETTINGS = (
-    "OTEL_SDK_DISABLED",
-    "OTEL_SERVICE_NAME",
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_INSECURE",
-    "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
-    "OTEL_EXPORTER_OTLP_TIMEOUT",
-    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-    "OTEL_BSP_SCHEDULE_DELAY",
-    "OTEL_BSP_MAX_QUEUE_SIZE",
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-    "OTEL_BSP_EXPORT_TIMEOUT",
-    "GYM_AUTOINSTR_SERVICE_NAME_SUFFIX",
-    "GYM_AUTOINSTR_OUTPUT_DIR",
-    "GYM_AUTOINSTR_FILE_MAX_MB",
-    "GYM_AUTOINSTR_FLUSH_TIMEOUT_MS",
-    identity.RUN_ID_VARIABLE,
-    "NEMO_GYM_OTEL_RUN_ID",
-)
+RAY_WORKER_SETTINGS = tuple(setting.name for setting in (
+    env.SDK_DISABLED,
+    env.SERVICE_NAME,
+    env.TRACES_EXPORTER,
+    env.OTLP_ENDPOINT,
+    env.OTLP_TRACES_ENDPOINT,
+    env.OTLP_PROTOCOL,
+    env.OTLP_TRACES_PROTOCOL,
+    env.OTLP_INSECURE,
+    env.OTLP_TRACES_INSECURE,
+    env.OTLP_TIMEOUT,
+    env.OTLP_TRACES_TIMEOUT,
+    env.BSP_SCHEDULE_DELAY,
+    env.BSP_MAX_QUEUE_SIZE,
+    env.BSP_MAX_EXPORT_BATCH_SIZE,
+    env.BSP_EXPORT_TIMEOUT,
+    env.SERVICE_NAME_SUFFIX,
+    env.OUTPUT_DIR,
+    env.FILE_MAX_MB,
+    env.FLUSH_TIMEOUT_MS,
+    env.RUN_ID,
+    env.GYM_RUN_ID,
+))
 _ray_worker_lock = threading.Lock()
 
 
@@ -398,7 +372,7 @@ def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: 
         saved = {name: os.environ.get(name) for name in settings}
         os.environ.update(settings)
         try:
-            if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            if env.SDK_DISABLED.read():
                 STATE.configured_by = ConfiguredBy.DISABLED
                 return False
             provider = build_tracer_provider(who, extra={"ray.node.id": node_id} if node_id else None)
@@ -440,11 +414,11 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
         if configured not in (None, ConfiguredBy.SKIPPED):
             who = STATE.identity
             return who is not None and who.role is identity.Role.ORCHESTRATOR
-        if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        if env.SDK_DISABLED.read():
             STATE.configured_by = ConfiguredBy.DISABLED
             return False
         shard = extra.get("nemo.gym.shard")
-        if shard and not os.environ.get(identity.SHARD_VARIABLE):
+        if shard and not env.SHARD.raw():
             os.environ[identity.SHARD_VARIABLE] = str(shard)
         who = identity.ray_orchestrator()
         STATE.identity = who
@@ -477,7 +451,7 @@ def _ray_worker_becomes_orchestrator(extra: "dict[str, Any]") -> bool:
     doing a Gym server's work) and then starts Gym: the provider stays (it is the global
     one), its resource becomes the orchestrator's, for the tracers it handed out too."""
     shard = extra.get("nemo.gym.shard")
-    if shard and not os.environ.get(identity.SHARD_VARIABLE):
+    if shard and not env.SHARD.raw():
         os.environ[identity.SHARD_VARIABLE] = str(shard)
     who = identity.ray_orchestrator()
     provider = trace.get_tracer_provider()
@@ -527,7 +501,7 @@ def _add_identity(provider: Any, resource: Resource, attributes: dict[str, Any])
     """Merge our identity into another's provider resource; its own service.name stays
     unless OTEL_SERVICE_NAME says otherwise."""
     current = resource.attributes.get("service.name")
-    if current and not str(current).startswith("unknown_service") and not os.environ.get("OTEL_SERVICE_NAME"):
+    if current and not str(current).startswith("unknown_service") and not env.SERVICE_NAME.raw():
         attributes = {k: v for k, v in attributes.items() if k != "service.name"}
     try:
         provider._resource = resource.merge(Resource(attributes))  # type: ignore[attr-defined]

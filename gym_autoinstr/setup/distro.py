@@ -18,6 +18,8 @@ from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
+from gym_autoinstr import settings
+
 
 @dataclass(slots=True)
 class _Active:
@@ -27,8 +29,8 @@ class _Active:
 ACTIVE = _Active()
 
 DEFAULTS = {
-    "OTEL_PYTHON_CONFIGURATOR": "gym_autoinstr",
-    "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi",
+    settings.PYTHON_CONFIGURATOR.name: "gym_autoinstr",
+    settings.PYTHON_DISABLED_INSTRUMENTATIONS.name: "fastapi",
 }
 
 
@@ -44,7 +46,7 @@ def active_distro() -> str:
     named by ``OTEL_PYTHON_DISTRO``, else the first entry point found)."""
     if ACTIVE.configured:
         return "gym_autoinstr"
-    named = os.environ.get("OTEL_PYTHON_DISTRO")
+    named = settings.PYTHON_DISTRO.raw()
     if named:
         return named
     try:

@@ -27,28 +27,28 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 
-OUTPUT_DIR_VARIABLE = "GYM_AUTOINSTR_OUTPUT_DIR"
-MAX_MB_VARIABLE = "GYM_AUTOINSTR_FILE_MAX_MB"
-DEFAULT_MAX_MB = 256
+OUTPUT_DIR_VARIABLE = settings.OUTPUT_DIR.name
+MAX_MB_VARIABLE = settings.FILE_MAX_MB.name
+DEFAULT_MAX_MB = settings.FILE_MAX_MB.default
 DEFAULT_PARENT = "gym-autoinstr-runs"
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 
 def embedded_default_applies(environ: "dict[str, str] | os._Environ[str] | None" = None) -> bool:
-    environ = os.environ if environ is None else environ
     return not any(
-        environ.get(name)
-        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER")
+        setting.raw(environ)
+        for setting in (settings.OTLP_ENDPOINT, settings.OTLP_TRACES_ENDPOINT, settings.TRACES_EXPORTER)
     )
 
 
 def resolve_output_dir(run_id: "str | None", environ: "dict[str, str] | os._Environ[str] | None" = None) -> Path:
     """The run directory: set once (by the orchestrator, or the user) and inherited."""
     environ = os.environ if environ is None else environ
-    configured = environ.get(OUTPUT_DIR_VARIABLE)
+    configured = settings.OUTPUT_DIR.raw(environ)
     if configured:
         return Path(configured)
     directory = (Path.cwd() / DEFAULT_PARENT / (run_id or f"pid-{os.getpid()}")).resolve()
@@ -57,17 +57,7 @@ def resolve_output_dir(run_id: "str | None", environ: "dict[str, str] | os._Envi
 
 
 def _max_bytes() -> int:
-    raw = os.environ.get(MAX_MB_VARIABLE)
-    if not raw:
-        return DEFAULT_MAX_MB * 1024 * 1024
-    try:
-        value = float(raw)
-        if value <= 0:
-            raise ValueError
-        return int(value * 1024 * 1024)
-    except ValueError:
-        warn_once("file-max", "%s=%r is not a positive number of megabytes; using %d.", MAX_MB_VARIABLE, raw, DEFAULT_MAX_MB)
-        return DEFAULT_MAX_MB * 1024 * 1024
+    return int(settings.FILE_MAX_MB.read() * 1024 * 1024)
 
 
 def _hex_ids(node: Any) -> Any:

@@ -15,29 +15,14 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 
-DEFAULT_FLUSH_TIMEOUT_MS = 500
+DEFAULT_FLUSH_TIMEOUT_MS = settings.FLUSH_TIMEOUT_MS.default
 
 
 def flush_timeout_seconds() -> float:
-    raw = os.environ.get("GYM_AUTOINSTR_FLUSH_TIMEOUT_MS")
-    if raw is None or not raw.strip():
-        return DEFAULT_FLUSH_TIMEOUT_MS / 1000
-    try:
-        value = float(raw)
-        if value < 0:
-            raise ValueError
-    except ValueError:
-        warn_once(
-            "flush-timeout",
-            "GYM_AUTOINSTR_FLUSH_TIMEOUT_MS=%r is not a non-negative number of milliseconds; "
-            "using %d. Set it to e.g. 500.",
-            raw,
-            DEFAULT_FLUSH_TIMEOUT_MS,
-        )
-        return DEFAULT_FLUSH_TIMEOUT_MS / 1000
-    return value / 1000
+    return settings.FLUSH_TIMEOUT_MS.read() / 1000
 
 
 def _flush_providers() -> None:

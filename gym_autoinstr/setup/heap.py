@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
-from gym_autoinstr._env import switched_off
+from gym_autoinstr import settings
 from gym_autoinstr._log import logger
 
 
@@ -31,7 +31,7 @@ _done = _Done()
 
 def freeze_startup_heap() -> int:
     """Freeze what is alive now (once per process); returns how many objects were frozen."""
-    if _done.frozen or switched_off("GYM_AUTOINSTR_GC_FREEZE"):
+    if _done.frozen or not settings.GC_FREEZE.read():
         return 0
     if not gc.isenabled():
         return 0

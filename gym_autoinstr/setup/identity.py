@@ -13,10 +13,10 @@ import os
 import sys
 import uuid
 from dataclasses import dataclass
-from gym_autoinstr._env import switched_off
+from gym_autoinstr import settings
 
 # What the orchestrator sets so that every process it starts shares one run id.
-RUN_ID_VARIABLE = "GYM_AUTOINSTR_RUN_ID"
+RUN_ID_VARIABLE = settings.RUN_ID.name
 DEFAULT_SERVICE_NAMESPACE = "nemo-gym"
 
 ORCHESTRATOR_COMMANDS = frozenset({"gym", "ng"})
@@ -104,7 +104,7 @@ def detect(environ: "dict[str, str] | os._Environ[str] | None" = None) -> Proces
     argv = _command_line()
     if _is_ray_process(argv):
         return ProcessIdentity(Role.RAY, "ray")
-    server_name = environ.get("NEMO_GYM_CONFIG_PATH")
+    server_name = settings.GYM_CONFIG_PATH.raw(environ)
     if server_name:
         return ProcessIdentity(Role.SERVER, server_name)
     program = _program_name(argv)
@@ -120,8 +120,8 @@ def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: 
     in the environment so that every process Gym spawns inherits it.
     """
     environ = os.environ if environ is None else environ
-    for variable in ("NEMO_GYM_OTEL_RUN_ID", "SLURM_JOB_ID", RUN_ID_VARIABLE):
-        value = environ.get(variable)
+    for setting in (settings.GYM_RUN_ID, settings.SLURM_JOB_ID, settings.RUN_ID):
+        value = setting.raw(environ)
         if value:
             return value
     if mint:
@@ -133,8 +133,8 @@ def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: 
 
 def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
     environ = os.environ if environ is None else environ
-    base = environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAMESPACE
-    if switched_off("GYM_AUTOINSTR_SERVICE_NAME_SUFFIX", environ):
+    base = settings.SERVICE_NAME.raw(environ) or DEFAULT_SERVICE_NAMESPACE
+    if not settings.SERVICE_NAME_SUFFIX.read(environ):
         return f"{base}/ray" if identity.role is Role.RAY_WORKER else base
     if identity.role is Role.RAY_WORKER:
         return f"{base}/{identity.name}/ray"
@@ -174,7 +174,7 @@ def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os
         attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
         attributes["host.name"] = _host_name()
         attributes["process.pid"] = os.getpid()  # type: ignore[assignment]
-    shard = environ.get(SHARD_VARIABLE)
+    shard = settings.SHARD.raw(environ)
     if shard:
         attributes["nemo.gym.shard"] = shard
     rid = run_id(environ, mint=identity.role is Role.ORCHESTRATOR)
@@ -221,7 +221,7 @@ def _unsuffixed(name: str) -> str:
 # A Ray worker that starts a Gym fleet or collects rollouts (NeMo RL's ``NemoGym`` actor)
 # is Gym's orchestrator.  Its shard (the actor's name, else its id) is exported in the
 # environment, so every server the actor spawns says which shard it belongs to.
-SHARD_VARIABLE = "GYM_AUTOINSTR_SHARD"
+SHARD_VARIABLE = settings.SHARD.name
 
 
 def ray_orchestrator() -> ProcessIdentity:

@@ -24,11 +24,11 @@ import logging
 import os
 from typing import Any
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 
 LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
-_TRUE = ("1", "true", "yes", "on")
 
 _state: dict[str, Any] = {"handler": None, "correlate": False}
 
@@ -66,11 +66,11 @@ def _correlate_lines(logger: logging.Logger, ours: Any) -> None:
 
 def requested(environ: "os._Environ[str] | dict[str, str] | None" = None) -> list[str]:
     environ = os.environ if environ is None else environ
-    raw = (environ.get("OTEL_LOGS_EXPORTER") or "").strip().lower()
+    raw = (settings.LOGS_EXPORTER.raw(environ) or "").strip().lower()
     names = [n.strip() for n in raw.split(",") if n.strip() and n.strip() != "none"]
     if names:
         return names
-    if not raw and (environ.get("NEMO_GYM_OTEL_LOGS_ENABLED") or "").strip().lower() in _TRUE:
+    if not raw and settings.GYM_LOGS_ENABLED.read(environ):
         from gym_autoinstr.setup import files
 
         return ["files" if files.embedded_default_applies(environ) else "otlp"]
@@ -86,7 +86,7 @@ def _exporter(name: str, who: Any) -> Any:
     if name == "otlp":
         from gym_autoinstr.setup import configurator
 
-        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL") or configurator._otlp_protocol()).strip().lower()
+        protocol = (settings.OTLP_LOGS_PROTOCOL.raw() or configurator._otlp_protocol()).strip().lower()
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         else:
@@ -145,7 +145,7 @@ def configure(resource: Any, who: Any = None) -> bool:
     root = logging.getLogger()
     root.addHandler(handler)
     _state["handler"] = handler
-    _state["correlate"] = (os.environ.get("GYM_AUTOINSTR_LOG_CORRELATION") or "true").strip().lower() in _TRUE
+    _state["correlate"] = settings.LOG_CORRELATION.read()
     if _state["correlate"]:
         _correlate_lines(root, handler)
     return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 
 JOB = "job"
@@ -40,7 +41,7 @@ PRESETS: dict[str, frozenset[str]] = {
     "off": frozenset(),
 }
 
-SPEC_VARIABLES = ("GYM_AUTOINSTR_SPAN_GROUPS", "NEMO_GYM_OTEL_SPAN_GROUPS")
+SPEC_VARIABLES = (settings.SPAN_GROUPS.name, settings.GYM_SPAN_GROUPS.name)
 
 
 def parse_spec(spec: str, *, source: str = "span group spec") -> frozenset[str]:
@@ -74,11 +75,10 @@ def parse_spec(spec: str, *, source: str = "span group spec") -> frozenset[str]:
 
 
 def groups_from_environment(environ: "os._Environ[str] | dict[str, str] | None" = None) -> frozenset[str]:
-    environ = os.environ if environ is None else environ
-    for variable in SPEC_VARIABLES:
-        spec = environ.get(variable)
+    for setting in (settings.SPAN_GROUPS, settings.GYM_SPAN_GROUPS):
+        spec = setting.raw(environ)
         if spec is not None:
-            return parse_spec(spec, source=variable)
+            return parse_spec(spec, source=setting.name)
     return PRESETS["default"]
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
-import os
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -38,13 +37,14 @@ from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 
-LAG_INTERVAL_S = 1.0
+LAG_INTERVAL_S = settings.LOOP_LAG_INTERVAL_MS.default / 1000.0
 # The probe's first sleep; each next one doubles, up to the interval.
 FIRST_SLEEP_S = 0.1
-LAG_INTERVAL_ENV = "GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS"
+LAG_INTERVAL_ENV = settings.LOOP_LAG_INTERVAL_MS.name
 GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
 GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
@@ -106,18 +106,7 @@ def watch_running_loop() -> None:
 def lag_interval_s() -> float:
     """The probe's sleep: ``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, else ``LAG_INTERVAL_S``.
     Each wake-up costs the process a few microseconds, and an idle server wakes for it."""
-    raw = os.environ.get(LAG_INTERVAL_ENV, "").strip()
-    if not raw:
-        return LAG_INTERVAL_S
-    try:
-        value = float(raw)
-        if not 1 <= value <= 3_600_000:
-            raise ValueError
-        return value / 1000.0
-    except ValueError:
-        warn_once(f"env:{LAG_INTERVAL_ENV}", "%s=%r is not a number of milliseconds from 1 to 3600000; the "
-                  "event-loop lag probe wakes every %d ms.", LAG_INTERVAL_ENV, raw, int(LAG_INTERVAL_S * 1000))
-        return LAG_INTERVAL_S
+    return settings.LOOP_LAG_INTERVAL_MS.read() / 1000.0
 
 
 async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:

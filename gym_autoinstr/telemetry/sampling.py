@@ -18,7 +18,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan
 
-from gym_autoinstr._env import switched_off
+from gym_autoinstr import settings
 from gym_autoinstr.telemetry import spans as _spans
 from gym_autoinstr.fastpath.propagation import (_BAGGAGE_KEY, current_context, keep_own_root, traceparent, unsampled_entry,
                           unsampled_headers, unsampled_spans, w3c_default)
@@ -80,11 +80,11 @@ class _SamplerChecked:
 _follows = _SamplerChecked()
 
 
-FAST_PATH_ENV = "GYM_AUTOINSTR_DROPPED_FAST_PATH"
+FAST_PATH_ENV = settings.DROPPED_FAST_PATH.name
 
 
 def _drops_under_unsampled_parent(sampler: Any) -> bool:
-    if switched_off(FAST_PATH_ENV):
+    if not settings.DROPPED_FAST_PATH.read():
         return False
     return _parent_delegates_decide(sampler, Decision.DROP, "_remote_parent_not_sampled", "_local_parent_not_sampled")
 
@@ -143,7 +143,7 @@ def root_decision(sampler: Any) -> "RootDecision | None":
     sampler decides every root itself."""
     from opentelemetry.sdk.trace.sampling import StaticSampler, TraceIdRatioBased
 
-    if switched_off(FAST_PATH_ENV):
+    if not settings.DROPPED_FAST_PATH.read():
         return None
     kept = JOB_SPAN_NAME if type(sampler) is JobKeepingSampler else None
     if kept:

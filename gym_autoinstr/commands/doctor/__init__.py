@@ -11,7 +11,7 @@ configured OTLP endpoint accept an (empty) export, live, in a few seconds (skipp
 with its fix, and the exit status is non-zero when tracing would not work.
 
 One module per question (``installation``, ``startup``, ``exporters``, ``pipeline``,
-``span_groups``, ``native``, ``venvs``, ``ray``), each returning its section and its problems; ``report`` renders
+``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``), each returning its section and its problems; ``report`` renders
 them and sets the exit status.
 """
 
@@ -31,6 +31,7 @@ from gym_autoinstr.commands.doctor.ray import ray_propagation
 from gym_autoinstr.commands.doctor.report import ERROR, exit_status, render
 from gym_autoinstr.commands.doctor.span_groups import client_spans, job_trace, span_groups
 from gym_autoinstr.commands.doctor.startup import startup
+from gym_autoinstr.commands.doctor.variables import variables
 from gym_autoinstr.commands.doctor.venvs import server_venvs
 
 __all__ = ["diagnose", "is_gym_module", "main", "render"]
@@ -69,6 +70,8 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
     problems += found
     ray_section, found = ray_propagation(effective, report, group_section["enabled"])
     problems += found
+    variables_section, found = variables(environ)
+    problems += found
 
     return {
         "ok": not any(p.severity == ERROR for p in problems),
@@ -87,6 +90,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
         "native_telemetry": native,
         "server_venvs": venvs_section,
         "ray": ray_section,
+        "settings": variables_section,
         "this_process": {"configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
                          "exporters": list(STATE.exporters)},
         "problems": [asdict(p) for p in problems],

@@ -6,6 +6,7 @@ import importlib
 import os
 from typing import Any, Mapping
 
+from gym_autoinstr import settings
 from gym_autoinstr.setup import files
 from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR, _entry_points
@@ -26,7 +27,7 @@ def _importable(module: str) -> "str | None":
 
 
 def _otlp_protocol(environ: Mapping[str, str]) -> str:
-    raw = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip().lower()
+    raw = (settings.OTLP_TRACES_PROTOCOL.raw(environ) or "").strip().lower()
     return "grpc" if raw == "grpc" else "http/protobuf"
 
 
@@ -34,19 +35,20 @@ def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[l
     """The trace exporters the configurator would build, and whether their packages import."""
     problems: list[Problem] = []
     rows: list[dict[str, Any]] = []
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if settings.SDK_DISABLED.read(environ):
         problems.append(Problem(ERROR, "exporter", "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED"))
         return rows, problems
     if configurator == OUR_CONFIGURATOR and files.embedded_default_applies(environ):
         return _embedded_default(environ)
-    names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    configured = settings.TRACES_EXPORTER.raw(environ)
+    names = [n.strip().lower() for n in ("otlp" if configured is None else configured).split(",") if n.strip()]
     names = [n for n in names if n != "none"]
     if not names:
         problems.append(
             Problem(
                 ERROR,
                 "exporter",
-                f"OTEL_TRACES_EXPORTER={environ.get('OTEL_TRACES_EXPORTER')!r}: spans are created but never exported",
+                f"OTEL_TRACES_EXPORTER={configured!r}: spans are created but never exported",
                 "set OTEL_TRACES_EXPORTER=otlp (or console to see spans on stderr)",
             )
         )
@@ -107,7 +109,7 @@ def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[l
 
 def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[Problem]]:
     """No exporter configured: our configurator writes OTLP-JSON files to a run directory."""
-    configured = environ.get(files.OUTPUT_DIR_VARIABLE)
+    configured = settings.OUTPUT_DIR.raw(environ)
     directory = configured or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
     existing = os.path.abspath(configured or os.getcwd())
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
@@ -142,19 +144,21 @@ OTLP_SIGNAL_EXPORTERS = {
     "logs": {"http/protobuf": "opentelemetry.exporter.otlp.proto.http._log_exporter",
              "grpc": "opentelemetry.exporter.otlp.proto.grpc._log_exporter"},
 }
-SIGNAL_VARIABLES = {"metrics": "OTEL_METRICS_EXPORTER", "logs": "OTEL_LOGS_EXPORTER"}
+SIGNAL_VARIABLES = {"metrics": settings.METRICS_EXPORTER.name, "logs": settings.LOGS_EXPORTER.name}
+_SIGNAL_PROTOCOLS = {"metrics": settings.OTLP_METRICS_PROTOCOL, "logs": settings.OTLP_LOGS_PROTOCOL}
 
 
 def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict[str, Any]], list[Problem]]:
     """The metric or log exporters every Gym process would build (``signal``: metrics, logs)."""
     from gym_autoinstr.setup import logs
 
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if settings.SDK_DISABLED.read(environ):
         return [], []
     variable = SIGNAL_VARIABLES[signal]
     if signal == "metrics":
         default = "files" if files.embedded_default_applies(environ) else "otlp"
-        names = [n.strip().lower() for n in environ.get(variable, default).split(",") if n.strip()]
+        configured = settings.METRICS_EXPORTER.raw(environ)
+        names = [n.strip().lower() for n in (default if configured is None else configured).split(",") if n.strip()]
         names = [n for n in names if n != "none"]
     else:
         names = logs.requested(environ)
@@ -162,7 +166,7 @@ def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict
     problems: list[Problem] = []
     for name in names:
         if name == "otlp":
-            raw = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+            raw = _SIGNAL_PROTOCOLS[signal].raw(environ) or settings.OTLP_PROTOCOL.raw(environ) or ""
             protocol = "grpc" if raw.strip().lower() == "grpc" else "http/protobuf"
             error = _importable(OTLP_SIGNAL_EXPORTERS[signal][protocol])
             rows.append({"name": name, "protocol": protocol, "importable": error is None, "error": error,
@@ -173,7 +177,7 @@ def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict
         elif name in ("console", "files"):
             row: dict[str, Any] = {"name": name, "importable": True, "used": name}
             if name == "files":
-                row["directory"] = environ.get(files.OUTPUT_DIR_VARIABLE) or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
+                row["directory"] = settings.OUTPUT_DIR.raw(environ) or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
             rows.append(row)
         else:
             rows.append({"name": name, "importable": False, "used": None})

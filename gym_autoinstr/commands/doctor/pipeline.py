@@ -27,6 +27,7 @@ import time
 from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
 
+from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 
 BUDGET_SECONDS = 5.0
@@ -42,17 +43,18 @@ SUBJECT = "pipeline"
 EMPTY_EXPORT = b"\x0a\x00"  # ExportTraceServiceRequest{resource_spans: [ResourceSpans{}]}
 
 
-def _variable(environ: Mapping[str, str], specific: str, generic: str) -> "tuple[str | None, str | None]":
+def _variable(environ: Mapping[str, str], specific: "settings.Setting", generic: "settings.Setting") -> "tuple[str | None, str | None]":
     """The value the SDK reads (signal-specific first) and the variable it came from."""
-    for name in (specific, generic):
-        if environ.get(name):
-            return environ[name], name
+    for setting in (specific, generic):
+        value = setting.raw(environ)
+        if value:
+            return value, setting.name
     return None, None
 
 
 def protocol_problems(environ: Mapping[str, str]) -> list[Problem]:
     """An OTLP protocol value the exporters do not know: named, with what happens instead."""
-    raw, variable = _variable(environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+    raw, variable = _variable(environ, settings.OTLP_TRACES_PROTOCOL, settings.OTLP_PROTOCOL)
     if raw is None or raw.strip().lower() in KNOWN_PROTOCOLS:
         return []
     return [
@@ -69,8 +71,8 @@ def protocol_problems(environ: Mapping[str, str]) -> list[Problem]:
 
 def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
     """Where the SDK's ``protocol`` exporter would send spans, and how (no network)."""
-    specific, generic = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
-    raw, variable = _variable(environ, specific, generic)
+    specific = settings.OTLP_TRACES_ENDPOINT.name
+    raw, variable = _variable(environ, settings.OTLP_TRACES_ENDPOINT, settings.OTLP_ENDPOINT)
     target: dict[str, Any] = {"protocol": protocol, "variable": variable, "configured": raw}
     base = raw if raw is not None else DEFAULT_ENDPOINTS[protocol]
     if protocol == "http/protobuf":
@@ -89,7 +91,7 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
         target["host"], port = None, None
         target["invalid"] = "its port is not a number (an IPv6 address must be in brackets: http://[::1]:4318)"
     if protocol == "grpc":
-        insecure_raw, _ = _variable(environ, "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
+        insecure_raw, _ = _variable(environ, settings.OTLP_TRACES_INSECURE, settings.OTLP_INSECURE)
         if scheme == "https":
             tls = True
         elif insecure_raw is not None:
@@ -106,10 +108,10 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
         target["port"] = port or (443 if scheme == "https" else 80)
     if not target["host"] and "invalid" not in target:
         target["invalid"] = "it names no host"
-    headers_raw, headers_variable = _variable(environ, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
+    headers_raw, headers_variable = _variable(environ, settings.OTLP_TRACES_HEADERS, settings.OTLP_HEADERS)
     target["headers_variable"] = headers_variable or "OTEL_EXPORTER_OTLP_HEADERS"
     target["headers"], target["bad_headers"] = _parse_headers(headers_raw or "")
-    ca_file, _ = _variable(environ, "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+    ca_file, _ = _variable(environ, settings.OTLP_TRACES_CERTIFICATE, settings.OTLP_CERTIFICATE)
     target["ca_file"] = ca_file
     target["proxies"] = {k: v for k, v in environ.items() if k.lower() in ("http_proxy", "https_proxy") and v}
     return target

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gym_autoinstr import settings
 from gym_autoinstr.advice import egress, job
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
 
 def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
-    variable = next((v for v in groups.SPEC_VARIABLES if environ.get(v) is not None), None)
-    spec = environ[variable] if variable else None
+    setting = next((s for s in (settings.SPAN_GROUPS, settings.GYM_SPAN_GROUPS) if s.raw(environ) is not None), None)
+    variable, spec = (setting.name, setting.raw(environ)) if setting else (None, None)
     enabled: set[str] = set(groups.PRESETS["default"]) if variable is None else set()
     unknown: list[str] = []
     for raw in (spec or "").split(","):
@@ -44,10 +45,10 @@ def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Proble
 
 def job_trace(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
     """``GYM_AUTOINSTR_JOB_TRACE``: each rollout its own trace (default) or one per job."""
-    raw = environ.get(job.JOB_TRACE_VARIABLE)
-    mode = (raw or "").strip().lower() or job.JobTrace.PER_ROLLOUT.value
+    raw = settings.JOB_TRACE.raw(environ)
+    mode, bad = settings.JOB_TRACE.check(environ)
     problems = []
-    if mode not in job.JOB_TRACE_MODES:
+    if bad:
         problems.append(
             Problem(
                 WARNING,
@@ -65,10 +66,10 @@ def job_trace(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
 def client_spans(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
     """``GYM_AUTOINSTR_CLIENT_SPANS``: a CLIENT span per call (default) or only on failed
     calls between Gym servers (the leaner shape)."""
-    raw = environ.get(egress.CLIENT_SPANS_ENV)
-    value = (raw or "").strip().lower() or egress.ClientSpans.ALL.value
+    raw = settings.CLIENT_SPANS.raw(environ)
+    value, bad = settings.CLIENT_SPANS.check(environ)
     problems = []
-    if value not in egress.CLIENT_SPANS_MODES:
+    if bad:
         problems.append(
             Problem(
                 WARNING,

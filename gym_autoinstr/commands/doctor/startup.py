@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 
 OUR_DISTRO = "gym_autoinstr"
@@ -54,7 +55,7 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
     effective = dict(environ)
 
     distros = _entry_points("opentelemetry_distro")
-    requested_distro = environ.get("OTEL_PYTHON_DISTRO")
+    requested_distro = settings.PYTHON_DISTRO.raw(environ)
     distro = _first_found(distros, requested_distro)
     if distro is not None:
         for name, value in DISTRO_DEFAULTS.get(distro["value"].split(":")[0], {}).items():
@@ -79,7 +80,7 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
         )
 
     configurators = _entry_points("opentelemetry_configurator")
-    requested_configurator = effective.get("OTEL_PYTHON_CONFIGURATOR")
+    requested_configurator = settings.PYTHON_CONFIGURATOR.raw(effective)
     configurator = _first_found(configurators, requested_configurator)
     if configurator is None:
         problems.append(
@@ -107,7 +108,7 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
         )
 
     instrumentors = _entry_points("opentelemetry_instrumentor")
-    disabled = [name.strip() for name in effective.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",") if name.strip()]
+    disabled = [name.strip() for name in (settings.PYTHON_DISABLED_INSTRUMENTATIONS.raw(effective) or "").split(",") if name.strip()]
     ours = [i for i in instrumentors if i["name"] == OUR_INSTRUMENTOR]
     if not ours:
         problems.append(

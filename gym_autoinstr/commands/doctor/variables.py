@@ -1,0 +1,35 @@
+"""``GYM_AUTOINSTR_*`` variables: a name that is none of ours (a misspelling, ignored), and
+a value that does not parse (parsed here as Gym's processes parse it, ``settings.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from gym_autoinstr import settings
+from gym_autoinstr.commands.doctor.report import WARNING, Problem
+
+SUBJECT = "settings"
+# Checked by their own sections (span_groups.py, pipeline.py); switches and numbers here.
+_CHECKED_KINDS = (settings.Switch, settings.Number)
+
+
+def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
+    problems: list[Problem] = []
+    unknown = settings.unknown(environ)
+    for name, closest in unknown:
+        problems.append(Problem(
+            WARNING, SUBJECT,
+            f"{name} is not a gym-autoinstr setting: it is ignored",
+            f"rename it to {closest}" if closest else
+            f"remove it; the settings are: {', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}",
+        ))
+    invalid = []
+    for setting in settings.ALL.values():
+        if not isinstance(setting, _CHECKED_KINDS):
+            continue
+        _, message = setting.check(environ)
+        if message:
+            invalid.append(setting.name)
+            problems.append(Problem(WARNING, SUBJECT, message, setting.fix or f"unset {setting.name} or set it to {setting.default!r}"))
+    section = {"unknown": [{"name": name, "closest": closest} for name, closest in unknown], "invalid": invalid}
+    return section, problems
