@@ -48,7 +48,7 @@ def _variable(environ: Mapping[str, str], specific: "settings.Setting", generic:
     for setting in (specific, generic):
         value = setting.raw(environ)
         if value:
-            return value, setting.name
+            return value, setting.holder(environ)  # an inheriting setting names where its value is
     return None, None
 
 
