@@ -14,13 +14,18 @@ Usage without ``opentelemetry-instrument``::
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from typing import Any, Collection
 
 import wrapt
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from gym_autoinstr import settings
+from gym_autoinstr.advice import ray_actor
 from gym_autoinstr.telemetry import groups
 
 from gym_autoinstr.setup import identity
@@ -83,6 +88,7 @@ class GymInstrumentor(BaseInstrumentor):
         groups.reload()
         if who.role is identity.Role.ORCHESTRATOR:
             _announce()
+        ray_actor.wraps_actor_init(init_wrapper)  # the Ray actor classes we patch boot us in the actor
         self.patches.active = True
         for module_name in sorted({p.module for p in POINTCUTS}):
             if module_name in self._hooked_modules:
@@ -107,7 +113,6 @@ class GymInstrumentor(BaseInstrumentor):
     def _watch_ray_worker(self) -> None:
         """In a Ray worker, apply only the promotion rows (``RAY_WORKER_POINTCUTS``); their
         first call makes this worker Gym's orchestrator and applies every other row."""
-        from gym_autoinstr.advice import ray_actor
         from gym_autoinstr.pointcuts import RAY_WORKER_POINTCUTS
 
         if not hasattr(self, "ray_worker_patches"):
@@ -174,3 +179,103 @@ def _announce() -> None:
         endpoint,
         ",".join(sorted(groups.ENABLED)) or "none",
     )
+
+
+# -- a Ray actor whose runtime_env replaced PYTHONPATH: booted from its creation carrier --
+#
+# (``advice/ray_actor.py`` tells the whole story.)  Ray pickles ``init_wrapper``'s
+# ``__init__`` by value into the actor; where gym-autoinstr imports there, it boots the
+# instrumentor before the actor's own ``__init__`` runs.
+
+MISSING_ACTOR_MESSAGE = (
+    "gym-autoinstr: this Ray actor's Python cannot import gym_autoinstr, so Gym's orchestration in it "
+    "is not traced (the actor itself runs as usual). Fix: install gym-autoinstr (and its OpenTelemetry "
+    "packages) into the interpreter the actor runs with (its runtime_env's py_executable or pip)."
+)
+_booted = False
+_boot_lock = threading.Lock()
+
+
+def init_wrapper(function: Any, missing: "list | None" = None) -> Any:
+    """The ``__init__`` Ray pickles and runs in the actor: takes the carrier off and, where
+    gym-autoinstr imports, boots the actor first.  Pickled by value, like
+    ``ray_tasks.carrier_wrapper``: builtins, its closure and its own imports only."""
+    missing = [] if missing is None else missing
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        carrier = kwargs.pop("_gym_autoinstr_ctx", None)
+        if carrier is not None:
+            try:
+                from gym_autoinstr.instrumentor import actor_init
+            except Exception:
+                actor_init = None
+                if not missing:
+                    missing.append(1)
+                    import sys
+
+                    print(MISSING_ACTOR_TEXT, file=sys.stderr, flush=True)
+            if actor_init is not None:
+                return actor_init(function, self, args, kwargs, carrier)
+        return function(self, *args, **kwargs)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(__init__, name, getattr(function, name))
+        except (AttributeError, TypeError):
+            pass
+    return __init__
+
+
+MISSING_ACTOR_TEXT = MISSING_ACTOR_MESSAGE  # global the wrapper names: carried by value
+
+
+def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
+    """In the actor: boot, then run ``__init__`` with the creator's context when an
+    embedder's span was current there."""
+    token = None
+    try:
+        if isinstance(carrier, dict):
+            boot(dict(carrier.get("settings") or {}))
+            headers = carrier.get("context") or {}
+            if headers and not carrier.get("rootless"):
+                token = otel_context.attach(propagate.extract(headers))
+    except Exception as error:
+        warn_once("ray_actor:boot", "this Ray actor could not be prepared for tracing: %r", error)
+    try:
+        return function(instance, *args, **kwargs)
+    finally:
+        if token is not None:
+            try:
+                otel_context.detach(token)
+            except Exception:
+                pass
+
+
+def boot(settings: "dict[str, str]") -> None:
+    """Make this actor watch for Gym's orchestration when the sitecustomize did not run in
+    it (``runtime_env`` replaced ``PYTHONPATH``); nothing when it did."""
+    global _booted
+    with _boot_lock:
+        if _booted:
+            return
+        _booted = True
+    instrumentor = GymInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        return  # opentelemetry-instrument's sitecustomize ran here: it watches already
+    for name, value in settings.items():
+        os.environ.setdefault(name, value)  # the actor's own environment wins
+    ray_actor.on_promotion(_children_get_sitecustomize)
+    instrumentor.instrument()
+    logger.debug("Ray actor booted from its creation carrier (no sitecustomize in this worker)")
+
+
+def _children_get_sitecustomize() -> None:
+    """The servers a promoted, booted actor spawns start under OpenTelemetry's
+    sitecustomize, as they would under ``opentelemetry-instrument`` (its own directory
+    first on ``PYTHONPATH``; the runtime_env's entries stay, after it)."""
+    from opentelemetry.instrumentation import auto_instrumentation
+
+    directory = os.path.dirname(os.path.abspath(auto_instrumentation.__file__))
+    current = os.environ.get("PYTHONPATH", "")
+    if directory not in current.split(os.pathsep):
+        os.environ["PYTHONPATH"] = directory + (os.pathsep + current if current else "")

@@ -16,7 +16,8 @@ unpickling its function) stays silent.
 
 Below: whose span is upstream of an actor call (our own ``ray.execute`` is not an
 embedder's: ``rootless_call``, read by ``advice/job.py``), and the creation carrier that
-prepares an actor whose ``runtime_env`` replaced ``PYTHONPATH`` (``boot``).
+prepares an actor whose ``runtime_env`` replaced ``PYTHONPATH`` (booted by
+``instrumentor.boot``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from gym_autoinstr import settings
+from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
 from gym_autoinstr._log import logger, warn_once
 
 _lock = threading.Lock()
@@ -179,13 +181,6 @@ _BOOT_EXTRA = tuple(s.name for s in (settings.PYTHON_DISTRO, settings.PYTHON_CON
                                       settings.TRACES_SAMPLER_ARG, settings.METRICS_EXPORTER, settings.LOGS_EXPORTER))
 _BOOT_EXCLUDED = (settings.SERVICE_NAME.name, settings.GYM_RUN_ID.name)
 
-MISSING_ACTOR_MESSAGE = (
-    "gym-autoinstr: this Ray actor's Python cannot import gym_autoinstr, so Gym's orchestration in it "
-    "is not traced (the actor itself runs as usual). Fix: install gym-autoinstr (and its OpenTelemetry "
-    "packages) into the interpreter the actor runs with (its runtime_env's py_executable or pip)."
-)
-_booted = False
-
 
 def _boot_settings() -> dict[str, str]:
     from gym_autoinstr.setup import identity
@@ -199,53 +194,32 @@ def _boot_settings() -> dict[str, str]:
     }
 
 
-def init_wrapper(function: Any, missing: "list | None" = None) -> Any:
-    """The ``__init__`` Ray pickles and runs in the actor: takes the carrier off and, where
-    gym-autoinstr imports, boots the actor first.  Pickled by value, like
-    ``ray_tasks.carrier_wrapper``: builtins, its closure and its own imports only."""
-    missing = [] if missing is None else missing
-
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        carrier = kwargs.pop("_gym_autoinstr_ctx", None)
-        if carrier is not None:
-            try:
-                from gym_autoinstr.advice.ray_actor import actor_init
-            except Exception:
-                actor_init = None
-                if not missing:
-                    missing.append(1)
-                    import sys
-
-                    print(MISSING_ACTOR_TEXT, file=sys.stderr, flush=True)
-            if actor_init is not None:
-                return actor_init(function, self, args, kwargs, carrier)
-        return function(self, *args, **kwargs)
-
-    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-        try:
-            setattr(__init__, name, getattr(function, name))
-        except (AttributeError, TypeError):
-            pass
-    return __init__
+# The ``__init__`` wrapper that boots the actor (``instrumentor.init_wrapper``): booting
+# is the instrumentor's work, a layer above the advice, so it hands the wrapper over
+# when it instruments.
+_init_wrapper: "Callable[[Any, list | None], Any] | None" = None
 
 
-MISSING_ACTOR_TEXT = MISSING_ACTOR_MESSAGE  # global the wrapper names: carried by value
+def wraps_actor_init(factory: "Callable[[Any, list | None], Any]") -> None:
+    """Use ``factory(function, missing)`` for the ``__init__`` ``install_init`` puts on an actor class."""
+    global _init_wrapper
+    _init_wrapper = factory
 
 
 def install_init(cls: Any, missing: "list | None" = None) -> None:
     """Put the carrier on the ``__init__`` of Ray's actor subclass (never the user's class)."""
-    from gym_autoinstr.advice.ray_tasks import _signature_with_carrier
-
+    if _init_wrapper is None:
+        return  # not instrumented: no instrumentor handed its wrapper over
     raw = inspect.getattr_static(cls, "__init__", None)
     if not inspect.isfunction(raw):
         return  # object.__init__ and the like: nothing of the user's runs at creation
     try:
-        signature = _signature_with_carrier(raw)
+        signature = signature_with_carrier(raw)
     except (TypeError, ValueError):
         return
     if signature is None:
         return  # ray_tasks warns about the name clash for methods; __init__ stays as it is
-    wrapper = init_wrapper(raw, missing)
+    wrapper = _init_wrapper(raw, missing)
     wrapper.__signature__ = signature  # what Ray binds the creation arguments against
     setattr(cls, "__init__", wrapper)
 
@@ -266,7 +240,6 @@ def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
 
 def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[tuple, dict]":
     from gym_autoinstr.advice import coexistence
-    from gym_autoinstr.advice.ray_tasks import CARRIER, _call_parts, _with_call_kwargs
 
     meta = getattr(instance, "__ray_metadata__", None)
     signatures = getattr(getattr(meta, "method_meta", None), "signatures", None) or {}
@@ -280,10 +253,10 @@ def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[t
     rootless = caller_is_rootless()
     if not rootless:
         propagate.inject(headers)
-    _, call_kwargs = _call_parts(args, kwargs)
+    _, call_kwargs = call_parts(args, kwargs)
     new_kwargs = dict(call_kwargs or {})
     new_kwargs[CARRIER] = {"context": headers, "rootless": rootless, "settings": _boot_settings()}
-    return _with_call_kwargs(args, kwargs, new_kwargs)
+    return with_call_kwargs(args, kwargs, new_kwargs)
 
 
 def _client_mode() -> bool:
@@ -295,57 +268,3 @@ def _client_mode() -> bool:
         return bool(client_mode_should_convert())
     except Exception:
         return False
-
-
-def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
-    """In the actor: boot, then run ``__init__`` with the creator's context when an
-    embedder's span was current there."""
-    token = None
-    try:
-        if isinstance(carrier, dict):
-            boot(dict(carrier.get("settings") or {}))
-            headers = carrier.get("context") or {}
-            if headers and not carrier.get("rootless"):
-                token = otel_context.attach(propagate.extract(headers))
-    except Exception as error:
-        warn_once("ray_actor:boot", "this Ray actor could not be prepared for tracing: %r", error)
-    try:
-        return function(instance, *args, **kwargs)
-    finally:
-        if token is not None:
-            try:
-                otel_context.detach(token)
-            except Exception:
-                pass
-
-
-def boot(settings: "dict[str, str]") -> None:
-    """Make this actor watch for Gym's orchestration when the sitecustomize did not run in
-    it (``runtime_env`` replaced ``PYTHONPATH``); nothing when it did."""
-    global _booted
-    with _lock:
-        if _booted:
-            return
-        _booted = True
-    from gym_autoinstr.instrumentor import GymInstrumentor
-
-    instrumentor = GymInstrumentor()
-    if instrumentor.is_instrumented_by_opentelemetry:
-        return  # opentelemetry-instrument's sitecustomize ran here: it watches already
-    for name, value in settings.items():
-        os.environ.setdefault(name, value)  # the actor's own environment wins
-    on_promotion(_children_get_sitecustomize)
-    instrumentor.instrument()
-    logger.debug("Ray actor booted from its creation carrier (no sitecustomize in this worker)")
-
-
-def _children_get_sitecustomize() -> None:
-    """The servers a promoted, booted actor spawns start under OpenTelemetry's
-    sitecustomize, as they would under ``opentelemetry-instrument`` (its own directory
-    first on ``PYTHONPATH``; the runtime_env's entries stay, after it)."""
-    from opentelemetry.instrumentation import auto_instrumentation
-
-    directory = os.path.dirname(os.path.abspath(auto_instrumentation.__file__))
-    current = os.environ.get("PYTHONPATH", "")
-    if directory not in current.split(os.pathsep):
-        os.environ["PYTHONPATH"] = directory + (os.pathsep + current if current else "")

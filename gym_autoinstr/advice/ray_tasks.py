@@ -61,12 +61,12 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind
 
 from gym_autoinstr.advice import coexistence, ray_actor
+from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.fastpath import propagation
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
-CARRIER = "_gym_autoinstr_ctx"
 INSTALLED = "_gym_autoinstr_carrier"  # on a RemoteFunction: True traced, False not
 
 FUNCTION = "ray.task.function"
@@ -89,37 +89,8 @@ MISSING_MESSAGE = (
 # --- the submitting side -------------------------------------------------------------
 
 
-def _call_parts(args: tuple, kwargs: dict) -> "tuple[Any, Any]":
-    # RemoteFunction._remote(self, args=None, kwargs=None, **task_options); Ray passes
-    # both by keyword, older callers positionally.
-    call_args = kwargs["args"] if "args" in kwargs else (args[0] if args else None)
-    call_kwargs = kwargs["kwargs"] if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
-    return call_args, call_kwargs
-
-
-def _with_call_kwargs(args: tuple, kwargs: dict, call_kwargs: dict) -> "tuple[tuple, dict]":
-    if "kwargs" in kwargs or len(args) < 2:
-        kwargs = dict(kwargs)
-        kwargs["kwargs"] = call_kwargs
-        return args, kwargs
-    return (args[0], call_kwargs) + tuple(args[2:]), kwargs
-
-
 def _function_name(function: Any) -> str:
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', getattr(function, '__name__', '?'))}"
-
-
-def _signature_with_carrier(function: Any) -> "inspect.Signature | None":
-    signature = inspect.signature(function)
-    if CARRIER in signature.parameters:
-        return None
-    parameters = list(signature.parameters.values())
-    carrier = inspect.Parameter(CARRIER, inspect.Parameter.KEYWORD_ONLY, default=None)
-    position = len(parameters)
-    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
-        position -= 1
-    parameters.insert(position, carrier)
-    return signature.replace(parameters=parameters)
 
 
 def carrier_wrapper(function: Any, missing: "list | None" = None) -> Any:
@@ -216,7 +187,7 @@ def _install_locked(remote_function: Any) -> bool:
         logger.debug("Ray task %s: generator, cross-language or decorated; not traced", _function_name(function))
     else:
         try:
-            signature = _signature_with_carrier(function)
+            signature = signature_with_carrier(function)
         except (TypeError, ValueError):
             signature = None
             logger.debug("Ray task %s: no signature; not traced", _function_name(function))
@@ -307,12 +278,12 @@ def _submit_span(span_name: str, attributes: dict) -> Any:
 
 
 def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
-    _, call_kwargs = _call_parts(args, kwargs)
+    _, call_kwargs = call_parts(args, kwargs)
     rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
     span = _submit_span(span_name, attributes)
     new_kwargs = dict(call_kwargs or {})
     new_kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
-    args, kwargs = _with_call_kwargs(args, kwargs, new_kwargs)
+    args, kwargs = with_call_kwargs(args, kwargs, new_kwargs)
     return span, args, kwargs
 
 
@@ -387,7 +358,7 @@ def _install_on_class(cls: Any) -> None:
         if not inspect.isfunction(raw) or inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
             continue
         try:
-            signature = _signature_with_carrier(raw)
+            signature = signature_with_carrier(raw)
         except (TypeError, ValueError):
             continue
         if signature is None:

@@ -87,10 +87,10 @@ def run_command_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     the fleet's memory sampler (opt-in)."""
     process = _spawn(wrapped, args, kwargs)
     try:
-        from gym_autoinstr.advice import fleet
+        from gym_autoinstr.advice import fleet_memory
 
-        if fleet.memory_sampling_on():
-            fleet.watch_server_memory(_server_name(args, kwargs), process)
+        if fleet_memory.memory_sampling_on():
+            fleet_memory.watch_server_memory(_server_name(args, kwargs), process)
     except Exception as error:
         warn_once("startup:memory", "server memory is not sampled: %r", error)
     return process

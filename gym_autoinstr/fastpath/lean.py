@@ -198,7 +198,7 @@ class LeanTracer(trace_api.Tracer):
         self.event = Event
         random = getattr(self.id_generator, "is_trace_id_random", None)
         self._random_root = bool(_RANDOM is not None and random is not None and random())
-        # how the sampler decides roots (sampling.root_decision), for the sampler it was worked out
+        # how the sampler decides roots (samplers.root_decision), for the sampler it was worked out
         # for: its fields (a mask of None: the sampler decides every root itself)
         self._roots_of: Any = _UNCHECKED
         self._root_mask: "int | None" = None
@@ -286,12 +286,12 @@ class LeanTracer(trace_api.Tracer):
         return trace_id, None
 
     def _check_keeps(self) -> None:
-        from gym_autoinstr.telemetry.sampling import keeps_under_sampled_parent
+        from gym_autoinstr.fastpath.samplers import keeps_under_sampled_parent
 
         self._keeps_of, self._keeps = self.sampler, _asked(keeps_under_sampled_parent, self.sampler, False)
 
     def _check_roots(self) -> None:
-        from gym_autoinstr.telemetry.sampling import root_decision
+        from gym_autoinstr.fastpath.samplers import root_decision
 
         decision = _asked(root_decision, self.sampler, None)
         if decision is None:

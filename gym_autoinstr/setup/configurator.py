@@ -281,7 +281,7 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
 def _configure_logs(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
     from gym_autoinstr.setup import logs
 
-    STATE.logs = logs.configure(resource, who)
+    STATE.logs = logs.configure(resource, who, otlp_protocol=_otlp_protocol)
 
 
 def _flush_at_exit() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
@@ -82,11 +82,9 @@ class _NotOurs(logging.Filter):
         return not record.name.startswith(("opentelemetry", "gym_autoinstr"))
 
 
-def _exporter(name: str, who: Any) -> Any:
+def _exporter(name: str, who: Any, otlp_protocol: Callable[[], str]) -> Any:
     if name == "otlp":
-        from gym_autoinstr.setup import configurator
-
-        protocol = (settings.OTLP_LOGS_PROTOCOL.raw() or configurator._otlp_protocol()).strip().lower()
+        protocol = (settings.OTLP_LOGS_PROTOCOL.raw() or otlp_protocol()).strip().lower()
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         else:
@@ -105,8 +103,10 @@ def _exporter(name: str, who: Any) -> Any:
     return None
 
 
-def configure(resource: Any, who: Any = None) -> bool:
-    """Set up the logger provider and the handler when logs were asked for."""
+def configure(resource: Any, who: Any = None, *, otlp_protocol: Callable[[], str]) -> bool:
+    """Set up the logger provider and the handler when logs were asked for.
+    ``otlp_protocol``: the configurator's OTLP protocol for traces, the default for logs
+    (asked only when an OTLP log exporter is made)."""
     names = requested()
     if not names:
         return False
@@ -122,7 +122,7 @@ def configure(resource: Any, who: Any = None) -> bool:
     exporters = 0
     for name in names:
         try:
-            exporter = _exporter(name, who)
+            exporter = _exporter(name, who, otlp_protocol)
         except Exception as error:
             warn_once(f"logs-exporter-error:{name}", "log exporter %r could not be created: %r", name, error)
             continue

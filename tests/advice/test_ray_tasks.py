@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gym_autoinstr.advice import ray_tasks
+from gym_autoinstr.advice import ray_carrier, ray_tasks
 
 SHADOW = pathlib.Path(__file__).resolve().parent.parent / "ray_probe" / "shadow"
 
@@ -37,7 +37,7 @@ def collides(x, _gym_autoinstr_ctx=None):
     ],
 )
 def test_the_carrier_is_one_more_keyword_only_parameter(function, call, expected):
-    signature = ray_tasks._signature_with_carrier(function)
+    signature = ray_carrier.signature_with_carrier(function)
     assert str(signature) == expected
     args, kwargs = call
     # what Ray's flatten_args does: bind the call, carrier included, against it
@@ -48,7 +48,7 @@ def test_the_carrier_is_one_more_keyword_only_parameter(function, call, expected
 
 
 def test_a_function_with_a_parameter_of_the_carriers_name_is_not_wrapped():
-    assert ray_tasks._signature_with_carrier(collides) is None
+    assert ray_carrier.signature_with_carrier(collides) is None
 
 
 def test_the_wrapper_without_a_carrier_is_the_function():
@@ -93,11 +93,16 @@ def test_no_span_and_no_carrier_when_the_ray_group_is_off(monkeypatch):
     assert seen == [{"k": 2}]
 
 
-def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(tmp_path):
+def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(tmp_path, monkeypatch):
     """Ray's actor subclass with our wrappers (``__init__`` and methods), pickled as Ray
     pickles it, in a Python without our package: the actor works and says so once."""
     ray_cloudpickle = pytest.importorskip("ray.cloudpickle")
     from ray.actor import _modify_class
+
+    from gym_autoinstr import instrumentor
+    from gym_autoinstr.advice import ray_actor
+
+    monkeypatch.setattr(ray_actor, "_init_wrapper", instrumentor.init_wrapper)  # what instrumenting hands over
 
     class Actor:  # defined here so it pickles by value, as a driver's actor does
         def __init__(self, x):
@@ -222,7 +227,7 @@ def test_a_ray_client_stub_of_a_traced_function_gets_the_carrier(ray_on, spans):
     from ray.util.client.common import ClientRemoteFunc
 
     wrapper = ray_tasks.carrier_wrapper(plain)
-    wrapper.__signature__ = ray_tasks._signature_with_carrier(plain)
+    wrapper.__signature__ = ray_carrier.signature_with_carrier(plain)
     seen: list = []
     # what Ray's client makes of a RemoteFunction that already took the carrier wrapper
     assert ray_tasks.client_call_advice(_recorder(seen), ClientRemoteFunc(wrapper), (7,), {}) == "ref"
