@@ -62,7 +62,7 @@ def _close_gyms_client() -> None:
     server_utils = sys.modules.get("nemo_gym.server_utils")
     client = getattr(server_utils, "_GLOBAL_AIOHTTP_CLIENT", None)
     if client is not None:
-        from tests.servers import run_async
+        from tests.harness.servers import run_async
 
         run_async(client.close())
         server_utils._GLOBAL_AIOHTTP_CLIENT = None
