@@ -1,7 +1,8 @@
 """Shared fixtures.
 
 In-process tests share one SDK provider that records into memory; the real-process
-tests (``tests/realgym``) use the harness in ``tests/harness`` instead.
+tests (``test_realgym_*.py``, in any folder, marked ``realgym``) use the harness in
+``tests/harness`` instead; the programs they run are in ``tests/fixtures``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,30 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+REALGYM_PREFIX = "test_realgym_"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: every collected test is checked
+def pytest_collection_modifyitems(config, items):
+    """The ``realgym`` marker and the file name agree: a test that starts real Gym processes
+    is marked ``realgym`` and lives in a ``test_realgym_*.py`` file, and every test in such a
+    file is marked (``pytestmark = pytest.mark.realgym``).  A mismatch fails the collection:
+    ``-m "not realgym"`` would otherwise run a real fleet, or skip an in-process test."""
+    wrong = []
+    for item in items:
+        named = item.path.name.startswith(REALGYM_PREFIX)
+        marked = item.get_closest_marker("realgym") is not None
+        if named and not marked:
+            wrong.append(f"{item.nodeid}: in a {REALGYM_PREFIX}*.py file but not marked realgym")
+        elif marked and not named:
+            wrong.append(f"{item.nodeid}: marked realgym but not in a {REALGYM_PREFIX}*.py file")
+    if wrong:
+        raise pytest.UsageError(
+            "the realgym marker and the file names disagree (mark the whole module with "
+            "`pytestmark = pytest.mark.realgym` and name it test_realgym_*.py, or move the "
+            "test):\n  " + "\n  ".join(wrong)
+        )
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +87,7 @@ def _close_gyms_client() -> None:
     server_utils = sys.modules.get("nemo_gym.server_utils")
     client = getattr(server_utils, "_GLOBAL_AIOHTTP_CLIENT", None)
     if client is not None:
-        from tests.servers import run_async
+        from tests.harness.servers import run_async
 
         run_async(client.close())
         server_utils._GLOBAL_AIOHTTP_CLIENT = None

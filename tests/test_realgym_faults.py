@@ -41,7 +41,7 @@ pytestmark = pytest.mark.realgym
 
 VERSION = "0.4.0"
 SERVERS = (RESOURCES, AGENT, MODEL)
-FAULT_EXPORTER = pathlib.Path(__file__).resolve().parent / "fault_exporter"
+FAULT_EXPORTER = pathlib.Path(__file__).resolve().parent / "fixtures" / "fault_exporter"
 FAULT_MESSAGE = "fault-exporter: export refused"
 
 # Lines of the SDK's own export complaints, per signal (HTTP and gRPC exporters).

@@ -12,7 +12,7 @@ field in field-number order, with the SDK encoder's choices: which empty fields 
 directly, so a span can be encoded the moment it ends and then freed.  Only the wire
 format is needed: varints, fixed64/fixed32 and length-delimited fields.
 
-``tests/pipeline/test_wire.py`` checks the output byte for byte against the SDK's encoder.
+``tests/fastpath/test_wire.py`` checks the output byte for byte against the SDK's encoder.
 """
 
 from __future__ import annotations

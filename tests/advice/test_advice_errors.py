@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from gym_autoinstr.advice import egress, ingress
 from gym_autoinstr._log import forget_said
 from gym_autoinstr.advice.ingress import instrument_app
-from tests.servers import post_json, run_async, serve
+from tests.harness.servers import post_json, run_async, serve
 
 pytest.importorskip("nemo_gym")
 

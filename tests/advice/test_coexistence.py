@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from gym_autoinstr.advice import coexistence
 from gym_autoinstr.advice.ingress import instrument_app
-from tests.servers import run_async, serve
+from tests.harness.servers import run_async, serve
 
 pytest.importorskip("nemo_gym")
 

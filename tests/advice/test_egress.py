@@ -6,7 +6,7 @@ import pytest
 from fastapi import FastAPI, Request
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.servers import run_async, serve
+from tests.harness.servers import run_async, serve
 
 pytest.importorskip("nemo_gym")
 
@@ -110,7 +110,7 @@ def test_retries_stay_inside_one_span_with_resend_count(instrumented, spans):
     import socket
     import threading
 
-    from tests.servers import free_port
+    from tests.harness.servers import free_port
 
     port = free_port()
     listener = socket.socket()

@@ -11,7 +11,7 @@ from opentelemetry import baggage
 from opentelemetry.trace import SpanKind
 
 from gym_autoinstr.advice.ingress import instrument_app
-from tests.servers import serve
+from tests.harness.servers import serve
 
 GOOD_TRACE = "0af7651916cd43dd8448eb211c80319c"
 GOOD = f"00-{GOOD_TRACE}-b7ad6b7169203331-01"

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_autoinstr.advice.ingress import instrument_app
-from tests.servers import post_json, serve
+from tests.harness.servers import post_json, serve
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 
 from gym_autoinstr._log import forget_said
 from gym_autoinstr.advice import job
-from tests.servers import run_async, serve
+from tests.harness.servers import run_async, serve
 
 pytest.importorskip("nemo_gym")
 

@@ -14,7 +14,7 @@ import pytest
 
 from gym_autoinstr.advice import ray_carrier, ray_tasks
 
-SHADOW = pathlib.Path(__file__).resolve().parent.parent / "ray_probe" / "shadow"
+SHADOW = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ray_probe" / "shadow"
 
 
 def positional_only(a, /, b, *, c=0):

@@ -4,7 +4,7 @@ One two-node Ray cluster (head + a second ``ray start --address`` node, all on l
 started under ``opentelemetry-instrument`` as Gym's ``initialize_ray()`` would be) and one
 collector serve the module.  A Gym-style process (``NEMO_GYM_CONFIG_PATH`` set, so it is a
 Gym server to gym-autoinstr) submits tasks in the shapes Gym's servers use
-(``tests/ray_probe``): plain, code_gen's SPREAD + ``runtime_env`` replacing
+(``tests/fixtures/ray_probe``): plain, code_gen's SPREAD + ``runtime_env`` replacing
 ``PYTHONPATH``, a raising task, positional-only / keyword-only / ``*args, **kwargs``,
 ``.options(...)``, ``num_returns``, a generator, a parameter named like the carrier, and a
 worker whose interpreter cannot import gym-autoinstr.  Idle workers are reaped at once
@@ -13,7 +13,7 @@ a task's end can deliver a worker's spans.
 
 On the same cluster: Gym's real ``code_gen`` (0.4.0, joined through
 ``ray_head_node_address``), a Gym server of our own whose verify calls long-lived actors
-(``tests/ray_scorer``), and that server again with every Gym process in Ray client mode
+(``tests/fixtures/ray_scorer``), and that server again with every Gym process in Ray client mode
 (``ray://``, the head's client server).  Gym 0.7.0's ``code_gen`` starts a cluster of its own.
 """
 
@@ -37,7 +37,7 @@ from tests.harness.trio import AGENT, CODE_ANSWER, ENVIRONMENT, MODEL, GymTrio, 
 
 pytestmark = pytest.mark.realgym
 
-PROBE = pathlib.Path(__file__).resolve().parent.parent / "ray_probe"
+PROBE = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ray_probe"
 SERVER = "ray_probe"
 SUBMITTER = f"nemo-gym/{SERVER}"
 WORKER = f"nemo-gym/{SERVER}/ray"
@@ -45,7 +45,7 @@ CODE_GEN = "nemo-gym/code_gen"
 CODE_GEN_WORKER = "nemo-gym/code_gen/ray"
 GYM_SERVICES = {f"nemo-gym/{name}" for name in (AGENT, MODEL, ENVIRONMENT, "orchestrator")}
 TRACED = ["double", "check_correctness", "raises", "positional_only", "star", "pair"]
-SCORER_SOURCE = pathlib.Path(__file__).resolve().parent.parent / "ray_scorer"
+SCORER_SOURCE = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ray_scorer"
 
 
 def _run_probe(venv: pathlib.Path, cluster: RayCluster, env: dict, workdir: pathlib.Path) -> tuple[dict, str]:
@@ -77,7 +77,7 @@ def module_collector(tmp_path_factory):
 def cluster(venv, module_collector, tmp_path_factory):
     """Two Ray nodes, shared by the module; idle workers reaped at once.  The head also
     runs Ray's client server (``ray://``), whose drivers import the actor classes of
-    tests/ray_scorer from the cluster's PYTHONPATH (client mode ships no code)."""
+    tests/fixtures/ray_scorer from the cluster's PYTHONPATH (client mode ships no code)."""
     workdir = tmp_path_factory.mktemp("ray")
     env = dict(otel_env(module_collector, "http/protobuf"), PYTHONPATH=str(SCORER_SOURCE))
     cluster = RayCluster(venv, workdir, env, num_cpus=1, client_server=True, raylet_env={
@@ -389,7 +389,7 @@ def test_code_gen_07_rollouts_continue_into_the_ray_worker_gym_started(code_gen_
     assert {service_of(s) for s in spans} <= {CODE_GEN, CODE_GEN_WORKER, *GYM_SERVICES}
 
 
-# --- long-lived Ray actors called from a Gym server (tests/ray_scorer) -----------------
+# --- long-lived Ray actors called from a Gym server (tests/fixtures/ray_scorer) ---------
 #
 # A resources server in the style of Gym's actor-based verifiers, started by the real
 # `gym env start` and joined to the two-node cluster: its /verify creates (once) a plain,

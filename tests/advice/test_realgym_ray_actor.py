@@ -2,7 +2,7 @@
 
 One two-node Ray cluster (started under ``opentelemetry-instrument``, on loopback, so its
 daemons and workers inherit the sitecustomize) and one collector serve the module.  A
-driver under ``opentelemetry-instrument`` (``tests/ray_actor/driver.py``) does what NeMo
+driver under ``opentelemetry-instrument`` (``tests/fixtures/ray_actor/driver.py``) does what NeMo
 RL's ``NemoGym`` actor does with Gym's real API: two actors, one per node, each start
 their own example trio from inside the actor (``RunHelper().start(...)`` with
 ``ray_head_node_address`` set to this cluster, its own head-server port, Gym's aiohttp
@@ -46,7 +46,7 @@ from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio, Po
 
 pytestmark = pytest.mark.realgym
 
-DRIVER = pathlib.Path(__file__).resolve().parent.parent / "ray_actor" / "driver.py"
+DRIVER = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ray_actor" / "driver.py"
 GENERIC_STACK = [
     "opentelemetry-distro",
     "opentelemetry-instrumentation-fastapi",

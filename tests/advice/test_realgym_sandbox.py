@@ -30,7 +30,7 @@ pytestmark = pytest.mark.realgym
 VERSION = "0.7.0"
 SANDBOX_EXTRAS = ["opensandbox>=1.1", "tenacity>=9.1.4"]  # nemo-gym[sandbox]'s, for this provider
 FAILED_CREATES = 2
-DRIVER = Path(__file__).resolve().parent.parent / "sandbox_retry" / "drive.py"
+DRIVER = Path(__file__).resolve().parent.parent / "fixtures" / "sandbox_retry" / "drive.py"
 
 
 class OpenSandboxApi(ThreadingHTTPServer):

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.advice.ingress import instrument_app
-from tests.servers import run_async, serve
+from tests.harness.servers import run_async, serve
 
 SECRET = "SECRET_PROMPT_TEXT"
 

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_autoinstr.telemetry import groups
-from tests.servers import run_async
+from tests.harness.servers import run_async
 
 pytest.importorskip("nemo_gym.sandbox.api")
 

@@ -60,14 +60,14 @@ RESOURCES_CONFIGS: dict[str, dict[str, Any]] = {
     # the row's unit tests in a Ray task (SPREAD, runtime_env replacing PYTHONPATH).
     "code_gen": {"domain": "coding", "verified": False, "description": "code_gen",
                  "num_processes": 4, "unit_test_timeout_secs": 30, "debug": False},
-    # A test server in the style of Gym's actor-based verifiers (tests/ray_scorer): its
+    # A test server in the style of Gym's actor-based verifiers (tests/fixtures/ray_scorer): its
     # verify calls long-lived Ray actors (plain, threaded, async).
     "ray_scorer": {"domain": "other", "verified": False, "description": "ray_scorer"},
 }
 # Resources servers that are not Gym's: their source directory, copied into the working
 # directory as resources_servers/<name> (where `gym env start` looks first).
 LOCAL_RESOURCES: dict[str, pathlib.Path] = {
-    "ray_scorer": pathlib.Path(__file__).resolve().parents[1] / "ray_scorer",
+    "ray_scorer": pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "ray_scorer",
 }
 # A ray_scorer task row; `fail` ("await" or "get") makes its verify also call an actor
 # method that raises, and wait for it that way.

@@ -17,7 +17,7 @@ from gym_autoinstr.advice.ingress import instrument_app
 from gym_autoinstr.telemetry import metrics, runtime
 from gym_autoinstr.advice import pool
 from tests.advice.test_routes import _agent, _model, _post, _resources
-from tests.servers import post_json, run_async, serve
+from tests.harness.servers import post_json, run_async, serve
 
 
 @pytest.fixture(scope="session")

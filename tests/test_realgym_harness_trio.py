@@ -15,6 +15,8 @@ import pytest
 from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 
+pytestmark = pytest.mark.realgym
+
 VERSIONS = ["0.4.0", "0.7.0"]
 
 
@@ -29,7 +31,6 @@ def _check_result(result: dict) -> None:
     assert output[-1]["type"] == "message" and output[-1]["role"] == "assistant"
 
 
-@pytest.mark.realgym
 @pytest.mark.parametrize("version", VERSIONS)
 def test_bare_trio_rollout(version, tmp_path, policy_model):
     venv = gym_venv(version, with_project=False)
