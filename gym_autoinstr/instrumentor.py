@@ -30,7 +30,7 @@ from gym_autoinstr.telemetry import groups
 
 from gym_autoinstr.setup import identity
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.patching import PatchSet
+from gym_autoinstr.patching import PatchSet, restore_process_patches
 from gym_autoinstr.pointcuts import POINTCUTS, Pointcut
 
 
@@ -102,10 +102,8 @@ class GymInstrumentor(BaseInstrumentor):
         return True
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from gym_autoinstr.advice import concurrency
-
         self.patches.remove_all()
-        concurrency.restore()
+        restore_process_patches()  # pointcuts.PROCESS_PATCHES: encode_spans, aiohttp hooks, semaphore classes
         if hasattr(self, "ray_worker_patches"):
             self.ray_worker_patches.remove_all()
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import wrapt
 
+from gym_autoinstr import _footprint
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.pointcuts import Pointcut
+from gym_autoinstr.pointcuts import Pointcut, ProcessPatch
 
 
 @dataclass
@@ -225,3 +226,46 @@ def _rebind_copies(patch: AppliedPatch) -> None:
             len(patch.copies),
             ", ".join(f"{m.__name__}.{a}" for m, a in patch.copies),
         )
+
+
+# -- process-wide patches (pointcuts.PROCESS_PATCHES) -------------------------------------
+# Applied where their moment comes, by name, through ``_footprint`` (code below the map
+# cannot import this module); a row with a ``pointcut`` is applied by that row's PatchSet.
+
+
+def restore_process_patches() -> list[str]:
+    """Put back everything the ``PROCESS_PATCHES`` rows replaced in this process, by
+    identity; a patch still in use by our pipeline is restored when that use ends.  The
+    names of the rows restored now."""
+    return _footprint.restore_all()
+
+
+def applied_process_patches() -> dict[str, int]:
+    """Row name -> how many of its patches are in place in this process."""
+    return _footprint.applied()
+
+
+def resolve_process_target(row: ProcessPatch) -> Any:
+    """What ``row`` replaces as the installed libraries define it (a class for a row whose
+    attribute is an instance attribute that the class's ``__init__`` sets); raises
+    ``LookupError`` (``ImportError`` for a missing module) where it is absent."""
+    import importlib
+
+    owner: Any = importlib.import_module(row.module)
+    *path, name = row.attribute.split(".")
+    for part in path:
+        try:
+            owner = getattr(owner, part)
+        except AttributeError:
+            raise LookupError(f"no {part!r} in {getattr(owner, '__name__', owner)!r}") from None
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if name in vars(klass):
+                return vars(klass)[name]
+        init = getattr(owner.__init__, "__code__", None)
+        if row.scope == "instances" and init is not None and name in init.co_names:
+            return owner  # set on each instance by __init__
+        raise LookupError(f"no attribute {name!r} on {owner.__name__}")
+    if name not in vars(owner):
+        raise LookupError(f"no attribute {name!r} in {getattr(owner, '__name__', owner)!r}")
+    return vars(owner)[name]

@@ -2,7 +2,9 @@
 
 Reading this table tells the whole footprint of the instrumentor: which module and
 attribute, the advice applied, the Gym versions it exists in, and the span group it
-serves.  ``instrumentor.py`` applies it through post-import hooks; ``gym-autoinstr
+serves; ``PROCESS_PATCHES`` (below) adds the patches applied at other moments that
+every user in the process shares (the OTLP exporter module's ``encode_spans``, hooks on
+Gym's aiohttp session, the class of Gym's semaphores, ...).  ``instrumentor.py`` applies it through post-import hooks; ``gym-autoinstr
 doctor`` prints it against the installed Gym.
 
 Advice functions have wrapt's wrapper signature ``(wrapped, instance, args, kwargs)``.
@@ -484,6 +486,184 @@ RAY_WORKER_POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.2.0+",
         group=None,
         purpose="a Ray worker that runs a rollout collection is Gym's orchestrator",
+    ),
+)
+
+
+
+@dataclass(frozen=True)
+class ProcessPatch:
+    """A patch outside ``POINTCUTS`` that changes something every user in the process
+    shares: an attribute of another library's module, or of Gym's objects of another
+    library's class.  Applied where its moment comes, through ``_footprint`` (by
+    ``name``), restored by ``GymInstrumentor.uninstrument()``; a row with ``pointcut``
+    is applied and restored as that pointcut row."""
+
+    name: str
+    module: str
+    attribute: str  # dotted path inside the module, as for a Pointcut
+    replaced_by: str  # what stands there while it is applied
+    purpose: str  # why
+    applied_by: str  # which module and function
+    when: str  # at which moment of a Gym process
+    restore: str  # how uninstrument undoes it
+    scope: str = "process"  # "process": every caller in the process; "instances": Gym's objects of that class
+    pointcut: "str | None" = None  # applied and restored as this POINTCUTS row (patching.PatchSet)
+    reversible: bool = True  # uninstrument restores it (False: the row says why not)
+    optional: bool = False  # the target is missing from some supported environments
+
+
+_AIOHTTP_HOOK_WHEN = ("when Gym's set_global_aiohttp_client makes its session (egress.pool pointcut), on an aiohttp "
+                      "whose methods have the names and parameters the hooks expect (3.14 does), "
+                      "GYM_AUTOINSTR_AIOHTTP_HOOKS not 0")
+_AIOHTTP_HOOK_RESTORE = "uninstrument deletes the instance attribute: the class's own method shows through again"
+
+# Every process-wide patch, as data, beside the pointcut rows (``gym-autoinstr doctor``
+# prints both; ``tests/test_process_patches.py`` resolves these and restores them).
+PROCESS_PATCHES: tuple[ProcessPatch, ...] = (
+    ProcessPatch(
+        name="otlp.http.encode_spans",
+        module="opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        attribute="encode_spans",
+        replaced_by="a function that passes a batch already in wire form (fastpath.batching.EncodedBatch) "
+        "through and calls the original for anything else",
+        purpose="our encoding span processor hands the SDK's OTLP/HTTP span exporter spans already encoded; the "
+        "exporter keeps its endpoint, headers, TLS, compression, timeout and retry",
+        applied_by="fastpath/batching.py accepts_encoded (make_processor)",
+        when="configuration, when the pipeline puts our encoding span processor in front of this exporter "
+        "(GYM_AUTOINSTR_ENCODE_ON_END not 0)",
+        restore="uninstrument puts the original back; while an encoding span processor of ours still exports "
+        "through it, at that processor's shutdown",
+    ),
+    ProcessPatch(
+        name="otlp.grpc.encode_spans",
+        module="opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+        attribute="encode_spans",
+        replaced_by="a function that parses a batch already in wire form into an ExportTraceServiceRequest and "
+        "calls the original for anything else",
+        purpose="as otlp.http.encode_spans, for the SDK's OTLP/gRPC span exporter",
+        applied_by="fastpath/batching.py accepts_encoded (make_processor)",
+        when="configuration, when the pipeline puts our encoding span processor in front of this exporter "
+        "(GYM_AUTOINSTR_ENCODE_ON_END not 0)",
+        restore="as otlp.http.encode_spans",
+        optional=True,  # the gRPC exporter is an optional install
+    ),
+    ProcessPatch(
+        name="aiohttp.session_request",
+        module="aiohttp",
+        attribute="ClientSession._request",
+        replaced_by="an instance attribute on Gym's one client session: the session's own _request, counting "
+        "retries (gym.http.retry_total) and timeouts (gym.http.timeout_total) of its attempts",
+        purpose="retry and timeout metrics at about 1 us a request, where aiohttp's TraceConfig costs about 15",
+        applied_by="advice/pool.py attach (egress.pool advice)",
+        when=_AIOHTTP_HOOK_WHEN,
+        restore=_AIOHTTP_HOOK_RESTORE,
+        scope="instances",
+        optional=True,
+    ),
+    ProcessPatch(
+        name="aiohttp.connector_wait",
+        module="aiohttp",
+        attribute="BaseConnector._wait_for_available_connection",
+        replaced_by="an instance attribute on the connector of Gym's session: its own method, timing the wait "
+        "(gym.http.connection_pool.queue_duration_ms)",
+        purpose="connection-pool waits by destination server, one record per acquisition that waited",
+        applied_by="advice/pool.py attach (egress.pool advice)",
+        when=_AIOHTTP_HOOK_WHEN,
+        restore=_AIOHTTP_HOOK_RESTORE,
+        scope="instances",
+        optional=True,
+    ),
+    ProcessPatch(
+        name="aiohttp.connector_create",
+        module="aiohttp",
+        attribute="BaseConnector._create_connection",
+        replaced_by="an instance attribute on the connector of Gym's session: its own method, counting the "
+        "connections it opens (gym.http.connection_pool.connect_total)",
+        purpose="new connections by destination server",
+        applied_by="advice/pool.py attach (egress.pool advice)",
+        when=_AIOHTTP_HOOK_WHEN,
+        restore=_AIOHTTP_HOOK_RESTORE,
+        scope="instances",
+        optional=True,
+    ),
+    ProcessPatch(
+        name="aiohttp.trace_config",
+        module="aiohttp",
+        attribute="ClientSession._trace_configs",
+        replaced_by="our frozen TraceConfig, appended to the list of Gym's session",
+        purpose="the same pool, connection, retry and timeout metrics where the hooks cannot go",
+        applied_by="advice/pool.py attach (egress.pool advice)",
+        when="when Gym's set_global_aiohttp_client makes its session, on an aiohttp the hooks do not fit, or "
+        "GYM_AUTOINSTR_AIOHTTP_HOOKS=0",
+        restore="uninstrument removes it from the session's list",
+        scope="instances",
+    ),
+    ProcessPatch(
+        name="aiohttp.session_attempts",
+        module="aiohttp",
+        attribute="ClientSession.request",
+        replaced_by="an instance attribute on Gym's one client session: its own request, adding one to the "
+        "attempt count of the traced request's CLIENT span",
+        purpose="http.request.resend_count on the CLIENT span around Gym's retries",
+        applied_by="advice/pool.py count_attempts (egress.pool advice)",
+        when="when Gym's set_global_aiohttp_client makes its session (egress.pool pointcut)",
+        restore=_AIOHTTP_HOOK_RESTORE,
+        scope="instances",
+    ),
+    ProcessPatch(
+        name="asyncio.semaphore_class",
+        module="asyncio",
+        attribute="Semaphore",
+        replaced_by="the __class__ of each asyncio semaphore found on a Gym server about to serve: a subclass of "
+        "its own class whose acquire times only acquisitions that wait",
+        purpose="gym.concurrency.queue_wait_duration_ms without a cost on a free acquisition",
+        applied_by="advice/concurrency.py watch_server (ingress.limits advice), then each metrics collection",
+        when="first server start: in each process that serves, from the moment it is about to serve; "
+        "semaphores the server makes later, at the next collection",
+        restore="uninstrument gives every observed semaphore still alive its own class back and stops looking at "
+        "the servers (semaphores are held weakly: one already gone needs nothing)",
+        scope="instances",
+    ),
+    ProcessPatch(
+        name="asyncio.wrap_future",
+        module="asyncio",
+        attribute="wrap_future",
+        replaced_by="a wrapt wrapper (the target of ray.await_error is ray._raylet's asyncio: the asyncio module "
+        "itself, so every caller in the process goes through it)",
+        purpose="`await ref` of a failed Ray task marks the awaiter's current span ERROR",
+        applied_by="patching.PatchSet, as the pointcut row ray.await_error",
+        when="instrumentation, once ray._raylet is imported",
+        restore="uninstrument removes it with the pointcut rows",
+        pointcut="ray.await_error",
+    ),
+    ProcessPatch(
+        name="ray.task_function",
+        module="ray.remote_function",
+        attribute="RemoteFunction._function",
+        replaced_by="the carrier wrapper, on each RemoteFunction whose task a Gym process submits",
+        purpose="the trace context rides to the worker in one keyword argument",
+        applied_by="advice/ray_tasks.py (ray.task advice), at the task's first submission",
+        when="instrumentation: a Gym process's first submission of each task",
+        restore="not restored: Ray has pickled the wrapper for its workers already; once uninstrumented no "
+        "carrier is sent, and without one the wrapper calls the task's function as it is",
+        scope="instances",
+        pointcut="ray.task",
+        reversible=False,
+    ),
+    ProcessPatch(
+        name="ray.actor_methods",
+        module="ray.actor",
+        attribute="_modify_class",
+        replaced_by="the carrier wrapper, on the methods and __init__ of the subclass Ray makes of an actor class "
+        "a Gym process creates (never the user's class)",
+        purpose="an actor's methods and creation take the trace context and exporter settings",
+        applied_by="advice/ray_tasks.py modify_class_advice and advice/ray_actor.py install_init (ray.actor advice)",
+        when="instrumentation: when Ray makes the actor class",
+        restore="not restored, as ray.task_function: inert without a carrier",
+        scope="instances",
+        pointcut="ray.actor",
+        reversible=False,
     ),
 )
 

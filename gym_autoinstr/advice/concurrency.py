@@ -53,6 +53,7 @@ from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 
+from gym_autoinstr import _footprint
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 
@@ -81,6 +82,7 @@ _state = _ConcurrencyState()
 _subclasses: dict[type, type] = {}
 _ATTRIBUTES = "_gym_autoinstr_concurrency"
 _BASE = "_gym_autoinstr_base"
+PATCH = "asyncio.semaphore_class"  # its row in pointcuts.PROCESS_PATCHES
 RESCAN_SECONDS = 1.0  # at most one look at the servers per collection (four gauges read them)
 
 
@@ -235,6 +237,7 @@ def watch_server(server: Any, server_name: str) -> int:
     try:
         with _start_lock:  # never under _lock: the SDK calls our gauges under a lock of its own
             _start()  # the gauges exist from now on: their collections look at the server again
+        _footprint.record(PATCH, _restore)  # pointcuts.PROCESS_PATCHES: uninstrument calls it
         with _lock:
             if not any(ref() is server for ref, _ in _servers):
                 _servers.append((_reference(server), server_name))
@@ -252,7 +255,13 @@ def _reference(server: Any) -> Any:
 
 
 def restore() -> None:
-    """Give every observed semaphore its own class back (uninstrument, tests)."""
+    """Give every observed semaphore its own class back (tests; uninstrument restores
+    it through ``_footprint``)."""
+    _footprint.discard(PATCH)
+    _restore()
+
+
+def _restore() -> None:
     with _lock:
         for ref, _, _ in _sites:
             semaphore = ref()

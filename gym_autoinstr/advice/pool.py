@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gym_autoinstr import settings
+from gym_autoinstr import _footprint, settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 
@@ -305,10 +305,10 @@ def _hook(session: Any) -> None:
         return made
 
     # Instance attributes, past ClientSession's debug-mode __setattr__ warning: other
-    # sessions and connectors in the process are not touched.
-    object.__setattr__(connector, "_wait_for_available_connection", _wait_for_available_connection)
-    object.__setattr__(connector, "_create_connection", _create_connection)
-    object.__setattr__(session, "_request", _request)
+    # sessions and connectors in the process are not touched (rows of pointcuts.PROCESS_PATCHES).
+    _footprint.apply("aiohttp.connector_wait", connector, "_wait_for_available_connection", _wait_for_available_connection)
+    _footprint.apply("aiohttp.connector_create", connector, "_create_connection", _create_connection)
+    _footprint.apply("aiohttp.session_request", session, "_request", _request)
 
 
 def _url(str_or_url: Any) -> Any:
@@ -343,7 +343,7 @@ def count_attempts(session: Any) -> None:
         return request(*args, **kwargs)
 
     # An instance attribute, past ClientSession's debug-mode __setattr__ warning
-    object.__setattr__(session, "request", counted)
+    _footprint.apply("aiohttp.session_attempts", session, "request", counted)
 
 
 def attach(session: Any) -> bool:
@@ -360,4 +360,5 @@ def attach(session: Any) -> bool:
     config = trace_config()
     if config not in configs:
         configs.append(config)
+        _footprint.record("aiohttp.trace_config", lambda: config in configs and configs.remove(config), owner=session)
     return True

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
 
+from gym_autoinstr import _footprint
 from gym_autoinstr.fastpath import wire
 from gym_autoinstr.settings import ENCODE_ON_END
 from gym_autoinstr._log import logger, warn_once
@@ -90,9 +91,21 @@ def _hook_module(module: Any, parse: bool) -> bool:
             return original(spans)
 
     encode_spans.__wrapped__ = original  # type: ignore[attr-defined]
-    module.encode_spans = encode_spans
+    name = "otlp.grpc.encode_spans" if parse else "otlp.http.encode_spans"  # pointcuts.PROCESS_PATCHES
+    _footprint.apply(
+        name, module, "encode_spans", encode_spans, busy=_exporting, on_restore=lambda: _HOOKED.pop(module.__name__, None)
+    )
     _HOOKED[module.__name__] = True
     return True
+
+
+# Our encoding processors not shut down: while one lives, the exporter modules' hooks stay
+# (a batch of bytes through the original encode_spans would export nothing).
+_LIVE: "weakref.WeakSet[EncodingSpanProcessor]" = weakref.WeakSet()
+
+
+def _exporting() -> bool:
+    return any(not processor._shutdown for processor in list(_LIVE))
 
 
 def _calls_encode_spans(function: Any) -> bool:
@@ -160,6 +173,7 @@ class EncodingSpanProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
         self._thread: "threading.Thread | None" = None
+        _LIVE.add(self)
         self._start_thread()
         if hasattr(os, "register_at_fork"):
             ref = weakref.WeakMethod(self._after_fork)
@@ -329,6 +343,7 @@ class EncodingSpanProcessor(SpanProcessor):
             self._exporter.shutdown()
         except Exception as error:
             logger.debug("span exporter shutdown failed: %r", error)
+        _footprint.restore_pending()  # an encode_spans hook uninstrument left for us
 
 
 try:

@@ -11,13 +11,14 @@ process would.
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from gym_autoinstr.pointcuts import POINTCUTS, version_applies
+from gym_autoinstr.pointcuts import POINTCUTS, PROCESS_PATCHES, version_applies
 from tests.harness.gym_targets import clean_environment
 
 HTTP_EXPORTER = "opentelemetry.exporter.otlp.proto.http"
@@ -99,6 +100,28 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     (local,) = [p for p in problems(report, "info", "server venvs") if "from a path on this machine" in p["problem"]]
     assert "GYM_AUTOINSTR_SERVER_REQUIREMENT" in local["fix"]
     assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
+
+
+def test_the_process_wide_patches_are_listed_after_the_pointcuts(tmp_path):
+    """Every PROCESS_PATCHES row, whether its target exists here, and whether it is applied in
+    the doctor's own process (never: it configures no pipeline and makes no Gym session)."""
+    here = str(pathlib.Path(__file__).resolve().parents[2])  # this checkout's package, whatever is installed
+    _, report, _ = doctor(tmp_path, pythonpath=here)
+    rows = {row["name"]: row for row in report["process_patches"]}
+    assert list(rows) == [row.name for row in PROCESS_PATCHES]
+    assert {name: (row["resolved"], row["applied_here"]) for name, row in rows.items()} == {
+        row.name: (True, 0) for row in PROCESS_PATCHES
+    }
+    assert rows["asyncio.wrap_future"]["pointcut"] == "ray.await_error"
+    _, text, _ = doctor(tmp_path, prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, pythonpath=here, as_json=False)
+    listed = text.split("\nprocess-wide patches", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    names = [line.split()[0] for line in listed if not line.startswith("    ")]
+    assert names == [row.name for row in PROCESS_PATCHES]
+    assert text.index("\npointcuts\n") < text.index("\nprocess-wide patches")
+    (grpc,) = [line for line in listed if line.startswith("  otlp.grpc.encode_spans ")]
+    assert "absent: " in grpc and GRPC_EXPORTER in grpc
+    (semaphores,) = [i for i, line in enumerate(listed) if line.startswith("  asyncio.semaphore_class ")]
+    assert "advice/concurrency.py watch_server" in listed[semaphores + 1]
 
 
 def test_a_configured_collector_is_reached_over_the_otlp_exporter(tmp_path):

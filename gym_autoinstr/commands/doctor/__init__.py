@@ -24,7 +24,7 @@ from dataclasses import asdict
 from typing import Any, Mapping
 
 from gym_autoinstr.commands.doctor.exporters import exporters, signal_exporters
-from gym_autoinstr.commands.doctor.installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, resolve_pointcuts
+from gym_autoinstr.commands.doctor.installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, process_patches, resolve_pointcuts
 from gym_autoinstr.commands.doctor.native import native_telemetry
 from gym_autoinstr.commands.doctor.pipeline import pipeline
 from gym_autoinstr.commands.doctor.ray import ray_propagation
@@ -48,6 +48,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
     gym, problems = gym_section(version)
     report = resolve_pointcuts(version)
     problems += pointcut_problems(version, report)
+    process_rows = process_patches()
     start, effective, found = startup(environ)
     problems += found
     exporter_rows, found = exporters(effective, start["configurator"]["selected"])
@@ -79,6 +80,7 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
         "python": sys.version.split()[0],
         "gym": gym,
         "pointcuts": report,
+        "process_patches": process_rows,
         "startup": start,
         "exporters": exporter_rows,
         "metric_exporters": metric_rows,

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
-from gym_autoinstr.pointcuts import POINTCUTS, Pointcut, gym_release, version_applies
+from gym_autoinstr.pointcuts import POINTCUTS, PROCESS_PATCHES, Pointcut, gym_release, version_applies
 from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
 
 # Top-level packages the nemo-gym distribution ships (0.2.0 - 0.7.0).
@@ -167,6 +167,45 @@ def resolve_pointcuts(gym_version: "str | None", pointcuts: "tuple[Pointcut, ...
             }
         )
     return report
+
+
+def process_patches() -> list[dict[str, Any]]:
+    """The process-wide patches (``pointcuts.PROCESS_PATCHES``): whether each target exists
+    in this environment, and whether it is applied in this process (the doctor's own: in
+    a Gym process they apply at the moment each row's ``when`` says)."""
+    from gym_autoinstr.patching import applied_process_patches, resolve_process_target
+
+    here = applied_process_patches()
+    rows = []
+    for row in PROCESS_PATCHES:
+        try:
+            with _scratch_directory():
+                resolve_process_target(row)
+            reason = None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
+            reason = f"{type(error).__name__}: {error}"
+        rows.append(
+            {
+                "name": row.name,
+                "module": row.module,
+                "attribute": row.attribute,
+                "scope": row.scope,
+                "replaced_by": row.replaced_by,
+                "purpose": row.purpose,
+                "applied_by": row.applied_by,
+                "when": row.when,
+                "restore": row.restore,
+                "pointcut": row.pointcut,
+                "reversible": row.reversible,
+                "optional": row.optional,
+                "resolved": reason is None,
+                "reason": reason,
+                "applied_here": here.get(row.name, 0),
+            }
+        )
+    return rows
 
 
 def pointcut_problems(gym_version: "str | None", report: list[dict[str, Any]]) -> list[Problem]:

@@ -35,6 +35,23 @@ def render(diagnosis: dict[str, Any]) -> str:
         else:
             state = f"MISSING: {row['reason']}"
         lines.append(f"  {row['name']:<22} {row['module']}.{row['attribute']}  [{row['versions']}]  {state}")
+    process_rows = diagnosis.get("process_patches") or []
+    if process_rows:
+        lines.append("")
+        lines.append("process-wide patches (applied in Gym processes at the moment shown; restored by uninstrument)")
+    for row in process_rows:
+        if not row["resolved"]:
+            found = f"{'absent' if row['optional'] else 'MISSING'}: {row['reason']}"
+        elif row["applied_here"]:
+            found = f"applied in this process ({row['applied_here']})"
+        else:
+            found = "present"
+        target = f"{row['module']}.{row['attribute']}" + (" (per object)" if row["scope"] == "instances" else "")
+        lines.append(f"  {row['name']:<24} {target}  {found}")
+        how = f"as pointcut {row['pointcut']}" if row["pointcut"] else row["applied_by"]
+        lines.append(f"    by {how}; when: {row['when']}")
+        if not row["reversible"]:
+            lines.append(f"    {row['restore']}")
     start = diagnosis["startup"]
     lines.append("")
     lines.append(f"distro        {start['distro']['selected'] or 'default'}  (installed: {_names(start['distro']['installed'])})")
