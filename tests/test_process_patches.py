@@ -191,7 +191,7 @@ def test_uninstrument_restores_the_semaphore_classes_and_wrap_future():
         found = concurrency.watch_server(server, "a_server")
         later = asyncio.Semaphore(1)  # made after the server was found: swapped at a collection
         server.later = later
-        concurrency._state["rescanned"] = 0.0
+        concurrency._state.rescanned = 0.0
         concurrency._rescan()
         applied = {
             "found": found,
@@ -201,7 +201,7 @@ def test_uninstrument_restores_the_semaphore_classes_and_wrap_future():
             "footprint": footprint(),
         }
         instrumentor.uninstrument()
-        concurrency._state["rescanned"] = 0.0
+        concurrency._state.rescanned = 0.0
         concurrency._rescan()  # no server is looked at any more
         third = asyncio.Semaphore(1)
         server.third = third

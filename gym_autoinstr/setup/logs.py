@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from gym_autoinstr import settings
@@ -30,7 +31,15 @@ from gym_autoinstr._log import warn_once
 LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
 
-_state: dict[str, Any] = {"handler": None, "correlate": False}
+
+
+@dataclass(slots=True)
+class _LogsState:
+    handler: Any = None  # our LoggingHandler on the root logger, once logs are exported
+    correlate: bool = False  # trace and span ids go into log lines (GYM_AUTOINSTR_LOG_CORRELATION)
+
+
+_state = _LogsState()
 
 
 class _WithTraceIds(logging.Formatter):
@@ -144,16 +153,16 @@ def configure(resource: Any, who: Any = None, *, otlp_protocol: Callable[[], str
     handler.addFilter(_NotOurs())
     root = logging.getLogger()
     root.addHandler(handler)
-    _state["handler"] = handler
-    _state["correlate"] = settings.LOG_CORRELATION.read()
-    if _state["correlate"]:
+    _state.handler = handler
+    _state.correlate = settings.LOG_CORRELATION.read()
+    if _state.correlate:
         _correlate_lines(root, handler)
     return True
 
 
 def attach_to_uvicorn() -> None:
     """uvicorn's loggers do not propagate to the root: give them the handler too."""
-    handler = _state["handler"]
+    handler = _state.handler
     if handler is None:
         return
     try:
@@ -161,9 +170,9 @@ def attach_to_uvicorn() -> None:
             logger = logging.getLogger(name)
             if handler not in logger.handlers:
                 logger.addHandler(handler)
-            if _state["correlate"]:
+            if _state.correlate:
                 _correlate_lines(logger, handler)
-        if _state["correlate"]:
+        if _state.correlate:
             _correlate_lines(logging.getLogger(), handler)
     except Exception as error:
         warn_once("logs-uvicorn", "uvicorn's log lines are not exported: %r", error)
