@@ -61,9 +61,29 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
-from benchmarks.run import (GENERIC_STACK, GYM_VERSION, REPO, SERVERS, Variant, _spread, add_output_options, finish,
-                            load_together, log, machine, make_variants, printed_saved_report, rewarded, rollout_body,
-                            rotated, settle, start_trios, tear_down, use_bench_venvs, variants_help)
+from benchmarks.run import (
+    GENERIC_STACK,
+    GYM_VERSION,
+    REPO,
+    SERVERS,
+    Variant,
+    _spread,
+    add_output_options,
+    finish,
+    load_together,
+    log,
+    machine,
+    make_variants,
+    printed_saved_report,
+    rewarded,
+    rollout_body,
+    rotated,
+    settle,
+    start_trios,
+    tear_down,
+    use_bench_venvs,
+    variants_help,
+)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -74,8 +94,13 @@ PHASE_WARMUP, PHASE_WINDOW, PHASE_SPY = 8, 9, 10
 TICK = os.sysconf("SC_CLK_TCK")
 SHORT = {RESOURCES: "resources", AGENT: "agent", MODEL: "model"}
 BUCKETS = ("main", "telemetry", "python_other", "native", "exited")
-IDLE_SHORT = {"main": "main", "telemetry": "telemetry", "python_other": "other Python", "native": "native",
-              "exited": "ended"}
+IDLE_SHORT = {
+    "main": "main",
+    "telemetry": "telemetry",
+    "python_other": "other Python",
+    "native": "native",
+    "exited": "ended",
+}
 BUCKET_LABELS = {
     "main": "main thread (event loop: requests)",
     "telemetry": "telemetry threads (OpenTelemetry export, metric reader, ours)",
@@ -88,24 +113,24 @@ BUCKET_LABELS = {
 # ------------------------------------------------------------------ reading a process
 
 
-def _stat_times(path: str) -> "tuple[float, float] | None":
+def _stat_times(path: str) -> tuple[float, float] | None:
     """(utime, stime) in seconds from a ``/proc/.../stat`` file."""
     try:
         with open(path) as fh:
             text = fh.read()
     except OSError:
         return None
-    rest = text[text.rindex(")") + 2:].split()
+    rest = text[text.rindex(")") + 2 :].split()
     return int(rest[11]) / TICK, int(rest[12]) / TICK
 
 
-def _stat_cpu(path: str) -> "float | None":
+def _stat_cpu(path: str) -> float | None:
     """utime + stime in seconds from a ``/proc/.../stat`` file."""
     times = _stat_times(path)
     return None if times is None else times[0] + times[1]
 
 
-def read_threads(pid: int) -> "tuple[float | None, dict[int, float], float | None, dict[int, str]]":
+def read_threads(pid: int) -> tuple[float | None, dict[int, float], float | None, dict[int, str]]:
     """The process's CPU, its threads' CPU by thread id, the process's system (kernel)
     time, in seconds, and the threads' OS names (``comm``: what a native library named
     its thread; a Python thread's is the interpreter's, not its Python name)."""
@@ -175,8 +200,10 @@ class Probed:
             if len(out) == len(self.pids):
                 return out
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.variant.label}: no probe answer from "
-                                   f"{sorted(set(self.pids) - set(out))} in {self.dir} (is the probe loaded?)")
+                raise RuntimeError(
+                    f"{self.variant.label}: no probe answer from "
+                    f"{sorted(set(self.pids) - set(out))} in {self.dir} (is the probe loaded?)"
+                )
             time.sleep(0.01)
 
     def snapshot(self, heavy: bool = False) -> dict:
@@ -184,8 +211,14 @@ class Probed:
         snap = {"t": time.monotonic(), "servers": {}}
         for name, pid in self.pids.items():
             total, threads, system, comms = read_threads(pid)
-            snap["servers"][name] = {"pid": pid, "cpu": total, "threads": threads, "system": system,
-                                     "comms": comms, "probe": probe[name]}
+            snap["servers"][name] = {
+                "pid": pid,
+                "cpu": total,
+                "threads": threads,
+                "system": system,
+                "comms": comms,
+                "probe": probe[name],
+            }
         return snap
 
 
@@ -214,12 +247,22 @@ def delta(before: dict, after: dict) -> dict:
         gc = {}
         for gen in ("0", "1", "2"):
             ga, gb = a["probe"]["gc"][gen], b["probe"]["gc"][gen]
-            gc[gen] = {"collections": ga[0] - gb[0], "pause_wall_s": ga[1] - gb[1], "pause_cpu_s": ga[2] - gb[2],
-                       "collected": ga[3] - gb[3]}
+            gc[gen] = {
+                "collections": ga[0] - gb[0],
+                "pause_wall_s": ga[1] - gb[1],
+                "pause_cpu_s": ga[2] - gb[2],
+                "collected": ga[3] - gb[3],
+            }
         after_sys, before_sys = a.get("system"), b.get("system")  # (absent in older --json files)
         system = after_sys - before_sys if after_sys is not None and before_sys is not None else 0.0
-        out[name] = {"process": process - buckets["probe"], "buckets": buckets, "gc": gc, "system": system,
-                     "other_threads": dict(other_names), "native_threads": dict(native_names)}
+        out[name] = {
+            "process": process - buckets["probe"],
+            "buckets": buckets,
+            "gc": gc,
+            "system": system,
+            "other_threads": dict(other_names),
+            "native_threads": dict(native_names),
+        }
     return out
 
 
@@ -235,8 +278,14 @@ def subtract_idle(d: dict, idle: dict, seconds: float) -> dict:
 
 
 def scaled(d: dict, factor: float) -> dict:
-    return {name: {"process": row["process"] * factor, "system": row.get("system", 0.0) * factor,
-                   "buckets": {k: v * factor for k, v in row["buckets"].items()}} for name, row in d.items()}
+    return {
+        name: {
+            "process": row["process"] * factor,
+            "system": row.get("system", 0.0) * factor,
+            "buckets": {k: v * factor for k, v in row["buckets"].items()},
+        }
+        for name, row in d.items()
+    }
 
 
 # ------------------------------------------------------------------ py-spy (optional)
@@ -278,11 +327,11 @@ def _spy_category(stack: str) -> str:
     telemetry = thread.startswith(("Otel", "gym-autoinstr"))
     for frame in reversed(frames):
         start = frame.rfind(" (")
-        path = frame[start + 2:] if start >= 0 else frame
+        path = frame[start + 2 :] if start >= 0 else frame
         if "/site-packages/" in path:
             path = path.rsplit("/site-packages/", 1)[1]
         elif "/gym_autoinstr/" in path:  # an editable install of this project
-            path = path[path.rindex("/gym_autoinstr/") + 1:]
+            path = path[path.rindex("/gym_autoinstr/") + 1 :]
         elif path.startswith("<") or "/lib/python3" in path:
             continue  # the standard library: charged to its caller
         for prefix, category in SPY_CATEGORIES:
@@ -292,7 +341,7 @@ def _spy_category(stack: str) -> str:
     return TELEMETRY_OTHER if telemetry else "standard library only (no other frame on the stack)"
 
 
-def find_py_spy(install: bool) -> "str | None":
+def find_py_spy(install: bool) -> str | None:
     here = pathlib.Path(sys.executable).parent / "py-spy"
     if here.exists():
         return str(here)
@@ -307,20 +356,43 @@ def find_py_spy(install: bool) -> "str | None":
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def spy_window(spy: str, probed: Probed, seconds: float, concurrency: int, body: bytes, rate: int,
-               workdir: pathlib.Path) -> dict:
+def spy_window(
+    spy: str, probed: Probed, seconds: float, concurrency: int, body: bytes, rate: int, workdir: pathlib.Path
+) -> dict:
     v = probed.variant
     procs, files = [], {}
     for name, pid in probed.pids.items():
         out = workdir / f"{v.key}-{SHORT[name]}.txt"
         files[name] = out
-        procs.append(subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--duration",
-                                       str(int(seconds + 1)), "--format", "raw", "--nonblocking", "--threads", "--gil", "--full-filenames",
-                                       "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        procs.append(
+            subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    str(rate),
+                    "--duration",
+                    str(int(seconds + 1)),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--threads",
+                    "--gil",
+                    "--full-filenames",
+                    "--output",
+                    str(out),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+        )
     time.sleep(0.5)
     s0 = probed.snapshot()
-    result = run_load(v.trio.run_url, body, 10**6, concurrency, tag=v.load_tag(PHASE_SPY), check=rewarded,
-                      duration=seconds)
+    result = run_load(
+        v.trio.run_url, body, 10**6, concurrency, tag=v.load_tag(PHASE_SPY), check=rewarded, duration=seconds
+    )
     s1 = probed.snapshot()
     cpu = {name: row["process"] for name, row in delta(s0, s1).items()}
     errors = []
@@ -346,15 +418,29 @@ def spy_window(spy: str, probed: Probed, seconds: float, concurrency: int, body:
             # --threads puts "thread (0x...)" first; samples off the main thread are marked
             cats[_spy_category(stack)] += int(count)
         by_server[name] = dict(cats)
-    return {"rollouts": result.n, "rate": rate, "seconds": seconds, "samples": by_server, "errors": errors,
-            "cpu_s": cpu}
+    return {
+        "rollouts": result.n,
+        "rate": rate,
+        "seconds": seconds,
+        "samples": by_server,
+        "errors": errors,
+        "cpu_s": cpu,
+    }
 
 
 # ------------------------------------------------------------------ report
 
 
-def together_window(variants: list, probed: dict, idle: dict, sink: "CountingSink", body: bytes, seconds: float,
-                    concurrency: int, windows: dict) -> None:
+def together_window(
+    variants: list,
+    probed: dict,
+    idle: dict,
+    sink: CountingSink,
+    body: bytes,
+    seconds: float,
+    concurrency: int,
+    windows: dict,
+) -> None:
     """One window with every variant loaded at the same time (``--together``)."""
     before = {v.key: probed[v.key].snapshot() for v in variants}
     # every trio's spans of this window at the sink before any CPU is read
@@ -377,6 +463,7 @@ def _gc_adjusted(keys: list, labels: dict, windows: dict, total) -> list:
     total.  Each window's full-collection CPU is replaced by the variant's own rate over
     the whole run (per rollout); every variant keeps its GC cost, only where it fell is
     taken out."""
+
     def full(delta):
         return sum(row["gc"]["2"]["pause_cpu_s"] for row in delta.values())
 
@@ -392,11 +479,16 @@ def _gc_adjusted(keys: list, labels: dict, windows: dict, total) -> list:
             continue
         deltas = [a - b for a, b in zip(adjusted[k], adjusted["bare"])]
         raw_deltas = [a - b for a, b in zip(raw[k], raw["bare"])]
-        spread = (f"; per-window sd {statistics.stdev(raw_deltas):.2f} -> {statistics.stdev(deltas):.2f} ms"
-                  if len(deltas) > 1 else "")
+        spread = (
+            f"; per-window sd {statistics.stdev(raw_deltas):.2f} -> {statistics.stdev(deltas):.2f} ms"
+            if len(deltas) > 1
+            else ""
+        )
         cells.append(f"{labels[k]} {_sign(_med(deltas), '{:.2f}')} ms{spread}")
-    return ["Overhead per rollout with full collections spread evenly over the run (median of per-window "
-            "deltas; the spread before -> after): " + ", ".join(cells)]
+    return [
+        "Overhead per rollout with full collections spread evenly over the run (median of per-window "
+        "deltas; the spread before -> after): " + ", ".join(cells)
+    ]
 
 
 def per_rollout(windows: list, path) -> list:
@@ -405,7 +497,7 @@ def per_rollout(windows: list, path) -> list:
 
 
 def _gc_value(field):
-    return lambda gen: (lambda d: sum(row["gc"][gen][field] for row in d.values()))
+    return lambda gen: lambda d: sum(row["gc"][gen][field] for row in d.values())
 
 
 def report(results: dict) -> str:
@@ -414,13 +506,18 @@ def report(results: dict) -> str:
     windows = results["windows"]
     lines = []
     m = results["machine"]
-    lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB; Gym {results['gym']} on Python "
-                 f"{m['python_gym']}; load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}")
-    how = ("all variants loaded at once in each window (--together)" if results.get("together")
-           else "variants interleaved")
-    lines.append(f"attribution: {results['reps']} windows of {results['seconds']:g} s per variant at concurrency "
-                 f"{results['concurrency']}, instant policy model, {how}; ms per rollout, median over "
-                 "windows; delta: median of per-window differences to bare")
+    lines.append(
+        f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB; Gym {results['gym']} on Python "
+        f"{m['python_gym']}; load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}"
+    )
+    how = (
+        "all variants loaded at once in each window (--together)" if results.get("together") else "variants interleaved"
+    )
+    lines.append(
+        f"attribution: {results['reps']} windows of {results['seconds']:g} s per variant at concurrency "
+        f"{results['concurrency']}, instant policy model, {how}; ms per rollout, median over "
+        "windows; delta: median of per-window differences to bare"
+    )
     lines.append("")
 
     def row(label, path, fmt="{:.2f}", delta=True):
@@ -441,34 +538,56 @@ def report(results: dict) -> str:
     row("**all three servers, process CPU** (probe thread left out)", lambda d: sum(r["process"] for r in d.values()))
     for bucket in BUCKETS:
         row(f"  {BUCKET_LABELS[bucket]}", lambda d, b=bucket: sum(r["buckets"][b] for r in d.values()))
-    row("  of which: GC pauses (CPU of the collecting thread)",
-        lambda d: sum(g["pause_cpu_s"] for r in d.values() for g in r["gc"].values()))
-    row("  of which: in the kernel (system time, every thread)", lambda d: sum(r.get("system", 0.0) for r in d.values()))
+    row(
+        "  of which: GC pauses (CPU of the collecting thread)",
+        lambda d: sum(g["pause_cpu_s"] for r in d.values() for g in r["gc"].values()),
+    )
+    row(
+        "  of which: in the kernel (system time, every thread)", lambda d: sum(r.get("system", 0.0) for r in d.values())
+    )
     for name in SERVERS:
         row(f"{SHORT[name]} server: process CPU", lambda d, n=name: d[n]["process"])
         row(f"  {SHORT[name]}: main thread", lambda d, n=name: d[n]["buckets"]["main"])
         row(f"  {SHORT[name]}: telemetry threads", lambda d, n=name: d[n]["buckets"]["telemetry"])
-        row(f"  {SHORT[name]}: other threads (Python, native, ended)",
-            lambda d, n=name: sum(d[n]["buckets"][b] for b in ("python_other", "native", "exited")))
+        row(
+            f"  {SHORT[name]}: other threads (Python, native, ended)",
+            lambda d, n=name: sum(d[n]["buckets"][b] for b in ("python_other", "native", "exited")),
+        )
     lines.append("")
     total = lambda d: sum(r["process"] for r in d.values())  # noqa: E731
     base = per_rollout(windows["bare"], total)
     per_variant = {k: per_rollout(windows[k], total) for k in keys}
-    lines.append("CPU capacity ratio to bare (bare's CPU per rollout over the variant's, per window): " + ", ".join(
-        f"{labels[k]} {_spread([b / x for b, x in zip(base, per_variant[k]) if x > 0])}" for k in keys if k != "bare"))
+    lines.append(
+        "CPU capacity ratio to bare (bare's CPU per rollout over the variant's, per window): "
+        + ", ".join(
+            f"{labels[k]} {_spread([b / x for b, x in zip(base, per_variant[k]) if x > 0])}"
+            for k in keys
+            if k != "bare"
+        )
+    )
     if "default" in per_variant and "sampled" in per_variant:
         ratios = [(s - b) / (t - b) for s, t, b in zip(per_variant["sampled"], per_variant["default"], base) if t > b]
-        lines.append(f"A sampled-out rollout's overhead over a traced one's (target <= 0.20), per window: {_spread(ratios)}")
+        lines.append(
+            f"A sampled-out rollout's overhead over a traced one's (target <= 0.20), per window: {_spread(ratios)}"
+        )
     # Pooled: every window's CPU over every window's rollouts, per variant (a window's
     # drift weighs by its rollouts instead of deciding a median).
-    pooled = {k: sum(total(w["delta"]) for w in windows[k]) * 1e3 / max(1, sum(w["n"] for w in windows[k]))
-              for k in keys}
+    pooled = {
+        k: sum(total(w["delta"]) for w in windows[k]) * 1e3 / max(1, sum(w["n"] for w in windows[k])) for k in keys
+    }
     over = {k: pooled[k] - pooled["bare"] for k in keys}
-    text = ", ".join(f"{labels[k]} {pooled['bare'] / pooled[k]:.3f} ({_sign(over[k], '{:.2f}')} ms)"
-                     for k in keys if k != "bare" and pooled[k] > 0)
-    lines.append(f"Pooled over all windows (all CPU over all rollouts; capacity ratio to bare, overhead per rollout): {text}")
+    text = ", ".join(
+        f"{labels[k]} {pooled['bare'] / pooled[k]:.3f} ({_sign(over[k], '{:.2f}')} ms)"
+        for k in keys
+        if k != "bare" and pooled[k] > 0
+    )
+    lines.append(
+        f"Pooled over all windows (all CPU over all rollouts; capacity ratio to bare, overhead per rollout): {text}"
+    )
     if "default" in pooled and "sampled" in pooled and over["default"] > 0:
-        lines.append(f"Pooled, a sampled-out rollout's overhead over a traced one's: {over['sampled'] / over['default']:.3f}")
+        lines.append(
+            f"Pooled, a sampled-out rollout's overhead over a traced one's: {over['sampled'] / over['default']:.3f}"
+        )
     lines.extend(_gc_adjusted(keys, labels, windows, total))
     lines.append("")
 
@@ -497,15 +616,19 @@ def report(results: dict) -> str:
                 tot_n = sum(w["n"] for w in windows[k])
                 coll = sum(w["delta"][name]["gc"][gen]["collections"] for w in windows[k])
                 cpu = sum(w["delta"][name]["gc"][gen]["pause_cpu_s"] for w in windows[k])
-                cells.append(f"{coll / tot_n:.4f}; {cpu / coll * 1e3:.2f} ms" if coll else f"{coll / max(tot_n, 1):.4f}; -")
+                cells.append(
+                    f"{coll / tot_n:.4f}; {cpu / coll * 1e3:.2f} ms" if coll else f"{coll / max(tot_n, 1):.4f}; -"
+                )
             lines.append(f"| {SHORT[name]}, gen {gen} | " + " | ".join(cells) + " |")
     lines.append("")
 
     heap = results.get("heap") or {}
     heap_start = results.get("heap_start") or {}
     if heap:
-        lines.append("Heap per server: objects tracked by the GC after the warm-up -> at the end; modules loaded "
-                     "(of them `opentelemetry.*`):")
+        lines.append(
+            "Heap per server: objects tracked by the GC after the warm-up -> at the end; modules loaded "
+            "(of them `opentelemetry.*`):"
+        )
         lines.append("")
         lines.append(f"| server | {' | '.join(labels[k] for k in keys)} |")
         lines.append("|---|" + "---|" * len(keys))
@@ -514,21 +637,35 @@ def report(results: dict) -> str:
             for k in keys:
                 h = heap.get(k, {}).get(name) or {}
                 h0 = heap_start.get(k, {}).get(name) or {}
-                cells.append(f"{h0.get('tracked_objects', '-')} -> {h.get('tracked_objects', '-')}; "
-                             f"{h.get('modules', '-')} ({h.get('otel_modules', '-')})")
+                cells.append(
+                    f"{h0.get('tracked_objects', '-')} -> {h.get('tracked_objects', '-')}; "
+                    f"{h.get('modules', '-')} ({h.get('otel_modules', '-')})"
+                )
             lines.append(f"| {SHORT[name]} | " + " | ".join(cells) + " |")
         lines.append("")
 
-    lines.append("Spans per rollout at the sink, by service: " + "; ".join(
-        f"{labels[k]}: {results['spans'][k]['per_rollout']:.1f}"
-        + (" (" + ", ".join(f"{s.rsplit('/', 1)[-1] or s} {n:.1f}" for s, n in
-                            sorted(results['spans'][k]['by_service'].items())) + ")"
-           if results['spans'][k]['by_service'] else "")
-        for k in keys))
+    lines.append(
+        "Spans per rollout at the sink, by service: "
+        + "; ".join(
+            f"{labels[k]}: {results['spans'][k]['per_rollout']:.1f}"
+            + (
+                " ("
+                + ", ".join(
+                    f"{s.rsplit('/', 1)[-1] or s} {n:.1f}" for s, n in sorted(results["spans"][k]["by_service"].items())
+                )
+                + ")"
+                if results["spans"][k]["by_service"]
+                else ""
+            )
+            for k in keys
+        )
+    )
     metrics = {k: v for k, v in results.get("metrics", {}).items() if v is not None}
     if metrics:
-        lines.append("Metrics exported over OTLP to the collector during the run (data points; distinct names): "
-                     + ", ".join(f"{labels[k]} {v['metric_points']}; {len(v['metric_names'])}" for k, v in metrics.items()))
+        lines.append(
+            "Metrics exported over OTLP to the collector during the run (data points; distinct names): "
+            + ", ".join(f"{labels[k]} {v['metric_points']}; {len(v['metric_names'])}" for k, v in metrics.items())
+        )
     others = collections.Counter()
     for k in keys:
         for w in windows[k]:
@@ -536,8 +673,10 @@ def report(results: dict) -> str:
                 for tname, cpu in r["other_threads"].items():
                     others[(k, tname)] += cpu * 1e3 / w["n"] / len(windows[k])
     if others:
-        lines.append("Other Python threads (ms per rollout): " + ", ".join(
-            f"{labels[k]} `{t}` {v:.2f}" for (k, t), v in others.most_common(8) if v >= 0.005))
+        lines.append(
+            "Other Python threads (ms per rollout): "
+            + ", ".join(f"{labels[k]} `{t}` {v:.2f}" for (k, t), v in others.most_common(8) if v >= 0.005)
+        )
     native = collections.Counter()
     for k in keys:
         for w in windows[k]:
@@ -545,32 +684,48 @@ def report(results: dict) -> str:
                 for tname, cpu in r.get("native_threads", {}).items():
                     native[(k, tname)] += cpu * 1e3 / w["n"] / len(windows[k])
     if native:  # (the thread's OS name; threads of one name added up over the three servers)
-        lines.append("Native threads by OS name, all three servers (ms per rollout): " + "; ".join(
-            f"{labels[k]}: " + ", ".join(f"`{t}` {v:.3f}" for (kk, t), v in sorted(
-                native.items(), key=lambda item: -item[1]) if kk == k and v >= 0.002)
-            for k in keys))
+        lines.append(
+            "Native threads by OS name, all three servers (ms per rollout): "
+            + "; ".join(
+                f"{labels[k]}: "
+                + ", ".join(
+                    f"`{t}` {v:.3f}"
+                    for (kk, t), v in sorted(native.items(), key=lambda item: -item[1])
+                    if kk == k and v >= 0.002
+                )
+                for k in keys
+            )
+        )
     idle = results.get("idle_ms_per_s")
     if idle:
-        lines.append("Idle server CPU (ms per second, subtracted over each window's settle wait of "
-                     + ", ".join(f"{labels[k]} {_spread([w['settle_s'] for w in windows[k]], '{:.1f}')} s"
-                                 for k in keys) + "): "
-                     + ", ".join(f"{labels[k]} {v:.1f}" for k, v in idle.items()))
+        lines.append(
+            "Idle server CPU (ms per second, subtracted over each window's settle wait of "
+            + ", ".join(f"{labels[k]} {_spread([w['settle_s'] for w in windows[k]], '{:.1f}')} s" for k in keys)
+            + "): "
+            + ", ".join(f"{labels[k]} {v:.1f}" for k, v in idle.items())
+        )
     idle_buckets = results.get("idle_buckets_ms_per_s")
     if idle_buckets:
         # what the servers do with no load (the metric export, the loop-lag probe, Ray's
         # threads), by thread; 10 ms clock ticks: resolution about 10 / idle seconds ms/s
-        lines.append(f"Idle server CPU by thread, all three servers (ms per second over {results['idle_seconds']:g} s): "
-                     + "; ".join(f"{labels[k]}: " + ", ".join(f"{IDLE_SHORT[b]} {v:.2f}" for b, v in row.items())
-                                 for k, row in idle_buckets.items()))
+        lines.append(
+            f"Idle server CPU by thread, all three servers (ms per second over {results['idle_seconds']:g} s): "
+            + "; ".join(
+                f"{labels[k]}: " + ", ".join(f"{IDLE_SHORT[b]} {v:.2f}" for b, v in row.items())
+                for k, row in idle_buckets.items()
+            )
+        )
     lines.append("")
 
     spy = results.get("py_spy")
     if spy:
-        lines.append("py-spy (one more window per variant, `--nonblocking --gil`: only the thread holding the GIL "
-                     "is sampled; a sample is charged to "
-                     "the innermost frame outside the standard library; per server, each category's share of the "
-                     "samples times the server's CPU per rollout in that window (from /proc), summed over the "
-                     "three servers; ms per rollout):")
+        lines.append(
+            "py-spy (one more window per variant, `--nonblocking --gil`: only the thread holding the GIL "
+            "is sampled; a sample is charged to "
+            "the innermost frame outside the standard library; per server, each category's share of the "
+            "samples times the server's CPU per rollout in that window (from /proc), summed over the "
+            "three servers; ms per rollout):"
+        )
         lines.append("")
         cats = sorted({c for k in spy for s in spy[k]["samples"].values() for c in s})
         lines.append(f"| where | {' | '.join(labels[k] for k in spy)} |")
@@ -585,8 +740,11 @@ def report(results: dict) -> str:
                         ms += s.get(c, 0) / total * r["cpu_s"].get(name, 0.0) * 1e3 / max(r["rollouts"], 1)
                 cells.append(f"{ms:.2f}")
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
-        lines.append("| **all (the servers' CPU per rollout in that window)** | " + " | ".join(
-            f"{sum(r['cpu_s'].values()) * 1e3 / max(r['rollouts'], 1):.2f}" for r in spy.values()) + " |")
+        lines.append(
+            "| **all (the servers' CPU per rollout in that window)** | "
+            + " | ".join(f"{sum(r['cpu_s'].values()) * 1e3 / max(r['rollouts'], 1):.2f}" for r in spy.values())
+            + " |"
+        )
         errors = [e for r in spy.values() for e in r.get("errors", [])]
         if errors:
             lines.append("")
@@ -606,25 +764,40 @@ def _sign(value: float, fmt: str) -> str:
 # ------------------------------------------------------------------ main
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="run-benchmarks --attribution", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 windows of 5 s per variant")
     ap.add_argument("--reps", type=int, help="windows per variant (default 4)")
     ap.add_argument("--seconds", type=float, help="length of a window (default 10 s)")
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--idle-seconds", type=float, help="length of the idle baseline, reported by thread "
-                    "(default 8 s, 4 with --quick; 60 to read per-second work such as the metric export)")
-    ap.add_argument("--variants", default="default",
-                    help="besides bare, comma-separated (default: default): " + variants_help())
-    ap.add_argument("--lever", action="append", default=[], metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
-                    help="one more variant: ours, default (or BASE: default, sampled, off), with these environment "
-                    "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "
-                    "--lever 'dropped-no-metrics@sampled:OTEL_METRICS_EXPORTER=none'")
-    ap.add_argument("--together", action="store_true",
-                    help="load every variant at once in each window (the same machine conditions for all; "
-                    "see the module doc)")
-    ap.add_argument("--py-spy", action="store_true",
-                    help="one more window per variant under py-spy (pip-installed into the runner venv if missing)")
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        help="length of the idle baseline, reported by thread "
+        "(default 8 s, 4 with --quick; 60 to read per-second work such as the metric export)",
+    )
+    ap.add_argument(
+        "--variants", default="default", help="besides bare, comma-separated (default: default): " + variants_help()
+    )
+    ap.add_argument(
+        "--lever",
+        action="append",
+        default=[],
+        metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
+        help="one more variant: ours, default (or BASE: default, sampled, off), with these environment "
+        "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "
+        "--lever 'dropped-no-metrics@sampled:OTEL_METRICS_EXPORTER=none'",
+    )
+    ap.add_argument(
+        "--together",
+        action="store_true",
+        help="load every variant at once in each window (the same machine conditions for all; see the module doc)",
+    )
+    ap.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="one more window per variant under py-spy (pip-installed into the runner venv if missing)",
+    )
     ap.add_argument("--spy-rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--spy-dir", type=pathlib.Path, help="keep py-spy's raw stacks here (one file per server)")
     add_output_options(ap)
@@ -663,18 +836,38 @@ def main(argv: "list[str] | None" = None) -> int:
             env[name] = value
         key = f"lever{i + 1}"
         env["NEMO_GYM_OTEL_RUN_ID"] = f"bench-{key}"
-        variants.append(Variant(key, f"ours, {base_key} + {label or key}", venvs["ours"], False, env,
-                                index=len(variants), flush_s=float(env.get("OTEL_BSP_SCHEDULE_DELAY", 1000)) / 1e3,
-                                traceparent=base.traceparent))
+        variants.append(
+            Variant(
+                key,
+                f"ours, {base_key} + {label or key}",
+                venvs["ours"],
+                False,
+                env,
+                index=len(variants),
+                flush_s=float(env.get("OTEL_BSP_SCHEDULE_DELAY", 1000)) / 1e3,
+                traceparent=base.traceparent,
+            )
+        )
     for v in variants:
         (scratch / "probe" / v.key).mkdir(parents=True)
         v.env["GYM_AUTOINSTR_BENCH_PROBE_DIR"] = str(scratch / "probe" / v.key)
-    results: dict = {"mode": "quick" if a.quick else "full", "reps": reps, "seconds": seconds,
-                     "concurrency": a.concurrency, "gym": GYM_VERSION, "machine": machine(),
-                     "variants": [{"key": v.key, "label": v.label} for v in variants],
-                     "variant_env": {v.key: {k: val for k, val in v.env.items()
-                                             if not k.startswith(("OTEL_EXPORTER", "GYM_AUTOINSTR_BENCH", "PYTHONPATH"))}
-                                     for v in variants}}
+    results: dict = {
+        "mode": "quick" if a.quick else "full",
+        "reps": reps,
+        "seconds": seconds,
+        "concurrency": a.concurrency,
+        "gym": GYM_VERSION,
+        "machine": machine(),
+        "variants": [{"key": v.key, "label": v.label} for v in variants],
+        "variant_env": {
+            v.key: {
+                k: val
+                for k, val in v.env.items()
+                if not k.startswith(("OTEL_EXPORTER", "GYM_AUTOINSTR_BENCH", "PYTHONPATH"))
+            }
+            for v in variants
+        },
+    }
     policy = PolicyModel().start()
     try:
         start_trios(variants, scratch, policy.url, 2)
@@ -684,8 +877,13 @@ def main(argv: "list[str] | None" = None) -> int:
         for v in variants:
             run_load(v.trio.run_url, body, 10**6, 8, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=2.0)
         time.sleep(2.0)
-        results["heap_start"] = {k: {n: {f: s["probe"].get(f) for f in ("tracked_objects", "modules", "otel_modules")}
-                                     for n, s in p.snapshot(heavy=True)["servers"].items()} for k, p in probed.items()}
+        results["heap_start"] = {
+            k: {
+                n: {f: s["probe"].get(f) for f in ("tracked_objects", "modules", "otel_modules")}
+                for n, s in p.snapshot(heavy=True)["servers"].items()
+            }
+            for k, p in probed.items()
+        }
         idle_s = a.idle_seconds or (4.0 if a.quick else 8.0)
         log(f"idle baseline ({idle_s:g} s)")
         before = {k: p.snapshot() for k, p in probed.items()}
@@ -696,8 +894,9 @@ def main(argv: "list[str] | None" = None) -> int:
             idle[k] = scaled(delta(before[k], after), 1.0 / (after["t"] - before[k]["t"]))
         results["idle_ms_per_s"] = {k: sum(r["process"] for r in d.values()) * 1e3 for k, d in idle.items()}
         results["idle_seconds"] = idle_s
-        results["idle_buckets_ms_per_s"] = {k: {b: sum(r["buckets"][b] for r in d.values()) * 1e3 for b in BUCKETS}
-                                            for k, d in idle.items()}
+        results["idle_buckets_ms_per_s"] = {
+            k: {b: sum(r["buckets"][b] for r in d.values()) * 1e3 for b in BUCKETS} for k, d in idle.items()
+        }
         runs_before = {v.key: sink.run_counts(v.run_id) for v in variants}
 
         windows: dict = {v.key: [] for v in variants}
@@ -705,30 +904,52 @@ def main(argv: "list[str] | None" = None) -> int:
         for rep in range(reps):
             if a.together:
                 together_window(rotated(variants, rep), probed, idle, sink, body, seconds, a.concurrency, windows)
-                log(f"window {rep + 1}/{reps} (together): ms/rollout " + ", ".join(
-                    f"{k}={sum(r['process'] for r in w[-1]['delta'].values()) * 1e3 / w[-1]['n']:.2f}"
-                    for k, w in windows.items()))
+                log(
+                    f"window {rep + 1}/{reps} (together): ms/rollout "
+                    + ", ".join(
+                        f"{k}={sum(r['process'] for r in w[-1]['delta'].values()) * 1e3 / w[-1]['n']:.2f}"
+                        for k, w in windows.items()
+                    )
+                )
                 continue
             order = rotated(variants, rep)
             for v in order:
                 p = probed[v.key]
                 s0 = p.snapshot()
-                result = run_load(v.trio.run_url, body, 10**6, a.concurrency, tag=v.load_tag(PHASE_WINDOW),
-                                  check=rewarded, duration=seconds)
+                result = run_load(
+                    v.trio.run_url,
+                    body,
+                    10**6,
+                    a.concurrency,
+                    tag=v.load_tag(PHASE_WINDOW),
+                    check=rewarded,
+                    duration=seconds,
+                )
                 waited = settle(v, sink, PHASE_WINDOW)
                 s1 = p.snapshot()
                 if result.errors:
-                    raise RuntimeError(f"{v.label}: {result.errors}/{result.n} rollouts failed: "
-                                       f"{result.first_error}\n" + v.trio.log_tail(30))
+                    raise RuntimeError(
+                        f"{v.label}: {result.errors}/{result.n} rollouts failed: "
+                        f"{result.first_error}\n" + v.trio.log_tail(30)
+                    )
                 d = subtract_idle(delta(s0, s1), idle[v.key], waited)
                 windows[v.key].append({"n": result.n, "seconds": result.seconds, "settle_s": waited, "delta": d})
-            log(f"window {rep + 1}/{reps}: ms/rollout " + ", ".join(
-                f"{k}={sum(r['process'] for r in w[-1]['delta'].values()) * 1e3 / w[-1]['n']:.2f}"
-                for k, w in windows.items()))
+            log(
+                f"window {rep + 1}/{reps}: ms/rollout "
+                + ", ".join(
+                    f"{k}={sum(r['process'] for r in w[-1]['delta'].values()) * 1e3 / w[-1]['n']:.2f}"
+                    for k, w in windows.items()
+                )
+            )
         results["windows"] = windows
         time.sleep(2.0)
-        results["heap"] = {k: {n: {f: s["probe"].get(f) for f in ("tracked_objects", "modules", "otel_modules")}
-                               for n, s in p.snapshot(heavy=True)["servers"].items()} for k, p in probed.items()}
+        results["heap"] = {
+            k: {
+                n: {f: s["probe"].get(f) for f in ("tracked_objects", "modules", "otel_modules")}
+                for n, s in p.snapshot(heavy=True)["servers"].items()
+            }
+            for k, p in probed.items()
+        }
 
         results["spans"] = {}
         results["metrics"] = {}
@@ -742,9 +963,14 @@ def main(argv: "list[str] | None" = None) -> int:
                 total = runs["spans"] - runs_before[v.key]["spans"]
                 by_service = {}
             results["spans"][v.key] = {"per_rollout": total / n if n else 0.0, "by_service": by_service}
-            results["metrics"][v.key] = (None if v.key in ("bare", "generic") else
-                                         {"metric_points": runs["metric_points"] - runs_before[v.key]["metric_points"],
-                                          "metric_names": runs["metric_names"]})
+            results["metrics"][v.key] = (
+                None
+                if v.key in ("bare", "generic")
+                else {
+                    "metric_points": runs["metric_points"] - runs_before[v.key]["metric_points"],
+                    "metric_names": runs["metric_names"],
+                }
+            )
 
         if a.py_spy:
             if spy is None:
@@ -755,8 +981,9 @@ def main(argv: "list[str] | None" = None) -> int:
                 results["py_spy"] = {}
                 for v in variants:
                     log(f"py-spy window: {v.label}")
-                    results["py_spy"][v.key] = spy_window(spy, probed[v.key], seconds, a.concurrency, body,
-                                                          a.spy_rate, spy_dir)
+                    results["py_spy"][v.key] = spy_window(
+                        spy, probed[v.key], seconds, a.concurrency, body, a.spy_rate, spy_dir
+                    )
     finally:
         tear_down(variants, policy, collector, sink, scratch)
     finish(results, t_start, report, a.json)

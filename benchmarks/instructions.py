@@ -47,8 +47,14 @@ CALLS = 2000
 # The variants counted per site (micro.py has them all); the default report: our
 # per-request paths beside the call they wrap.
 SITES = {
-    "ingress": ("unwrapped", "off+metrics", "dropped+metrics", "dropped-first+metrics", "root-dropped+metrics",
-                "on+metrics"),
+    "ingress": (
+        "unwrapped",
+        "off+metrics",
+        "dropped+metrics",
+        "dropped-first+metrics",
+        "root-dropped+metrics",
+        "on+metrics",
+    ),
     "hop": ("unwrapped", "dropped-first+metrics", "root-dropped+metrics"),
     "request": ("unwrapped", "off", "dropped", "on"),
     "handler": ("unwrapped", "dropped", "on"),
@@ -116,7 +122,7 @@ def _objects(site: str, variant: str, n: int) -> None:
 _WORKERS = max(1, min(4, os.cpu_count() or 1))  # counting processes at once
 
 
-def _child_env(code: "str | None") -> dict[str, str]:
+def _child_env(code: str | None) -> dict[str, str]:
     """The environment of a counting process: no OpenTelemetry or gym-autoinstr settings of
     this shell, and ``code`` (another copy of the package) first on ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))}
@@ -126,31 +132,48 @@ def _child_env(code: "str | None") -> dict[str, str]:
     return env
 
 
-def objects(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> float:
+def objects(python: pathlib.Path, site: str, variant: str, n: int, code: str | None) -> float:
     """``_objects`` in a process of the Gym venv (no valgrind)."""
     env = _child_env(code)
-    out = subprocess.run([str(python), __file__, "--alive", site, variant, str(n)],
-                         cwd=pathlib.Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), __file__, "--alive", site, variant, str(n)],
+        cwd=pathlib.Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{site}/{variant} objects failed ({out.returncode}):\n{out.stderr[-2000:]}")
     return float(out.stdout.split()[-1])
 
 
-def count(python: pathlib.Path, site: str, variant: str, n: int, code: "str | None") -> int:
+def count(python: pathlib.Path, site: str, variant: str, n: int, code: str | None) -> int:
     """Instructions of one process making ``n`` calls (under callgrind)."""
     env = _child_env(code)
     env["PYTHONHASHSEED"] = "0"  # the same dict layouts in both processes
     out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), __file__, site, variant,
-         str(n)],
-        cwd=pathlib.Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True)
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            str(python),
+            __file__,
+            site,
+            variant,
+            str(n),
+        ],
+        cwd=pathlib.Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     found = _COLLECTED.search(out.stderr)
     if out.returncode != 0 or found is None:
         raise RuntimeError(f"{site}/{variant} under callgrind failed ({out.returncode}):\n{out.stderr[-2000:]}")
     return int(found.group(1))
 
 
-def run(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int = CALLS) -> dict:
+def run(python: pathlib.Path, sites: dict, codes: list[str | None], calls: int = CALLS) -> dict:
     """``{code label: {site: {variant: instructions per call}}}``; the working tree's label
     is ``working tree``."""
     if shutil.which("valgrind") is None:
@@ -162,8 +185,10 @@ def run(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int
             label = code or "working tree"
             for site, variants in sites.items():
                 for variant in variants:
-                    jobs[(label, site, variant)] = (pool.submit(count, python, site, variant, calls, code),
-                                                    pool.submit(count, python, site, variant, 0, code))
+                    jobs[(label, site, variant)] = (
+                        pool.submit(count, python, site, variant, calls, code),
+                        pool.submit(count, python, site, variant, 0, code),
+                    )
         for (label, site, variant), (with_calls, without) in jobs.items():
             per_call = (with_calls.result() - without.result()) / calls
             results.setdefault(label, {}).setdefault(site, {})[variant] = per_call
@@ -173,12 +198,16 @@ def run(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int
 OBJECT_CALLS = 200  # (a collection before each call)
 
 
-def run_objects(python: pathlib.Path, sites: dict, codes: "list[str | None]", calls: int = OBJECT_CALLS) -> dict:
+def run_objects(python: pathlib.Path, sites: dict, codes: list[str | None], calls: int = OBJECT_CALLS) -> dict:
     """``run``'s shape, of objects alive at the response start per call (``_objects``)."""
     results: dict = {}
     with concurrent.futures.ThreadPoolExecutor(_WORKERS) as pool:
-        jobs = {(code or "working tree", site, variant): pool.submit(objects, python, site, variant, calls, code)
-                for code in codes for site, variants in sites.items() for variant in variants}
+        jobs = {
+            (code or "working tree", site, variant): pool.submit(objects, python, site, variant, calls, code)
+            for code in codes
+            for site, variants in sites.items()
+            for variant in variants
+        }
         for (label, site, variant), job in jobs.items():
             results.setdefault(label, {}).setdefault(site, {})[variant] = job.result()
     return results
@@ -190,8 +219,8 @@ OBJECT_SITES = ("ingress", "hop", *OBJECT_SITES_IN_CALL)  # ingress, hop: when t
 TITLES = {
     "instructions": "Instructions per call (valgrind callgrind; in brackets: more than the site's `unwrapped`)",
     "objects": "GC-tracked objects alive when the app sends its response start (ingress, hop) or inside the "
-               "wrapped call (request, handler), per call (the collector off; in brackets: more than the site's "
-               "`unwrapped`)",
+    "wrapped call (request, handler), per call (the collector off; in brackets: more than the site's "
+    "`unwrapped`)",
 }
 
 
@@ -199,9 +228,12 @@ def report(results: dict, what: str = "instructions") -> str:
     labels = list(results)
     first = results[labels[0]]
     digits = 0 if what == "instructions" else 1
-    lines = [TITLES[what], "",
-             "| site | variant | " + " | ".join(f"`{label}`" for label in labels) + " |",
-             "|---|---|" + "---|" * len(labels)]
+    lines = [
+        TITLES[what],
+        "",
+        "| site | variant | " + " | ".join(f"`{label}`" for label in labels) + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
     for site, variants in first.items():
         for variant in variants:
             cells = []
@@ -219,7 +251,7 @@ def report(results: dict, what: str = "instructions") -> str:
     return "\n".join(lines)
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 3 and not argv[0].startswith("-"):
         _calls(argv[0], argv[1], int(argv[2]))
@@ -228,17 +260,27 @@ def main(argv: "list[str] | None" = None) -> int:
         _objects(argv[1], argv[2], int(argv[3]))
         return 0
     ap = argparse.ArgumentParser(prog="run-benchmarks --instructions", description=__doc__.splitlines()[0])
-    ap.add_argument("--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: "
-                    + ",".join(DEFAULT_SITES) + ")")
-    ap.add_argument("--code", action="append", default=[], metavar="DIR",
-                    help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)")
-    ap.add_argument("--calls", type=int, help=f"calls counted per site and variant (default {CALLS}; "
-                    f"{OBJECT_CALLS} with --objects)")
+    ap.add_argument(
+        "--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: " + ",".join(DEFAULT_SITES) + ")"
+    )
+    ap.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)",
+    )
+    ap.add_argument(
+        "--calls", type=int, help=f"calls counted per site and variant (default {CALLS}; {OBJECT_CALLS} with --objects)"
+    )
     ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
-    ap.add_argument("--objects", action="store_true",
-                    help="count GC-tracked objects alive when the app sends its response start (or, for "
-                         f"{', '.join(OBJECT_SITES_IN_CALL)}, inside the wrapped call), instead of instructions "
-                         f"(no valgrind; sites {', '.join(OBJECT_SITES)})")
+    ap.add_argument(
+        "--objects",
+        action="store_true",
+        help="count GC-tracked objects alive when the app sends its response start (or, for "
+        f"{', '.join(OBJECT_SITES_IN_CALL)}, inside the wrapped call), instead of instructions "
+        f"(no valgrind; sites {', '.join(OBJECT_SITES)})",
+    )
     a = ap.parse_args(argv)
     for code in a.code:
         if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():
@@ -260,8 +302,9 @@ def main(argv: "list[str] | None" = None) -> int:
     measure = run_objects if a.objects else run
     calls = a.calls if a.calls is not None else (OBJECT_CALLS if a.objects else CALLS)
     try:
-        results = measure(venv / "bin" / "python", sites, [None, *[str(pathlib.Path(c).resolve()) for c in a.code]],
-                          calls)
+        results = measure(
+            venv / "bin" / "python", sites, [None, *[str(pathlib.Path(c).resolve()) for c in a.code]], calls
+        )
     except RuntimeError as error:
         print(f"run-benchmarks --instructions: {error}", file=sys.stderr)
         return 1

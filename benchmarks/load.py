@@ -29,8 +29,9 @@ def traceparent(tag: bytes) -> str:
     return f"00-{trace_id.hex()}-{os.urandom(8).hex()}-01"
 
 
-async def _run(url: str, body: bytes, n: int, concurrency: int, tag: "bytes | None", check,
-               duration: "float | None") -> LoadResult:
+async def _run(
+    url: str, body: bytes, n: int, concurrency: int, tag: bytes | None, check, duration: float | None
+) -> LoadResult:
     import aiohttp
 
     result = LoadResult(n=0, seconds=0.0)
@@ -70,8 +71,9 @@ async def _run(url: str, body: bytes, n: int, concurrency: int, tag: "bytes | No
     return result
 
 
-def run_load(url: str, body: bytes, n: int, concurrency: int, tag: "bytes | None" = None, check=None,
-             duration: "float | None" = None) -> LoadResult:
+def run_load(
+    url: str, body: bytes, n: int, concurrency: int, tag: bytes | None = None, check=None, duration: float | None = None
+) -> LoadResult:
     """``n`` requests, or as many as are started within ``duration`` seconds (all of
     them complete; the elapsed time runs until the last one answered)."""
     return asyncio.run(_run(url, body, n, concurrency, tag, check, duration))

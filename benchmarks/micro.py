@@ -58,14 +58,13 @@ import sys
 import time
 import timeit
 
-
 # When a list: the server's ``send`` appends how many objects the GC's young generation
 # holds each time it runs (``instructions.py --objects``: what is alive while a response
 # starts).
-ALIVE: "list[int] | None" = None
+ALIVE: list[int] | None = None
 # The same, appended by the wrapped call itself (``request``, ``verify``): what is alive
 # while Gym's call or handler runs inside our egress or seam.
-ALIVE_IN_CALL: "list[int] | None" = None
+ALIVE_IN_CALL: list[int] | None = None
 
 
 def _drive(coro):
@@ -122,22 +121,21 @@ class Bench:
 
 def build() -> Bench:
     import wrapt
+    from opentelemetry import metrics as otel_metrics
     from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from opentelemetry import metrics as otel_metrics
-    from opentelemetry.sdk.metrics import MeterProvider
-
     from gym_autoinstr.advice import egress, ray_tasks, routes
-    from gym_autoinstr.telemetry import groups, metrics
-    from gym_autoinstr.setup.configurator import BATCH_DEFAULTS
     from gym_autoinstr.advice.ingress import GymServerMiddleware
-
     from gym_autoinstr.fastpath.batching import EncodingSpanProcessor
+    from gym_autoinstr.setup.configurator import BATCH_DEFAULTS
+    from gym_autoinstr.telemetry import groups, metrics
 
     class Discard(SpanExporter):
         """Takes the encoded batches the OTLP exporter would send."""
+
         exported = 0
 
         def export(self, batch):
@@ -145,15 +143,16 @@ def build() -> Bench:
             return SpanExportResult.SUCCESS
 
     provider = TracerProvider()
-    provider.add_span_processor(EncodingSpanProcessor(
-        Discard(),
-        max_queue_size=BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"],
-        schedule_delay_millis=BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"],
-        max_export_batch_size=BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"],
-    ))
+    provider.add_span_processor(
+        EncodingSpanProcessor(
+            Discard(),
+            max_queue_size=BATCH_DEFAULTS["OTEL_BSP_MAX_QUEUE_SIZE"],
+            schedule_delay_millis=BATCH_DEFAULTS["OTEL_BSP_SCHEDULE_DELAY"],
+            max_export_batch_size=BATCH_DEFAULTS["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"],
+        )
+    )
     trace.set_tracer_provider(provider)
     from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
-
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
 
     from gym_autoinstr.fastpath import histograms
@@ -191,8 +190,10 @@ def build() -> Bench:
     try:  # as the egress pointcut wraps it (older trees, for --code: a bare FunctionWrapper)
         from gym_autoinstr.patching import wrap
     except ImportError:
+
         def wrap(original, advice, module_level):
             return wrapt.FunctionWrapper(original, advice)
+
     wrapped_request = wrap(request, egress.request_advice, module_level=True)
 
     class Body:
@@ -230,13 +231,28 @@ def build() -> Bench:
         endpoint = wrapped_verify
 
     setattr(wrapped_verify, metrics.SEAM_ATTRIBUTE, routes.seam_metric("gym.verify", "example_single_tool_call"))
-    scope = {"route": Route(), "type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
-             "server": ("127.0.0.1", 8000), "headers": [(b"content-type", b"application/json"),
-             (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]}
+    scope = {
+        "route": Route(),
+        "type": "http",
+        "method": "POST",
+        "path": "/verify",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ],
+    }
 
     # The same request from a caller whose span the sampler dropped (flags 00).
-    dropped_scope = {**scope, "headers": [(b"content-type", b"application/json"),
-                     (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-02")]}
+    dropped_scope = {
+        **scope,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-02"),
+        ],
+    }
     # The same request with no caller context (a rollout's root at the agent).
     root_scope = {**scope, "headers": [(b"content-type", b"application/json")]}
     # Dropped callers' requests, each of a rollout not seen before (more than the caches hold)
@@ -244,14 +260,27 @@ def build() -> Bench:
     import random
 
     ids = random.Random(5)
-    first_scopes = itertools.cycle([
-        {**scope, "headers": [(b"content-type", b"application/json"),
-                              (b"traceparent", f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-02".encode())]}
-        for _ in range(4096)])
+    first_scopes = itertools.cycle(
+        [
+            {
+                **scope,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"traceparent", f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-02".encode()),
+                ],
+            }
+            for _ in range(4096)
+        ]
+    )
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    dropped_context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
-        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True, trace_flags=TraceFlags(0))))
+    dropped_context = trace.set_span_in_context(
+        NonRecordingSpan(
+            SpanContext(
+                0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True, trace_flags=TraceFlags(0)
+            )
+        )
+    )
 
     async def receive():
         return {"type": "http.request", "body": b"{}"}
@@ -294,8 +323,9 @@ def build() -> Bench:
 
     from gym_autoinstr.advice import job
 
-    examples_job = job._ExamplesJob(job.JobState(span=NonRecordingSpan(INVALID_SPAN_CONTEXT), job_id="bench",
-                                                 reroot=False))
+    examples_job = job._ExamplesJob(
+        job.JobState(span=NonRecordingSpan(INVALID_SPAN_CONTEXT), job_id="bench", reroot=False)
+    )
 
     async def one_rollout():
         return None
@@ -343,10 +373,17 @@ def build() -> Bench:
             "off": lambda: traced_function._remote(args=call_args, kwargs=call_kwargs, num_returns=1),
         },
     }
-    enabled = {"unwrapped": groups.ALL_GROUPS, "off": frozenset(), "on": groups.ALL_GROUPS,
-               "off+metrics": frozenset(), "on+metrics": groups.ALL_GROUPS,
-               "dropped": groups.ALL_GROUPS, "dropped+metrics": groups.ALL_GROUPS,
-               "root-dropped+metrics": groups.ALL_GROUPS, "dropped-first+metrics": groups.ALL_GROUPS}
+    enabled = {
+        "unwrapped": groups.ALL_GROUPS,
+        "off": frozenset(),
+        "on": groups.ALL_GROUPS,
+        "off+metrics": frozenset(),
+        "on+metrics": groups.ALL_GROUPS,
+        "dropped": groups.ALL_GROUPS,
+        "dropped+metrics": groups.ALL_GROUPS,
+        "root-dropped+metrics": groups.ALL_GROUPS,
+        "dropped-first+metrics": groups.ALL_GROUPS,
+    }
     return Bench(cases, enabled, dropped_context, provider, lambda: Discard.exported)
 
 
@@ -358,7 +395,7 @@ def main() -> None:
     for rep in range(reps):
         for site, variants in bench.cases.items():
             order = list(variants)
-            order = order[rep % len(order):] + order[:rep % len(order)]
+            order = order[rep % len(order) :] + order[: rep % len(order)]
             for variant in order:
                 n = number if not variant.startswith("on") else max(1000, number // 10)
                 fn = variants[variant]

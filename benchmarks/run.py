@@ -25,8 +25,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -57,8 +57,9 @@ def use_bench_venvs() -> None:
     or ``GYM_AUTOINSTR_BENCH_CACHE``): the test suite's venvs get rebuilt when someone
     runs the tests after a pyproject change, which would pull a venv from under a running
     trio."""
-    os.environ.setdefault("GYM_AUTOINSTR_TEST_CACHE", os.environ.get(
-        "GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs")))
+    os.environ.setdefault(
+        "GYM_AUTOINSTR_TEST_CACHE", os.environ.get("GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs"))
+    )
     log("building / checking venvs (cached under .cache/bench-gymenvs)")
 
 
@@ -83,7 +84,7 @@ class Variant:
     instrument: bool
     env: dict
     index: int = 0
-    trio: "GymTrio | None" = None
+    trio: GymTrio | None = None
     startup: dict = field(default_factory=dict)  # server -> seconds from process start to port open
     trio_ready: float = 0.0
     samples: dict = field(default_factory=lambda: {"c1": [], "cn": []})
@@ -98,7 +99,7 @@ class Variant:
     def tag(self, phase: int) -> bytes:
         return bytes([0xB3, 0x4C, self.index, phase])
 
-    def load_tag(self, phase: int) -> "bytes | None":
+    def load_tag(self, phase: int) -> bytes | None:
         return self.tag(phase) if self.traceparent else None
 
     @property
@@ -135,13 +136,16 @@ VARIANT_HELP = {
 def variants_help(by_default: bool = False) -> str:
     """The variants besides bare, each with what it is, in ``VARIANT_KEYS`` order
     (``by_default``: marking those a run that names none leaves out)."""
-    return "; ".join(f"{key}: {VARIANT_HELP[key]}"
-                     + (" (only when named)" if by_default and key in ONLY_WHEN_NAMED else "")
-                     for key in VARIANT_KEYS if key != "bare")
+    return "; ".join(
+        f"{key}: {VARIANT_HELP[key]}" + (" (only when named)" if by_default and key in ONLY_WHEN_NAMED else "")
+        for key in VARIANT_KEYS
+        if key != "bare"
+    )
 
 
-def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None,
-                  instrument: bool = True) -> list[Variant]:
+def make_variants(
+    keys, venvs: dict, otlp: dict, extra_env: dict | None = None, instrument: bool = True
+) -> list[Variant]:
     """The variants named by ``keys`` (bare first, always).  Every instrumented one
     exports spans and metrics over OTLP/HTTP to ``otlp``'s endpoint, as a user with
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` set gets them (metrics follow the spans' endpoint;
@@ -151,8 +155,9 @@ def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None
     extra = dict(extra_env or {})
 
     def ours(key: str, label: str, env: dict, **kw) -> Variant:
-        return Variant(key, label, venvs["ours"], instrument, {**otlp, RUN_ID: f"bench-{key}", **env, **extra},
-                       flush_s=1.0, **kw)
+        return Variant(
+            key, label, venvs["ours"], instrument, {**otlp, RUN_ID: f"bench-{key}", **env, **extra}, flush_s=1.0, **kw
+        )
 
     table = {
         "bare": lambda: Variant("bare", "bare", venvs["bare"], False, dict(extra)),
@@ -160,16 +165,16 @@ def make_variants(keys, venvs: dict, otlp: dict, extra_env: "dict | None" = None
         # run, from whatever stays fixed in a trio for its life (its heap's layout, the
         # cores its servers settle on); each variant is one trio, started once per run.
         "bare2": lambda: Variant("bare2", "bare, a second trio (A/A)", venvs["bare"], False, dict(extra)),
-        "generic": lambda: Variant("generic", "generic", venvs["generic"], instrument, {**otlp, **extra},
-                                   flush_s=5.0),
+        "generic": lambda: Variant("generic", "generic", venvs["generic"], instrument, {**otlp, **extra}, flush_s=5.0),
         # Everything of ours loaded and patched (OpenTelemetry's start-up, our modules, the
         # gated wrappers, the frozen start-up heap), but no SDK: no spans, no metrics.  What
         # the process's footprint costs before any per-request work, the floor under `off`.
         "inert": lambda: ours("inert", "ours, inert (no SDK)", INERT),
         "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
         "default": lambda: ours("default", "ours, default", {SPAN_GROUPS: "default"}),
-        "sampled": lambda: ours("sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT},
-                                traceparent=False),
+        "sampled": lambda: ours(
+            "sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT}, traceparent=False
+        ),
         "per_rollout": lambda: ours("per_rollout", "ours, per_rollout", {SPAN_GROUPS: "per_rollout"}),
         "all": lambda: ours("all", "ours, all", {SPAN_GROUPS: "all"}),
     }
@@ -215,8 +220,14 @@ def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str, attempt
     """Start the variant's trio; again on new ports when a port it was given was taken
     before its server bound it (other trios and other users start servers too)."""
     for attempt in range(1, attempts + 1):
-        trio = GymTrio(variant.venv, GYM_VERSION, workdir / variant.key, policy_url=policy_url,
-                       instrument=variant.instrument, env=variant.env)
+        trio = GymTrio(
+            variant.venv,
+            GYM_VERSION,
+            workdir / variant.key,
+            policy_url=policy_url,
+            instrument=variant.instrument,
+            env=variant.env,
+        )
         ready_at: dict[str, float] = {}
         stop = threading.Event()
 
@@ -245,11 +256,13 @@ def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str, attempt
     for name in SERVERS:
         if name in ready_at and name in procs:
             variant.startup[name] = ready_at[name] - procs[name].create_time()
-    log(f"{variant.label}: trio ready in {trio.startup_seconds:.1f}s; servers to port-open "
-        + ", ".join(f"{n.split('_')[-1]}={s:.2f}s" for n, s in variant.startup.items()))
+    log(
+        f"{variant.label}: trio ready in {trio.startup_seconds:.1f}s; servers to port-open "
+        + ", ".join(f"{n.split('_')[-1]}={s:.2f}s" for n, s in variant.startup.items())
+    )
 
 
-def start_trios(variants: "list[Variant]", workdir: pathlib.Path, policy_url: str, parallel: int) -> None:
+def start_trios(variants: list[Variant], workdir: pathlib.Path, policy_url: str, parallel: int) -> None:
     """Every variant's trio, ``parallel`` starting at once."""
     log(f"starting {len(variants)} trios, {parallel} at a time")
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
@@ -257,7 +270,7 @@ def start_trios(variants: "list[Variant]", workdir: pathlib.Path, policy_url: st
             future.result()
 
 
-def stop_trios(variants: "list[Variant]") -> None:
+def stop_trios(variants: list[Variant]) -> None:
     for v in variants:
         if v.trio is not None:
             v.trio.stop()
@@ -301,26 +314,35 @@ def settle(variant: Variant, sink: CountingSink, phase: int, limit: float = 30.0
     return time.monotonic() - t0
 
 
-def measure(variant: Variant, phase: int, seconds: float, concurrency: int, body: bytes,
-            sink: "CountingSink | None" = None) -> dict:
+def measure(
+    variant: Variant, phase: int, seconds: float, concurrency: int, body: bytes, sink: CountingSink | None = None
+) -> dict:
     """Rollouts started for ``seconds`` by ``concurrency`` closed-loop clients.  With a
     ``sink``, CPU is read after the window's spans were exported (``settle``), less the
     variant's idle CPU over that wait."""
     trio = variant.trio
     cpu0 = server_cpu(trio)
-    result = run_load(trio.run_url, body, 10**6, concurrency, tag=variant.load_tag(phase), check=rewarded,
-                      duration=seconds)
+    result = run_load(
+        trio.run_url, body, 10**6, concurrency, tag=variant.load_tag(phase), check=rewarded, duration=seconds
+    )
     waited = settle(variant, sink, phase) if sink is not None else 0.0
     cpu1 = server_cpu(trio) - variant.idle_cpu_per_s * waited
     n = result.n
     if result.errors:
-        raise RuntimeError(f"{variant.label}: {result.errors}/{n} rollouts failed: {result.first_error}\n"
-                           + trio.log_tail(30))
-    return {"n": n, "seconds": result.seconds, "rps": result.per_second, "cpu_ms": (cpu1 - cpu0) / n * 1e3,
-            "latencies": result.latencies, "settle_s": waited}
+        raise RuntimeError(
+            f"{variant.label}: {result.errors}/{n} rollouts failed: {result.first_error}\n" + trio.log_tail(30)
+        )
+    return {
+        "n": n,
+        "seconds": result.seconds,
+        "rps": result.per_second,
+        "cpu_ms": (cpu1 - cpu0) / n * 1e3,
+        "latencies": result.latencies,
+        "settle_s": waited,
+    }
 
 
-def measure_idle(variants: "list[Variant]", seconds: float = 4.0) -> None:
+def measure_idle(variants: list[Variant], seconds: float = 4.0) -> None:
     """Each trio's server CPU per second with no load (all trios at once)."""
     before = {v.key: server_cpu(v.trio) for v in variants}
     time.sleep(seconds)
@@ -335,7 +357,7 @@ def rotated(items: list, turn: int) -> list:
     return items[turn:] + items[:turn]
 
 
-def bracketed_windows(bare: Variant, order: "list[Variant]", window: Any) -> None:
+def bracketed_windows(bare: Variant, order: list[Variant], window: Any) -> None:
     """One repetition's concurrency-n windows: bare before the first variant, between any
     two and after the last (``window(v)`` measures one).  Each variant's window is compared
     with the two bare windows around it, pooled (their CPU over their rollouts; their
@@ -356,17 +378,28 @@ def bracketed_windows(bare: Variant, order: "list[Variant]", window: Any) -> Non
         before = after
 
 
-def load_together(variants: "list[Variant]", sink: CountingSink, body: bytes, seconds: float, concurrency: int,
-                  phase: int) -> "tuple[dict, float]":
+def load_together(
+    variants: list[Variant], sink: CountingSink, body: bytes, seconds: float, concurrency: int, phase: int
+) -> tuple[dict, float]:
     """Every variant loaded at the same time for ``seconds`` (one closed-loop load
     generator per trio, on threads), then every trio's spans of the window settled at the
     sink.  Returns the loads by variant key and the seconds waited after them; raises if
     a rollout failed.  The load threads start, and the trios settle, in the order given:
     callers rotate it from one window to the next (``rotated``)."""
     with concurrent.futures.ThreadPoolExecutor(len(variants)) as pool:
-        futures = {v.key: pool.submit(run_load, v.trio.run_url, body, 10**6, concurrency,
-                                      tag=v.load_tag(phase), check=rewarded, duration=seconds)
-                   for v in variants}
+        futures = {
+            v.key: pool.submit(
+                run_load,
+                v.trio.run_url,
+                body,
+                10**6,
+                concurrency,
+                tag=v.load_tag(phase),
+                check=rewarded,
+                duration=seconds,
+            )
+            for v in variants
+        }
         loads = {k: f.result() for k, f in futures.items()}
     ended = time.monotonic()
     for v in variants:
@@ -375,16 +408,24 @@ def load_together(variants: "list[Variant]", sink: CountingSink, body: bytes, se
     for v in variants:
         result = loads[v.key]
         if result.errors:
-            raise RuntimeError(f"{v.label}: {result.errors}/{result.n} rollouts failed: {result.first_error}\n"
-                               + v.trio.log_tail(30))
+            raise RuntimeError(
+                f"{v.label}: {result.errors}/{result.n} rollouts failed: {result.first_error}\n" + v.trio.log_tail(30)
+            )
     return loads, waited
 
 
 TOGETHER_KEYS = ("bare", "default", "sampled")
 
 
-def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes, windows: "list[int]",
-                     seconds: float, concurrency: int, trio_set: int = 0) -> dict:
+def sampled_together(
+    variants: list[Variant],
+    sink: CountingSink,
+    body: bytes,
+    windows: list[int],
+    seconds: float,
+    concurrency: int,
+    trio_set: int = 0,
+) -> dict:
     """The sampled-out target's own windows: bare, ours default and ours sampled out loaded
     at the same time, so that the machine's drift (several ms per rollout between the
     taking-turns windows, against a difference of about one) is the same for the three.
@@ -401,21 +442,21 @@ def sampled_together(variants: "list[Variant]", sink: CountingSink, body: bytes,
         for v in picked:
             result = loads[v.key]
             cpu = server_cpu(v.trio) - before[v.key] - v.idle_cpu_per_s * waited
-            out[v.key].append({"n": result.n, "cpu_ms": cpu / result.n * 1e3 if result.n else float("nan"),
-                               "set": trio_set})
-        log(f"together window {i + 1}: ms/rollout "
-            + ", ".join(f"{k}={w[-1]['cpu_ms']:.2f}" for k, w in out.items()))
+            out[v.key].append(
+                {"n": result.n, "cpu_ms": cpu / result.n * 1e3 if result.n else float("nan"), "set": trio_set}
+            )
+        log(f"together window {i + 1}: ms/rollout " + ", ".join(f"{k}={w[-1]['cpu_ms']:.2f}" for k, w in out.items()))
     return out
 
 
-def together_overheads(together: dict) -> "tuple[list[float], list[float]]":
+def together_overheads(together: dict) -> tuple[list[float], list[float]]:
     """Per together window, the CPU per rollout over bare's of ours default and of ours
     sampled out."""
     bare, default, sampled = ([w["cpu_ms"] for w in together[k]] for k in TOGETHER_KEYS)
     return [d - b for b, d in zip(bare, default)], [s - b for b, s in zip(bare, sampled)]
 
 
-def together_ratios(together: dict) -> "tuple[list[float], float | None]":
+def together_ratios(together: dict) -> tuple[list[float], float | None]:
     """A sampled-out rollout's overhead over a traced one's: per window, and pooled (all
     CPU over all rollouts of the windows)."""
     if not together:
@@ -437,9 +478,14 @@ def together_ratios(together: dict) -> "tuple[list[float], float | None]":
 
 def micro_benchmarks(ours_venv: pathlib.Path, quick: bool) -> dict:
     args = ["5", "10000"] if quick else ["9", "20000"]
-    out = subprocess.run([str(ours_venv / "bin" / "python"), "-m", "benchmarks.micro", *args],
-                         cwd=REPO, capture_output=True, text=True, check=True,
-                         env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))})
+    out = subprocess.run(
+        [str(ours_venv / "bin" / "python"), "-m", "benchmarks.micro", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_"))},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -458,7 +504,7 @@ def import_startup(variants: list[Variant], reps: int) -> dict:
     cpu: dict[str, list[float]] = {v.key: [] for v in variants}
     code = "import time; import app; print(time.time())"
     for rep in range(reps):
-        for variant, exe, cwd, env in plans[rep % len(plans):] + plans[:rep % len(plans)]:
+        for variant, exe, cwd, env in plans[rep % len(plans) :] + plans[: rep % len(plans)]:
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.time()
             out = subprocess.run([exe, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
@@ -504,9 +550,15 @@ def burst(trio: GymTrio, n: int, concurrency: int, tag: bytes) -> dict:
     result = run_load(url, b"{}", n, concurrency, tag=tag)
     time.sleep(2.0)
     rss1 = proc.memory_info().rss
-    return {"n": n, "rps": result.per_second, "errors": result.errors, "first_error": result.first_error,
-            "rss_before_mb": rss0 / 2**20, "rss_after_mb": rss1 / 2**20,
-            "p99_ms": _pct(result.latencies, 99) * 1e3}
+    return {
+        "n": n,
+        "rps": result.per_second,
+        "errors": result.errors,
+        "first_error": result.first_error,
+        "rss_before_mb": rss0 / 2**20,
+        "rss_after_mb": rss1 / 2**20,
+        "p99_ms": _pct(result.latencies, 99) * 1e3,
+    }
 
 
 # ------------------------------------------------------------------ report
@@ -522,26 +574,32 @@ def machine() -> dict:
     except OSError:
         pass
     py = find_python(python_minor_for(GYM_VERSION))
-    gym_python = subprocess.run([py, "-c", "import sys; print(sys.version.split()[0])"],
-                                capture_output=True, text=True).stdout.strip()
-    return {"nproc": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "cpu": model or platform.processor(), "python_gym": gym_python,
-            "python_runner": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+    gym_python = subprocess.run(
+        [py, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": model or platform.processor(),
+        "python_gym": gym_python,
+        "python_runner": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+    }
 
 
-def bare_reference(row: dict, bare: dict) -> "list[float]":
+def bare_reference(row: dict, bare: dict) -> list[float]:
     """Bare's CPU per rollout to compare a variant's windows with: the bare windows around
     each (``bare_cpu_ms``), or, in results saved before those existed, the repetition's
     one bare window."""
     return list(row.get("bare_cpu_ms") or bare["cpu_ms"])
 
 
-def capacity_ratios(row: dict, bare: dict) -> "list[float]":
+def capacity_ratios(row: dict, bare: dict) -> list[float]:
     """Bare's CPU per rollout over the variant's, per window."""
     return [b / c for b, c in zip(bare_reference(row, bare), row["cpu_ms"]) if c > 0]
 
 
-def _verdict(values, target: float, at_least: bool) -> "tuple[str, str]":
+def _verdict(values, target: float, at_least: bool) -> tuple[str, str]:
     if not values:
         return "not measured", "-"
     value = _median(values)
@@ -549,8 +607,9 @@ def _verdict(values, target: float, at_least: bool) -> "tuple[str, str]":
     return _spread(values), "**pass**" if ok else "**fail**"
 
 
-def ratio_interval(num: "list[float]", den: "list[float]", level: float = 0.90, draws: int = 2000,
-                   groups: "list | None" = None) -> "tuple[float, float, float] | None":
+def ratio_interval(
+    num: list[float], den: list[float], level: float = 0.90, draws: int = 2000, groups: list | None = None
+) -> tuple[float, float, float] | None:
     """``sum(num) / sum(den)`` over paired samples (repetitions or windows), and a
     bootstrap interval for it: the pairs resampled with replacement ``draws`` times, the
     ratio's central ``level`` of them.  With ``groups`` (a label per pair: the trio set it
@@ -575,11 +634,14 @@ def ratio_interval(num: "list[float]", den: "list[float]", level: float = 0.90, 
         ratios.append(sum(n for n, _ in picked) / total if total > 0 else float("inf"))
     ratios.sort()
     tail = (1 - level) / 2
-    return (sum(n for n, _ in pairs) / sum(d for _, d in pairs),
-            ratios[int(tail * draws)], ratios[min(draws - 1, int((1 - tail) * draws))])
+    return (
+        sum(n for n, _ in pairs) / sum(d for _, d in pairs),
+        ratios[int(tail * draws)],
+        ratios[min(draws - 1, int((1 - tail) * draws))],
+    )
 
 
-def per_set(num: "list[float]", den: "list[float]", groups: "list | None") -> "list[float]":
+def per_set(num: list[float], den: list[float], groups: list | None) -> list[float]:
     """``sum(num) / sum(den)`` within each trio set, in the sets' order; [] for one set."""
     if not groups or len(set(groups)) < 2 or len(groups) != len(num):
         return []
@@ -592,7 +654,7 @@ def per_set(num: "list[float]", den: "list[float]", groups: "list | None") -> "l
     return out
 
 
-def budget_table(results: dict) -> "list[str]":
+def budget_table(results: dict) -> list[str]:
     """Issue 13's targets, each with its measured value (median [min-max] of repetitions)
     and the ratio of the means with its bootstrap interval."""
     rows = {r["key"]: r for r in results["variants"]}
@@ -607,8 +669,7 @@ def budget_table(results: dict) -> "list[str]":
 
     def overhead_pairs(key, over):
         a, b = rows.get(key), rows.get(over)
-        return (([], [], []) if a is None or b is None
-                else (a["cpu_overhead_ms"], b["cpu_overhead_ms"], a.get("set")))
+        return ([], [], []) if a is None or b is None else (a["cpu_overhead_ms"], b["cpu_overhead_ms"], a.get("set"))
 
     generic = (results.get("cpu_overhead_vs_generic") or {}).get("default", [])
     together_data = results.get("sampled_together") or {}
@@ -619,26 +680,50 @@ def budget_table(results: dict) -> "list[str]":
     else:
         sampled_pairs = overhead_pairs("sampled", "default")
     checks = [
-        ("default preset: CPU capacity ratio to bare", ">= 0.90", capacity("default"), 0.90, True,
-         capacity_pairs("default")),
-        ("default preset: CPU overhead per rollout relative to the generic stack's", "<= 0.25", generic, 0.25, False,
-         overhead_pairs("default", "generic")),
+        (
+            "default preset: CPU capacity ratio to bare",
+            ">= 0.90",
+            capacity("default"),
+            0.90,
+            True,
+            capacity_pairs("default"),
+        ),
+        (
+            "default preset: CPU overhead per rollout relative to the generic stack's",
+            "<= 0.25",
+            generic,
+            0.25,
+            False,
+            overhead_pairs("default", "generic"),
+        ),
         ("all groups off: CPU capacity ratio to bare", ">= 0.99", capacity("off"), 0.99, True, capacity_pairs("off")),
-        ("a sampled-out rollout's CPU overhead relative to a traced one's"
-         + (" (loaded together, per window)" if together else ""), "<= 0.20",
-         together or results.get("sampled_over_traced", []), 0.20, False, sampled_pairs),
+        (
+            "a sampled-out rollout's CPU overhead relative to a traced one's"
+            + (" (loaded together, per window)" if together else ""),
+            "<= 0.20",
+            together or results.get("sampled_over_traced", []),
+            0.20,
+            False,
+            sampled_pairs,
+        ),
     ]
     n_sets = results.get("trio_sets", 1)
-    out = ["Budget (issue 13; median [min-max] over repetitions, the verdict's figure; beside it the ratio of "
-           "the means over the repetitions or windows, with a 90% bootstrap interval: where the interval holds "
-           "the goal, this run cannot tell which side of it the cost is on; "
-           + (f"every trio was started afresh for each of the run's {n_sets} sets, and the interval resamples "
-              "the sets and the windows within them, so it holds what stays fixed in a trio for its life; the last column is "
-              "the ratio of means within each set):" if n_sets > 1 else
-              "the interval is this run's noise alone, not the drift between runs):"), "",
-           "| target | goal | measured | verdict | ratio of means [90% interval] |"
-           + (" per trio set |" if n_sets > 1 else ""),
-           "|---|---|---|---|---|" + ("---|" if n_sets > 1 else "")]
+    out = [
+        "Budget (issue 13; median [min-max] over repetitions, the verdict's figure; beside it the ratio of "
+        "the means over the repetitions or windows, with a 90% bootstrap interval: where the interval holds "
+        "the goal, this run cannot tell which side of it the cost is on; "
+        + (
+            f"every trio was started afresh for each of the run's {n_sets} sets, and the interval resamples "
+            "the sets and the windows within them, so it holds what stays fixed in a trio for its life; the last column is "
+            "the ratio of means within each set):"
+            if n_sets > 1
+            else "the interval is this run's noise alone, not the drift between runs):"
+        ),
+        "",
+        "| target | goal | measured | verdict | ratio of means [90% interval] |"
+        + (" per trio set |" if n_sets > 1 else ""),
+        "|---|---|---|---|---|" + ("---|" if n_sets > 1 else ""),
+    ]
     for name, goal, values, target, at_least, (num, den, groups) in checks:
         measured, verdict = _verdict(values, target, at_least)
         pooled = ratio_interval(num, den, groups=groups)
@@ -648,12 +733,16 @@ def budget_table(results: dict) -> "list[str]":
     d = rows.get("default")
     if d:
         c = results["concurrency"]
-        out.append(f"| default preset: rollouts/s ratio to bare, c=1 / c={c} (beside the CPU ratio) | - | "
-                   f"{_spread(d['ratio_c1'])} / {_spread(d['ratio_cn'])} | - | - |" + (" - |" if n_sets > 1 else ""))
+        out.append(
+            f"| default preset: rollouts/s ratio to bare, c=1 / c={c} (beside the CPU ratio) | - | "
+            f"{_spread(d['ratio_c1'])} / {_spread(d['ratio_cn'])} | - | - |" + (" - |" if n_sets > 1 else "")
+        )
         points = d.get("metric_points")
-        out.append(f"| default preset: metrics on, exported over OTLP to the collector | yes | "
-                   f"{'yes' if points else 'no'} ({points} data points) | "
-                   f"{'**pass**' if points else '**fail**'} | - |" + (" - |" if n_sets > 1 else ""))
+        out.append(
+            f"| default preset: metrics on, exported over OTLP to the collector | yes | "
+            f"{'yes' if points else 'no'} ({points} data points) | "
+            f"{'**pass**' if points else '**fail**'} | - |" + (" - |" if n_sets > 1 else "")
+        )
     out.append("")
     return out
 
@@ -667,7 +756,7 @@ def tear_down(variants: list, policy: Any, collector: Any, sink: Any, scratch: p
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def finish(results: dict, t_start: float, render: Any, json_path: "pathlib.Path | None") -> None:
+def finish(results: dict, t_start: float, render: Any, json_path: pathlib.Path | None) -> None:
     """Print the report and the run time; keep the raw results when asked."""
     results["elapsed_s"] = time.monotonic() - t_start
     print(render(results))
@@ -681,20 +770,32 @@ def report(results: dict) -> str:
     bare = variants[0]
     lines = []
     m = results["machine"]
-    lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB; Gym on Python {m['python_gym']}; "
-                 f"load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}")
-    lines.append(f"mode: {results['mode']}; {results['reps']} repetitions, each: {results['t1']:g} s of rollouts at "
-                 f"concurrency 1 and {results['tn']:g} s at concurrency {results['concurrency']} per variant, "
-                 f"variants interleaved ({results['rollouts']} rollouts in all); ratios per repetition, "
-                 "median [min-max]"
-                 + ("; each variant's concurrency-n window between two of bare's, its reference"
-                    if any(v.get("bare_cpu_ms") for v in variants[1:]) else "")
-                 + (f"; every trio stopped and started afresh between the run's {results['trio_sets']} sets of "
-                    "repetitions" if results.get("trio_sets", 1) > 1 else ""))
+    lines.append(
+        f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB; Gym on Python {m['python_gym']}; "
+        f"load average at start {', '.join(f'{x:.1f}' for x in m['load_avg_at_start'])}"
+    )
+    lines.append(
+        f"mode: {results['mode']}; {results['reps']} repetitions, each: {results['t1']:g} s of rollouts at "
+        f"concurrency 1 and {results['tn']:g} s at concurrency {results['concurrency']} per variant, "
+        f"variants interleaved ({results['rollouts']} rollouts in all); ratios per repetition, "
+        "median [min-max]"
+        + (
+            "; each variant's concurrency-n window between two of bare's, its reference"
+            if any(v.get("bare_cpu_ms") for v in variants[1:])
+            else ""
+        )
+        + (
+            f"; every trio stopped and started afresh between the run's {results['trio_sets']} sets of repetitions"
+            if results.get("trio_sets", 1) > 1
+            else ""
+        )
+    )
     lines.append("")
-    lines.append(f"| variant | rollouts/s c=1 | ratio to bare c=1 | rollouts/s c={results['concurrency']} | "
-                 f"ratio to bare c={results['concurrency']} | server CPU ms/rollout | CPU overhead ms/rollout | "
-                 "CPU capacity ratio | p50 / p99 ms (c=1) | spans/rollout |")
+    lines.append(
+        f"| variant | rollouts/s c=1 | ratio to bare c=1 | rollouts/s c={results['concurrency']} | "
+        f"ratio to bare c={results['concurrency']} | server CPU ms/rollout | CPU overhead ms/rollout | "
+        "CPU capacity ratio | p50 / p99 ms (c=1) | spans/rollout |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for v in variants:
         capacity = capacity_ratios(v, bare)
@@ -703,74 +804,99 @@ def report(results: dict) -> str:
             f"{_spread(v['ratio_cn'])} | {_median(v['cpu_ms']):.2f} | "
             f"{'-' if v is bare else _spread(v['cpu_overhead_ms'], '{:.2f}')} | "
             f"{'-' if v is bare else _spread(capacity)} | "
-            f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f} | {v['spans_per_rollout']:.1f} |")
+            f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f} | {v['spans_per_rollout']:.1f} |"
+        )
     lines.append("")
-    lines.append("CPU capacity ratio: bare's server CPU per rollout over the variant's, per repetition (bare's "
-                 "from the bare windows just before and after the variant's, where taken; the rollouts/s ratio a "
-                 "CPU-bound machine converges to; steadier than rollouts/s on a shared host).")
+    lines.append(
+        "CPU capacity ratio: bare's server CPU per rollout over the variant's, per repetition (bare's "
+        "from the bare windows just before and after the variant's, where taken; the rollouts/s ratio a "
+        "CPU-bound machine converges to; steadier than rollouts/s on a shared host)."
+    )
     lines.append("")
     twin = next((v for v in variants if v["key"] == "bare2"), None)
     if twin is not None:
         interval = ratio_interval(bare_reference(twin, bare), twin["cpu_ms"], groups=twin.get("set"))
-        lines.append("A/A, a second bare trio against bare: CPU capacity ratio "
-                     f"{_spread(capacity_ratios(twin, bare))}"
-                     + (f", ratio of means {interval[0]:.3f} [{interval[1]:.3f}-{interval[2]:.3f}]" if interval else "")
-                     + ". The same code in two trios: how far apart two trios read over a run; "
-                     + ("the trios were started afresh for each of the run's "
-                        f"{results.get('trio_sets')} sets, and the interval resamples the sets, so it holds this."
-                        if results.get("trio_sets", 1) > 1 else
-                        "the 90% intervals of the budget below hold the noise of the repetitions, not this."))
+        lines.append(
+            "A/A, a second bare trio against bare: CPU capacity ratio "
+            f"{_spread(capacity_ratios(twin, bare))}"
+            + (f", ratio of means {interval[0]:.3f} [{interval[1]:.3f}-{interval[2]:.3f}]" if interval else "")
+            + ". The same code in two trios: how far apart two trios read over a run; "
+            + (
+                "the trios were started afresh for each of the run's "
+                f"{results.get('trio_sets')} sets, and the interval resamples the sets, so it holds this."
+                if results.get("trio_sets", 1) > 1
+                else "the 90% intervals of the budget below hold the noise of the repetitions, not this."
+            )
+        )
         lines.append("")
     inert = next((v for v in variants if v["key"] == "inert"), None)
     if inert is not None:
-        beyond = {v["key"]: [a - b for a, b in zip(v["cpu_overhead_ms"], inert["cpu_overhead_ms"])]
-                  for v in variants if v["key"] not in (*UNINSTRUMENTED, "generic")}
-        lines.append(f"Inert ({VARIANT_HELP['inert']}, before any per-request work): CPU "
-                     f"overhead {_spread(inert['cpu_overhead_ms'], '{:.2f}')} ms per rollout; each variant's overhead "
-                     "beyond it, per repetition: "
-                     + ", ".join(f"{k} {_spread(d, '{:.2f}')} ms" for k, d in beyond.items()))
+        beyond = {
+            v["key"]: [a - b for a, b in zip(v["cpu_overhead_ms"], inert["cpu_overhead_ms"])]
+            for v in variants
+            if v["key"] not in (*UNINSTRUMENTED, "generic")
+        }
+        lines.append(
+            f"Inert ({VARIANT_HELP['inert']}, before any per-request work): CPU "
+            f"overhead {_spread(inert['cpu_overhead_ms'], '{:.2f}')} ms per rollout; each variant's overhead "
+            "beyond it, per repetition: " + ", ".join(f"{k} {_spread(d, '{:.2f}')} ms" for k, d in beyond.items())
+        )
         lines.append("")
     g = results.get("cpu_overhead_vs_generic")
     if g:
-        lines.append("CPU overhead per rollout relative to the generic stack's (same repetition): "
-                     + ", ".join(f"{k} {_spread(vals)}" for k, vals in g.items()))
+        lines.append(
+            "CPU overhead per rollout relative to the generic stack's (same repetition): "
+            + ", ".join(f"{k} {_spread(vals)}" for k, vals in g.items())
+        )
         lines.append("")
     if results.get("sampled_over_traced"):
-        lines.append("A sampled-out rollout's CPU overhead relative to a traced one's (ours default, "
-                     "`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, ratio 0, over ours default, same repetition): "
-                     + _spread(results["sampled_over_traced"]))
+        lines.append(
+            "A sampled-out rollout's CPU overhead relative to a traced one's (ours default, "
+            "`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, ratio 0, over ours default, same repetition): "
+            + _spread(results["sampled_over_traced"])
+        )
         lines.append("")
     together = results.get("sampled_together")
     if together:
         per_window, pooled = together_ratios(together)
         w = results.get("together_window", {})
-        lines.append(f"The same, with bare, ours default and ours sampled out loaded at the same time "
-                     f"({len(together['bare'])} windows of {w.get('seconds', 0):g} s, concurrency "
-                     f"{w.get('concurrency', 0)} each; the budget's figure): overhead ms per rollout, median "
-                     f"[min-max] of windows, default "
-                     + _spread(together_overheads(together)[0], "{:.2f}")
-                     + ", sampled out "
-                     + _spread(together_overheads(together)[1], "{:.2f}")
-                     + f"; sampled out over traced {_spread(per_window)} per window"
-                     + (f", {pooled:.3f} pooled" if pooled is not None else ""))
+        lines.append(
+            f"The same, with bare, ours default and ours sampled out loaded at the same time "
+            f"({len(together['bare'])} windows of {w.get('seconds', 0):g} s, concurrency "
+            f"{w.get('concurrency', 0)} each; the budget's figure): overhead ms per rollout, median "
+            f"[min-max] of windows, default "
+            + _spread(together_overheads(together)[0], "{:.2f}")
+            + ", sampled out "
+            + _spread(together_overheads(together)[1], "{:.2f}")
+            + f"; sampled out over traced {_spread(per_window)} per window"
+            + (f", {pooled:.3f} pooled" if pooled is not None else "")
+        )
         lines.append("")
     metric_rows = [v for v in variants if v.get("metric_points") is not None]
     if metric_rows:
-        lines.append("Metrics exported over OTLP to the collector during the run (data points received, distinct "
-                     "metric names), by the trio's run id: "
-                     + ", ".join(f"{v['key']} {v['metric_points']} ({v['metric_names']})" for v in metric_rows))
+        lines.append(
+            "Metrics exported over OTLP to the collector during the run (data points received, distinct "
+            "metric names), by the trio's run id: "
+            + ", ".join(f"{v['key']} {v['metric_points']} ({v['metric_names']})" for v in metric_rows)
+        )
         lines.append("")
     lines.extend(budget_table(results))
     micro = results.get("micro")
     if micro:
-        lines.append(f"Micro-benchmarks (ns per call, CPU time, best of {micro['reps']}; in brackets the median "
-                     "per-repetition difference to unwrapped):")
+        lines.append(
+            f"Micro-benchmarks (ns per call, CPU time, best of {micro['reps']}; in brackets the median "
+            "per-repetition difference to unwrapped):"
+        )
         lines.append("")
         lines.append("| site | unwrapped | group off | group on | group off, metrics on | group on, metrics on |")
         lines.append("|---|---|---|---|---|---|")
-        names = {"request": "egress: wrapped `request`", "handler": "route seam: wrapped handler",
-                 "ingress": "ingress: ASGI middleware", "semaphore": "Gym semaphore: free acquire + release",
-                 "job_rollout": "run_examples job: one rollout awaitable"}
+        names = {
+            "request": "egress: wrapped `request`",
+            "handler": "route seam: wrapped handler",
+            "ingress": "ingress: ASGI middleware",
+            "semaphore": "Gym semaphore: free acquire + release",
+            "job_rollout": "run_examples job: one rollout awaitable",
+        }
         for site, row in micro["sites"].items():
             cells = [f"{row['unwrapped']['ns_min']:.0f}"]
             for variant in ("off", "on", "off+metrics", "on+metrics"):
@@ -785,55 +911,70 @@ def report(results: dict) -> str:
     if st:
         lines.append("Start-up (seconds; median [min-max]):")
         lines.append("")
-        lines.append("| variant | `import app` in a server's environment: wall | same: CPU | "
-                     "server process start to port open (wall) | `gym env start` to all ready (wall) |")
+        lines.append(
+            "| variant | `import app` in a server's environment: wall | same: CPU | "
+            "server process start to port open (wall) | `gym env start` to all ready (wall) |"
+        )
         lines.append("|---|---|---|---|---|")
         for v in variants:
             imp = st["import"].get(v["key"])
             imp_cpu = st.get("import_cpu", {}).get(v["key"])
-            lines.append(f"| {v['label']} | {_spread(imp, '{:.2f}') if imp else '-'} | "
-                         f"{_spread(imp_cpu, '{:.2f}') if imp_cpu else '-'} | "
-                         f"{_spread(v['startup'], '{:.2f}')} | {v['trio_ready']:.1f} |")
+            lines.append(
+                f"| {v['label']} | {_spread(imp, '{:.2f}') if imp else '-'} | "
+                f"{_spread(imp_cpu, '{:.2f}') if imp_cpu else '-'} | "
+                f"{_spread(v['startup'], '{:.2f}')} | {v['trio_ready']:.1f} |"
+            )
         if "import_overhead_ms" in st:
             lines.append("")
-            lines.append("Start-up overhead per server process (`import app`, ours default minus bare, paired per "
-                         f"repetition): CPU {_spread(st['import_cpu_overhead_ms'], '{:.0f}')} ms, "
-                         f"wall {_spread(st['import_overhead_ms'], '{:.0f}')} ms")
+            lines.append(
+                "Start-up overhead per server process (`import app`, ours default minus bare, paired per "
+                f"repetition): CPU {_spread(st['import_cpu_overhead_ms'], '{:.0f}')} ms, "
+                f"wall {_spread(st['import_overhead_ms'], '{:.0f}')} ms"
+            )
         lines.append("")
     b = results.get("burst")
     if b:
-        lines.append(f"Burst: {b['n']} POST /seed_session at concurrency {b['concurrency']} against the resources "
-                     "server, twice per variant (interleaved):")
+        lines.append(
+            f"Burst: {b['n']} POST /seed_session at concurrency {b['concurrency']} against the resources "
+            "server, twice per variant (interleaved):"
+        )
         lines.append("")
-        lines.append("| variant | burst | req/s | errors | RSS before MB | RSS after MB | spans ended (SDK) | "
-                     "exported (SDK) | dropped (SDK) | received by collector |")
+        lines.append(
+            "| variant | burst | req/s | errors | RSS before MB | RSS after MB | spans ended (SDK) | "
+            "exported (SDK) | dropped (SDK) | received by collector |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for row in b["rows"]:
             probe = row.get("probe") or {}
-            lines.append(f"| {row['label']} | {row['round']} | {row['rps']:.0f} | {row['errors']} | "
-                         f"{row['rss_before_mb']:.1f} | {row['rss_after_mb']:.1f} | {probe.get('ended', '-')} | "
-                         f"{probe.get('exported', '-')} | {probe.get('dropped', '-')} | {row.get('received', '-')} |")
+            lines.append(
+                f"| {row['label']} | {row['round']} | {row['rps']:.0f} | {row['errors']} | "
+                f"{row['rss_before_mb']:.1f} | {row['rss_after_mb']:.1f} | {probe.get('ended', '-')} | "
+                f"{probe.get('exported', '-')} | {probe.get('dropped', '-')} | {row.get('received', '-')} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
 
-def _pooled(num: "list[float]", den: "list[float]", runs: "list[str]") -> str:
+def _pooled(num: list[float], den: list[float], runs: list[str]) -> str:
     got = ratio_interval(num, den, groups=runs)
     return "n/a" if got is None else f"{got[0]:.3f} [{got[1]:.3f}-{got[2]:.3f}]"
 
 
-def _run_rows(results: Any) -> "tuple[dict, str]":
+def _run_rows(results: Any) -> tuple[dict, str]:
     """A saved run's variants by key, or ({}, why it cannot be read as a long run)."""
     variants = results.get("variants") if isinstance(results, dict) else None
-    rows = {r["key"]: r for r in variants if isinstance(r, dict) and "key" in r and "cpu_ms" in r} \
-        if isinstance(variants, list) else {}
+    rows = (
+        {r["key"]: r for r in variants if isinstance(r, dict) and "key" in r and "cpu_ms" in r}
+        if isinstance(variants, list)
+        else {}
+    )
     if not rows:
         return {}, "not the --json of a run of ./run-benchmarks"
     missing = [k for k in ("bare", "off", "default", "sampled") if k not in rows]
     return ({}, f"no {', '.join(missing)}") if missing else (rows, "")
 
 
-def across_report(runs: "list[tuple[str, dict]]") -> str:
+def across_report(runs: list[tuple[str, dict]]) -> str:
     """Several saved long runs (``--json``) read as one: per run and pooled, each variant's
     CPU over bare per rollout (mean of repetitions) and the parts of a dropped rollout's
     overhead as fractions of a traced one's: what span groups off (the same metrics, no
@@ -841,11 +982,15 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
     issue 13 target); then every variant's capacity against bare.  Pooled: the ratio of
     sums over every repetition (or together window) of every run, with a bootstrap interval
     that draws runs first, then repetitions within them."""
-    lines = ["CPU over bare per rollout, mean of repetitions, ms; and as fractions of the traced "
-             "(default) rollout's overhead", "",
-             "| run | repetitions | off | default | sampled out | off / default | (sampled - off) / default "
-             "| sampled / default |", "|---|---|---|---|---|---|---|---|"]
-    read: "list[tuple[str, dict, dict]]" = []  # (run, its variants by key, its results)
+    lines = [
+        "CPU over bare per rollout, mean of repetitions, ms; and as fractions of the traced "
+        "(default) rollout's overhead",
+        "",
+        "| run | repetitions | off | default | sampled out | off / default | (sampled - off) / default "
+        "| sampled / default |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    read: list[tuple[str, dict, dict]] = []  # (run, its variants by key, its results)
     pairs = []  # (run, off, default, sampled): overheads over bare, one per repetition
     for name, results in runs:
         rows, why = _run_rows(results)
@@ -853,23 +998,27 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
             lines.append(f"| {name} | - | ({why}: left out) | | | | | |")
             continue
         read.append((name, rows, results))
-        over = [[c - b for c, b in zip(rows[k]["cpu_ms"], bare_reference(rows[k], rows["bare"]))]
-                for k in ("off", "default", "sampled")]
+        over = [
+            [c - b for c, b in zip(rows[k]["cpu_ms"], bare_reference(rows[k], rows["bare"]))]
+            for k in ("off", "default", "sampled")
+        ]
         pairs += [(name, o, d, s) for o, d, s in zip(*over)]
         o, d, s = (statistics.fmean(v) for v in over)
         frac = (lambda x: f"{x / d:.3f}") if d > 0 else (lambda x: "n/a")
-        lines.append(f"| {name} | {len(over[1])} | {o:+.2f} | {d:+.2f} | {s:+.2f} | {frac(o)} | {frac(s - o)} | "
-                     f"{frac(s)} |")
+        lines.append(
+            f"| {name} | {len(over[1])} | {o:+.2f} | {d:+.2f} | {s:+.2f} | {frac(o)} | {frac(s - o)} | {frac(s)} |"
+        )
     if not read:
         return "\n".join(lines)
     runs_of, den = [p[0] for p in pairs], [p[2] for p in pairs]
-    lines += ["", f"Pooled over {len(read)} run(s) ({len(pairs)} repetitions): ratio of sums "
-              "[90% interval, runs drawn first]", "",
-              "- span groups off over traced: " + _pooled([p[1] for p in pairs], den, runs_of),
-              "- the dropped path (sampled out - off) over traced: " + _pooled([p[3] - p[1] for p in pairs], den,
-                                                                               runs_of),
-              "- a sampled-out rollout over a traced one (target <= 0.20): " + _pooled([p[3] for p in pairs], den,
-                                                                                       runs_of)]
+    lines += [
+        "",
+        f"Pooled over {len(read)} run(s) ({len(pairs)} repetitions): ratio of sums [90% interval, runs drawn first]",
+        "",
+        "- span groups off over traced: " + _pooled([p[1] for p in pairs], den, runs_of),
+        "- the dropped path (sampled out - off) over traced: " + _pooled([p[3] - p[1] for p in pairs], den, runs_of),
+        "- a sampled-out rollout over a traced one (target <= 0.20): " + _pooled([p[3] for p in pairs], den, runs_of),
+    ]
     # the target's own measure: the windows with bare, default and sampled out loaded together
     windows = []  # (run, dropped, traced) per window
     for name, _, results in read:
@@ -878,23 +1027,32 @@ def across_report(runs: "list[tuple[str, dict]]") -> str:
             traced, dropped = together_overheads(together)
             windows += [(name, s, t) for s, t in zip(dropped, traced)]
     if windows:
-        lines.append(f"- the same, loaded together ({len(windows)} windows of {len({w[0] for w in windows})} run(s)): "
-                     + _pooled([w[1] for w in windows], [w[2] for w in windows], [w[0] for w in windows]))
+        lines.append(
+            f"- the same, loaded together ({len(windows)} windows of {len({w[0] for w in windows})} run(s)): "
+            + _pooled([w[1] for w in windows], [w[2] for w in windows], [w[0] for w in windows])
+        )
     # every variant's capacity (bare's CPU per rollout over the variant's), pooled the same way
     capacity: dict = {}  # key -> (run, bare reference, cpu) per repetition
     for name, rows, _ in read:
         for key, row in rows.items():
             if key != "bare":
                 capacity.setdefault(key, []).extend(
-                    (name, b, c) for b, c in zip(bare_reference(row, rows["bare"]), row["cpu_ms"]))
-    lines += ["", "Capacity vs bare (bare's CPU per rollout over the variant's), ratio of sums [90% interval, runs "
-              "drawn first]:", ""]
-    lines += [f"- {key} ({len({r[0] for r in got})} run(s), {len(got)} repetitions): "
-              + _pooled([r[1] for r in got], [r[2] for r in got], [r[0] for r in got]) for key, got in capacity.items()]
+                    (name, b, c) for b, c in zip(bare_reference(row, rows["bare"]), row["cpu_ms"])
+                )
+    lines += [
+        "",
+        "Capacity vs bare (bare's CPU per rollout over the variant's), ratio of sums [90% interval, runs drawn first]:",
+        "",
+    ]
+    lines += [
+        f"- {key} ({len({r[0] for r in got})} run(s), {len(got)} repetitions): "
+        + _pooled([r[1] for r in got], [r[2] for r in got], [r[0] for r in got])
+        for key, got in capacity.items()
+    ]
     return "\n".join(lines)
 
 
-def _saved_runs(paths: "list[pathlib.Path]") -> "list[tuple[str, dict]]":
+def _saved_runs(paths: list[pathlib.Path]) -> list[tuple[str, dict]]:
     """``--across``'s files, each named by its stem (by its path when two stems are alike);
     a file that cannot be read stops the command with its name and why."""
     stems = [p.stem for p in paths]
@@ -911,25 +1069,39 @@ def _saved_runs(paths: "list[pathlib.Path]") -> "list[tuple[str, dict]]":
 # ------------------------------------------------------------------ main
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and rollouts (about 5 minutes)")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
     ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
-    ap.add_argument("--variants", help="comma-separated, besides bare (always run: the reference): "
-                    + variants_help(by_default=True))
-    ap.add_argument("--together-windows", type=int,
-                    help="windows with bare, default and sampled out loaded together (default 8, --quick 4)")
-    ap.add_argument("--trio-sets", type=int, default=1,
-                    help="stop every trio and start it afresh this many times over the run (the repetitions and "
-                    "together windows split evenly among the sets): the intervals then hold what stays fixed in "
-                    "a trio for its life; default 1")
+    ap.add_argument(
+        "--variants",
+        help="comma-separated, besides bare (always run: the reference): " + variants_help(by_default=True),
+    )
+    ap.add_argument(
+        "--together-windows",
+        type=int,
+        help="windows with bare, default and sampled out loaded together (default 8, --quick 4)",
+    )
+    ap.add_argument(
+        "--trio-sets",
+        type=int,
+        default=1,
+        help="stop every trio and start it afresh this many times over the run (the repetitions and "
+        "together windows split evenly among the sets): the intervals then hold what stays fixed in "
+        "a trio for its life; default 1",
+    )
     ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
-    ap.add_argument("--across", type=pathlib.Path, nargs="+", metavar="JSON",
-                    help="read several saved runs (--json) as one: each variant's overhead per run and pooled, "
-                    "and a dropped rollout's overhead in parts (span groups off; the dropped path); then exit")
+    ap.add_argument(
+        "--across",
+        type=pathlib.Path,
+        nargs="+",
+        metavar="JSON",
+        help="read several saved runs (--json) as one: each variant's overhead per run and pooled, "
+        "and a dropped rollout's overhead in parts (span groups off; the dropped path); then exit",
+    )
     add_output_options(ap)
     a = ap.parse_args(argv)
     if a.across:
@@ -947,8 +1119,15 @@ def main(argv: "list[str] | None" = None) -> int:
     bare_venv = gym_venv(GYM_VERSION, with_project=False)
     generic_venv = gym_venv(GYM_VERSION, with_project=False, extra=GENERIC_STACK)
     ours_venv = gym_venv(GYM_VERSION)
-    results: dict = {"mode": "quick" if quick else "full", "reps": reps, "t1": t1, "tn": tn, "concurrency": conc,
-                     "machine": machine(), "gym": GYM_VERSION}
+    results: dict = {
+        "mode": "quick" if quick else "full",
+        "reps": reps,
+        "t1": t1,
+        "tn": tn,
+        "concurrency": conc,
+        "machine": machine(),
+        "gym": GYM_VERSION,
+    }
 
     if "micro" not in a.skip:
         log("micro-benchmarks")
@@ -958,10 +1137,15 @@ def main(argv: "list[str] | None" = None) -> int:
     sink = CountingSink()
     collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    keys = [k.strip() for k in a.variants.split(",")] if a.variants else [k for k in VARIANT_KEYS if k not in ONLY_WHEN_NAMED]
+    keys = (
+        [k.strip() for k in a.variants.split(",")]
+        if a.variants
+        else [k for k in VARIANT_KEYS if k not in ONLY_WHEN_NAMED]
+    )
     variants = make_variants(keys, {"bare": bare_venv, "generic": generic_venv, "ours": ours_venv}, otlp)
-    results["variant_env"] = {v.key: {k: val for k, val in v.env.items() if not k.startswith("OTEL_EXPORTER")}
-                              for v in variants}
+    results["variant_env"] = {
+        v.key: {k: val for k, val in v.env.items() if not k.startswith("OTEL_EXPORTER")} for v in variants
+    }
     policy = PolicyModel().start()
     try:
         n_sets = max(1, min(a.trio_sets, reps))
@@ -987,8 +1171,7 @@ def main(argv: "list[str] | None" = None) -> int:
             # repetition read 0.07-0.8 ms per rollout dearer than its others, every variant.
             log("warm-up")
             for v in variants:
-                run_load(v.trio.run_url, body, 10**6, conc, tag=v.load_tag(PHASE_WARMUP), check=rewarded,
-                         duration=2.0)
+                run_load(v.trio.run_url, body, 10**6, conc, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=2.0)
             wait_settled(sink, quiet=max(v.flush_s for v in variants) + 1.0)  # idle read without export
             measure_idle(variants)
             log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
@@ -998,16 +1181,24 @@ def main(argv: "list[str] | None" = None) -> int:
                 order = rotated(variants, rep)
                 for v in order:
                     v.samples["c1"].append({**measure(v, PHASE_C1, t1, 1, body), "set": trio_set})
-                bracketed_windows(bare, list(reversed(rotated(others, rep))), lambda v: {
-                    **measure(v, PHASE_CN, tn, conc, body, sink), "set": trio_set})
-                log(f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
-                    + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants))
+                bracketed_windows(
+                    bare,
+                    list(reversed(rotated(others, rep))),
+                    lambda v: {**measure(v, PHASE_CN, tn, conc, body, sink), "set": trio_set},
+                )
+                log(
+                    f"repetition {rep + 1}/{reps}: c={conc} rollouts/s "
+                    + ", ".join(f"{v.key}={v.samples['cn'][-1]['rps']:.0f}" for v in variants)
+                )
             windows = [i for i in range(n_windows) if i * n_sets // n_windows == trio_set]
             if windows:
-                log(f"sampled out, loaded together with bare and the default: {len(windows)} of {n_windows} "
-                    f"windows of {seconds:g} s")
-                for key, rows in sampled_together(variants, sink, body, windows, seconds, max(1, conc // 2),
-                                                  trio_set).items():
+                log(
+                    f"sampled out, loaded together with bare and the default: {len(windows)} of {n_windows} "
+                    f"windows of {seconds:g} s"
+                )
+                for key, rows in sampled_together(
+                    variants, sink, body, windows, seconds, max(1, conc // 2), trio_set
+                ).items():
                     together.setdefault(key, []).extend(rows)
         wait_settled(sink)
 
@@ -1020,38 +1211,46 @@ def main(argv: "list[str] | None" = None) -> int:
             else:  # untagged: every span of its run id since the warm-up
                 spans = by_run["spans"] - by_run_before[v.key]["spans"]
             lat = [x for s in v.samples["c1"] for x in s["latencies"]]
-            rows.append({
-                "key": v.key, "label": v.label,
-                "rps_c1": [s["rps"] for s in v.samples["c1"]], "rps_cn": [s["rps"] for s in v.samples["cn"]],
-                "ratio_c1": [s["rps"] / b["rps"] for s, b in zip(v.samples["c1"], bare.samples["c1"])],
-                "ratio_cn": [s["rps"] / s.get("bare_rps", s["rps"]) for s in v.samples["cn"]],
-                "cpu_ms": [s["cpu_ms"] for s in v.samples["cn"]],
-                "set": [s.get("set", 0) for s in v.samples["cn"]],
-                "bare_cpu_ms": [s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
-                "cpu_overhead_ms": [s["cpu_ms"] - s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
-                "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3,
-                "p50_cn_ms": _pct([x for s in v.samples["cn"] for x in s["latencies"]], 50) * 1e3,
-                "spans_per_rollout": spans / rollouts if rollouts else 0.0,
-                "startup": list(v.startup.values()), "trio_ready": v.trio_ready,
-                "idle_cpu_ms_per_s": v.idle_cpu_per_s * 1e3,
-                "settle_s": [s.get("settle_s", 0.0) for s in v.samples["cn"]],
-                "metric_points": by_run["metric_points"] if v.key not in (*UNINSTRUMENTED, "generic") else None,
-                "metric_names": len(by_run["metric_names"]) if v.key not in (*UNINSTRUMENTED, "generic") else None,
-            })
+            rows.append(
+                {
+                    "key": v.key,
+                    "label": v.label,
+                    "rps_c1": [s["rps"] for s in v.samples["c1"]],
+                    "rps_cn": [s["rps"] for s in v.samples["cn"]],
+                    "ratio_c1": [s["rps"] / b["rps"] for s, b in zip(v.samples["c1"], bare.samples["c1"])],
+                    "ratio_cn": [s["rps"] / s.get("bare_rps", s["rps"]) for s in v.samples["cn"]],
+                    "cpu_ms": [s["cpu_ms"] for s in v.samples["cn"]],
+                    "set": [s.get("set", 0) for s in v.samples["cn"]],
+                    "bare_cpu_ms": [s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
+                    "cpu_overhead_ms": [s["cpu_ms"] - s.get("bare_cpu_ms", s["cpu_ms"]) for s in v.samples["cn"]],
+                    "p50_ms": _pct(lat, 50) * 1e3,
+                    "p99_ms": _pct(lat, 99) * 1e3,
+                    "p50_cn_ms": _pct([x for s in v.samples["cn"] for x in s["latencies"]], 50) * 1e3,
+                    "spans_per_rollout": spans / rollouts if rollouts else 0.0,
+                    "startup": list(v.startup.values()),
+                    "trio_ready": v.trio_ready,
+                    "idle_cpu_ms_per_s": v.idle_cpu_per_s * 1e3,
+                    "settle_s": [s.get("settle_s", 0.0) for s in v.samples["cn"]],
+                    "metric_points": by_run["metric_points"] if v.key not in (*UNINSTRUMENTED, "generic") else None,
+                    "metric_names": len(by_run["metric_names"]) if v.key not in (*UNINSTRUMENTED, "generic") else None,
+                }
+            )
         results["variants"] = rows
         results["rollouts"] = sum(s["n"] for v in variants for s in v.samples["c1"] + v.samples["cn"])
         generic = next((r for r in rows if r["key"] == "generic"), None)
         if generic is not None:
             results["cpu_overhead_vs_generic"] = {
                 r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
-                for r in rows if r["key"] in ("off", "default", "sampled", "per_rollout", "all")
+                for r in rows
+                if r["key"] in ("off", "default", "sampled", "per_rollout", "all")
             }
         default = next((r for r in rows if r["key"] == "default"), None)
         sampled = next((r for r in rows if r["key"] == "sampled"), None)
         if default is not None and sampled is not None:
             # what a dropped rollout costs over bare, relative to a traced one (same repetition)
             results["sampled_over_traced"] = [
-                o / t for o, t in zip(sampled["cpu_overhead_ms"], default["cpu_overhead_ms"]) if t > 0]
+                o / t for o, t in zip(sampled["cpu_overhead_ms"], default["cpu_overhead_ms"]) if t > 0
+            ]
 
         if n_windows:
             results["sampled_together"] = together
@@ -1061,9 +1260,12 @@ def main(argv: "list[str] | None" = None) -> int:
             picked = [v for v in variants if v.key in ("bare", "generic", "default")]
             try:
                 imp, imp_cpu = import_startup(picked, 4 if quick else 8)
-                results["startup"] = {"import": imp, "import_cpu": imp_cpu, "import_overhead_ms": [
-                    (o - b) * 1e3 for o, b in zip(imp["default"], imp["bare"])], "import_cpu_overhead_ms": [
-                    (o - b) * 1e3 for o, b in zip(imp_cpu["default"], imp_cpu["bare"])]}
+                results["startup"] = {
+                    "import": imp,
+                    "import_cpu": imp_cpu,
+                    "import_overhead_ms": [(o - b) * 1e3 for o, b in zip(imp["default"], imp["bare"])],
+                    "import_cpu_overhead_ms": [(o - b) * 1e3 for o, b in zip(imp_cpu["default"], imp_cpu["bare"])],
+                }
             except Exception as error:
                 log(f"start-up measurement failed: {error}")
                 results["startup"] = {"import": {}, "error": str(error)}
@@ -1090,8 +1292,11 @@ def run_bursts(a, results, variants, scratch, otlp, ours_venv, policy, sink) -> 
         v.trio = None
     probe_dir = scratch / "probe"
     probe_dir.mkdir()
-    probe_env = {**otlp, "PYTHONPATH": str(REPO / "benchmarks" / "probe"),
-                 "GYM_AUTOINSTR_BENCH_PROBE_DIR": str(probe_dir)}
+    probe_env = {
+        **otlp,
+        "PYTHONPATH": str(REPO / "benchmarks" / "probe"),
+        "GYM_AUTOINSTR_BENCH_PROBE_DIR": str(probe_dir),
+    }
     probe = Variant("probe", "ours, default (SDK counters)", ours_venv, False, probe_env, index=len(variants))
     log("starting trio: ours default with SDK counters (burst)")
     start_trio(probe, scratch, policy.url)
@@ -1113,8 +1318,6 @@ def run_bursts(a, results, variants, scratch, otlp, ours_venv, policy, sink) -> 
     results["burst"] = {"n": a.burst, "concurrency": 256, "rows": burst_rows}
     probe.trio.stop()
     probe.trio = None
-
-
 
 
 if __name__ == "__main__":

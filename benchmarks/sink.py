@@ -74,7 +74,7 @@ class CountingSink:
         self._thread.start()
 
     @staticmethod
-    def _resource(resource) -> "tuple[str, str]":
+    def _resource(resource) -> tuple[str, str]:
         service = run = ""
         for kv in resource.attributes:
             if kv.key == "service.name":
@@ -128,8 +128,11 @@ class CountingSink:
     def run_counts(self, run: str) -> dict:
         """Spans and metric data points received so far from resources with this run id."""
         with self._lock:
-            return {"spans": self.spans_by_run[run], "metric_points": self.points_by_run[run],
-                    "metric_names": sorted(self.metric_names_by_run.get(run, ()))}
+            return {
+                "spans": self.spans_by_run[run],
+                "metric_points": self.points_by_run[run],
+                "metric_names": sorted(self.metric_names_by_run.get(run, ())),
+            }
 
     def snapshot(self) -> int:
         with self._lock:

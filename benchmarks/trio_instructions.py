@@ -67,8 +67,21 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
-from benchmarks.run import (GYM_VERSION, PHASE_C1, PHASE_WARMUP, SERVERS, add_output_options, log, make_variants,
-                            printed_saved_report, rewarded, rollout_body, rotated, tear_down, use_bench_venvs)
+from benchmarks.run import (
+    GYM_VERSION,
+    PHASE_C1,
+    PHASE_WARMUP,
+    SERVERS,
+    add_output_options,
+    log,
+    make_variants,
+    printed_saved_report,
+    rewarded,
+    rollout_body,
+    rotated,
+    tear_down,
+    use_bench_venvs,
+)
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
@@ -99,8 +112,9 @@ PERF_MAP = os.environ.get("GYM_AUTOINSTR_PERF_MAP", os.path.join(os.sep, "tmp", 
 SIMULATED_LL = "2097152,16,64"
 
 
-def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf: bool = False,
-              cache_sim: bool = False) -> pathlib.Path:
+def shim_venv(
+    real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf: bool = False, cache_sim: bool = False
+) -> pathlib.Path:
     """A venv directory for Gym's ``skip_venv_if_present``: its ``activate`` puts its own
     ``bin`` first, where ``python`` runs ``real``'s interpreter under callgrind with
     counting off (switched on by ``callgrind_control -i on`` once the trio is warm).
@@ -111,14 +125,16 @@ def shim_venv(real: pathlib.Path, where: pathlib.Path, dumps: pathlib.Path, perf
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "activate").write_text(
-        f'export VIRTUAL_ENV="{real}"\nexport PATH="{bin_dir}:{real}/bin:$PATH"\nunset PYTHONHOME\nhash -r\n')
+        f'export VIRTUAL_ENV="{real}"\nexport PATH="{bin_dir}:{real}/bin:$PATH"\nunset PYTHONHOME\nhash -r\n'
+    )
     wrapper = bin_dir / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'exec valgrind -q --tool=callgrind --instr-atstart=no --separate-threads=yes '
-        f'{f"--cache-sim=yes --LL={SIMULATED_LL} " if cache_sim else ""}'
+        f"exec valgrind -q --tool=callgrind --instr-atstart=no --separate-threads=yes "
+        f"{f'--cache-sim=yes --LL={SIMULATED_LL} ' if cache_sim else ''}"
         f'--callgrind-out-file="{dumps}/%p.out" '
-        f'"{real}/bin/python"{" -X perf" if perf else ""} "$@"\n')
+        f'"{real}/bin/python"{" -X perf" if perf else ""} "$@"\n'
+    )
     wrapper.chmod(0o755)
     return where
 
@@ -136,14 +152,14 @@ def counted_servers(trio: GymTrio) -> dict[str, int]:
     return out
 
 
-def control(pids: "list[int]", *options: str) -> None:
+def control(pids: list[int], *options: str) -> None:
     for pid in pids:
         done = subprocess.run(["callgrind_control", *options, str(pid)], capture_output=True, text=True, timeout=120)
         if done.returncode != 0 or "OK" not in done.stdout:
             raise RuntimeError(f"callgrind_control {' '.join(options)} {pid}: {done.stdout}{done.stderr}")
 
 
-def newest_dump(dumps: pathlib.Path, pid: int) -> "list[pathlib.Path]":
+def newest_dump(dumps: pathlib.Path, pid: int) -> list[pathlib.Path]:
     """The files of a server's newest dump: one per thread (``<pid>.out.<n>-<thread>``)."""
     by_number: dict[int, list[pathlib.Path]] = {}
     for path in dumps.glob(f"{pid}.out.*"):
@@ -176,7 +192,7 @@ def read_dump(path: pathlib.Path) -> dict:
             names[m.group(1)] = m.group(2)
         return names.get(m.group(1), "")
 
-    def add(into: list[int], values: "list[str]") -> None:
+    def add(into: list[int], values: list[str]) -> None:
         for i, value in enumerate(values):
             if i == len(into):
                 into.append(0)
@@ -252,30 +268,47 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
     return out
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="run-benchmarks --trio-instructions", description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=100, help="rollouts per window (default 100)")
-    ap.add_argument("--concurrency", type=int, default=1,
-                    help="closed-loop clients per window (default 1: each rollout alone, the same steps every time)")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="closed-loop clients per window (default 1: each rollout alone, the same steps every time)",
+    )
     ap.add_argument("--reps", type=int, default=3, help="windows per variant (default 3)")
     ap.add_argument("--idle-seconds", type=float, default=15.0, help="length of each idle window (default 15)")
-    ap.add_argument("--variants", default="default,sampled",
-                    help="comma-separated, besides bare: off, default, sampled, per_rollout, all (default: default,sampled)")
-    ap.add_argument("--by-function", type=int, default=0, metavar="N",
-                    help="also count by Python function (servers run with -X perf) and list the N functions of "
-                         "gym_autoinstr and OpenTelemetry whose instructions per rollout differ most from span "
-                         "groups off (or bare)")
-    ap.add_argument("--cache-sim", action="store_true",
-                    help="also simulate the caches (callgrind --cache-sim=yes) and report first- and last-level "
-                         "misses per rollout beside the instructions; slower")
+    ap.add_argument(
+        "--variants",
+        default="default,sampled",
+        help="comma-separated, besides bare: off, default, sampled, per_rollout, all (default: default,sampled)",
+    )
+    ap.add_argument(
+        "--by-function",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also count by Python function (servers run with -X perf) and list the N functions of "
+        "gym_autoinstr and OpenTelemetry whose instructions per rollout differ most from span "
+        "groups off (or bare)",
+    )
+    ap.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="also simulate the caches (callgrind --cache-sim=yes) and report first- and last-level "
+        "misses per rollout beside the instructions; slower",
+    )
     add_output_options(ap)
     a = ap.parse_args(argv)
     if printed_saved_report(a, report):
         return 0
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
-            print(f"run-benchmarks --trio-instructions: {tool} is not installed (Debian: apt-get install valgrind)",
-                  file=sys.stderr)
+            print(
+                f"run-benchmarks --trio-instructions: {tool} is not installed (Debian: apt-get install valgrind)",
+                file=sys.stderr,
+            )
             return 1
     keys = [k.strip() for k in a.variants.split(",") if k.strip()]
     if "generic" in keys:
@@ -289,19 +322,34 @@ def main(argv: "list[str] | None" = None) -> int:
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
     variants = make_variants(keys, venvs, otlp, extra_env=COUNT_ENV)
     policy = PolicyModel().start()
-    results: dict = {"gym": GYM_VERSION, "rollouts": a.rollouts, "concurrency": a.concurrency, "reps": a.reps,
-                     "idle_seconds": a.idle_seconds, "count_env": COUNT_ENV, "variants": {}}
+    results: dict = {
+        "gym": GYM_VERSION,
+        "rollouts": a.rollouts,
+        "concurrency": a.concurrency,
+        "reps": a.reps,
+        "idle_seconds": a.idle_seconds,
+        "count_env": COUNT_ENV,
+        "variants": {},
+    }
     pids: dict = {}
     dumps: dict = {}
     try:
         for v in variants:
             dumps[v.key] = scratch / f"dumps-{v.key}"
             dumps[v.key].mkdir()
-            shim = shim_venv(v.venv, scratch / f"shim-{v.key}", dumps[v.key], perf=a.by_function > 0,
-                             cache_sim=a.cache_sim)
+            shim = shim_venv(
+                v.venv, scratch / f"shim-{v.key}", dumps[v.key], perf=a.by_function > 0, cache_sim=a.cache_sim
+            )
             log(f"{v.label}: starting its trio under valgrind (counting off)")
-            v.trio = GymTrio(v.venv, GYM_VERSION, scratch / v.key, policy_url=policy.url, instrument=v.instrument,
-                             env=v.env, server_venvs={name: shim for name in SERVERS})
+            v.trio = GymTrio(
+                v.venv,
+                GYM_VERSION,
+                scratch / v.key,
+                policy_url=policy.url,
+                instrument=v.instrument,
+                env=v.env,
+                server_venvs={name: shim for name in SERVERS},
+            )
             v.trio.start(timeout=900)
             pids[v.key] = counted_servers(v.trio)
             if sorted(pids[v.key]) != sorted(SERVERS):
@@ -309,8 +357,14 @@ def main(argv: "list[str] | None" = None) -> int:
             log(f"{v.label}: up in {v.trio.startup_seconds:.0f}s; warm-up")
         body = rollout_body(variants[0].trio)
         for v in variants:
-            warm = run_load(v.trio.run_url, body, max(16, a.concurrency * 4), a.concurrency,
-                            tag=v.load_tag(PHASE_WARMUP), check=rewarded)
+            warm = run_load(
+                v.trio.run_url,
+                body,
+                max(16, a.concurrency * 4),
+                a.concurrency,
+                tag=v.load_tag(PHASE_WARMUP),
+                check=rewarded,
+            )
             if warm.errors:
                 raise RuntimeError(f"{v.label}: warm-up rollouts failed: {warm.first_error}")
             control(list(pids[v.key].values()), "-i", "on")
@@ -321,20 +375,25 @@ def main(argv: "list[str] | None" = None) -> int:
                 row["idle"].append(window(pids[v.key], dumps[v.key], lambda: time.sleep(a.idle_seconds)))
 
                 def load(v=v):
-                    done = run_load(v.trio.run_url, body, a.rollouts, a.concurrency, tag=v.load_tag(PHASE_C1),
-                                    check=rewarded)
+                    done = run_load(
+                        v.trio.run_url, body, a.rollouts, a.concurrency, tag=v.load_tag(PHASE_C1), check=rewarded
+                    )
                     if done.errors:
                         raise RuntimeError(f"{v.label}: {done.errors}/{done.n} rollouts failed: {done.first_error}")
                     return {"n": done.n}
 
                 row["load"].append(window(pids[v.key], dumps[v.key], load))
                 last = row["load"][-1]
-                log(f"repetition {rep + 1}/{a.reps}, {v.label}: {last['ir'] / last['n'] / 1e6:.2f}M instructions "
+                log(
+                    f"repetition {rep + 1}/{a.reps}, {v.label}: {last['ir'] / last['n'] / 1e6:.2f}M instructions "
                     f"per rollout ({last['gc'] / last['n'] / 1e6:.2f}M in GC, {last['full']} full collections), "
-                    f"{last['seconds']:.0f}s, idle trio before it {row['idle'][-1]['ir'] / row['idle'][-1]['seconds'] / 1e6:.2f}M/s")
+                    f"{last['seconds']:.0f}s, idle trio before it {row['idle'][-1]['ir'] / row['idle'][-1]['seconds'] / 1e6:.2f}M/s"
+                )
         if a.by_function:
-            results["by_function"] = {"top": a.by_function, "variants": {
-                key: by_function(pids[key], results["variants"][key]["load"]) for key in pids}}
+            results["by_function"] = {
+                "top": a.by_function,
+                "variants": {key: by_function(pids[key], results["variants"][key]["load"]) for key in pids},
+            }
     finally:
         for pid in (p for key in pids for p in pids[key].values()):
             pathlib.Path(PERF_MAP.format(pid=pid)).unlink(missing_ok=True)
@@ -349,7 +408,7 @@ _ANNOTATED = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+(?:\?\?\?:)?0x([0-9a-f]+)\s
 _OURS = ("gym_autoinstr/", "opentelemetry/")
 
 
-def perf_map(pid: int) -> "list[tuple[int, int, str]]":
+def perf_map(pid: int) -> list[tuple[int, int, str]]:
     """The interpreter's perf map of a server (``-X perf``): (start, size, name) sorted."""
     rows = []
     for line in pathlib.Path(PERF_MAP.format(pid=pid)).read_text().splitlines():
@@ -378,9 +437,12 @@ def by_function(pids: dict[str, int], loads: list) -> dict[str, float]:
         rows = perf_map(pid)
         starts = [r[0] for r in rows]
         for window in loads:
-            text = "\n".join(subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
-                                            capture_output=True, text=True).stdout
-                             for dump in window["servers"][name]["dumps"])
+            text = "\n".join(
+                subprocess.run(
+                    ["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump], capture_output=True, text=True
+                ).stdout
+                for dump in window["servers"][name]["dumps"]
+            )
             for line in text.splitlines():
                 m = _ANNOTATED.match(line)  # (a recursion level, 0x...'2, does not match: counted in its outermost)
                 if not m:
@@ -393,7 +455,7 @@ def by_function(pids: dict[str, int], loads: list) -> dict[str, float]:
     return {k: v / rollouts for k, v in totals.items()}
 
 
-def by_function_report(found: dict, labels: dict) -> "list[str]":
+def by_function_report(found: dict, labels: dict) -> list[str]:
     top = found["top"]
     counts = found["variants"]
     reference = "off" if "off" in counts else "bare"
@@ -402,12 +464,23 @@ def by_function_report(found: dict, labels: dict) -> "list[str]":
         if key in (reference, "bare"):
             continue
         theirs = counts[reference]
-        rows = sorted(((mine.get(f, 0.0) - theirs.get(f, 0.0), f) for f in set(mine) | set(theirs)
-                       if any(marker in f for marker in _OURS)), key=lambda r: -abs(r[0]))[:top]
-        lines += ["", f"By Python function, {labels[key]} against {labels[reference]}: inclusive instructions per "
-                  "rollout (callees included, and any garbage collection that struck inside; a function's figure "
-                  "is not the sum of the rows below it)", "",
-                  f"| function | {labels[key]}, k | over {labels[reference]}, k |", "|---|---|---|"]
+        rows = sorted(
+            (
+                (mine.get(f, 0.0) - theirs.get(f, 0.0), f)
+                for f in set(mine) | set(theirs)
+                if any(marker in f for marker in _OURS)
+            ),
+            key=lambda r: -abs(r[0]),
+        )[:top]
+        lines += [
+            "",
+            f"By Python function, {labels[key]} against {labels[reference]}: inclusive instructions per "
+            "rollout (callees included, and any garbage collection that struck inside; a function's figure "
+            "is not the sum of the rows below it)",
+            "",
+            f"| function | {labels[key]}, k | over {labels[reference]}, k |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{f}` | {mine.get(f, 0.0) / 1e3:.1f} | {d / 1e3:+.1f} |" for d, f in rows]
     return lines
 
@@ -431,8 +504,12 @@ def per_rollout(row: dict, i: int, rate: float) -> dict:
     collection less ``rate`` over the window's length; ``gc``, those inside it; ``full``,
     its full collections."""
     load = row["load"][i]
-    return {"work": (load["ir"] - load["gc"] - rate * load["seconds"]) / load["n"], "gc": load["gc"] / load["n"],
-            "full": load.get("full", 0), "collections": load.get("collections", 0) / load["n"]}
+    return {
+        "work": (load["ir"] - load["gc"] - rate * load["seconds"]) / load["n"],
+        "gc": load["gc"] / load["n"],
+        "full": load.get("full", 0),
+        "collections": load.get("collections", 0) / load["n"],
+    }
 
 
 def summary(row: dict, rate: float) -> dict:
@@ -441,11 +518,14 @@ def summary(row: dict, rate: float) -> dict:
     per rollout and full collections in all."""
     windows = [per_rollout(row, i, rate) for i in range(len(row["load"]))]
     young = [w["gc"] for w in windows if w["full"] == 0]
-    return {"work": statistics.mean(w["work"] for w in windows), "windows": [w["work"] for w in windows],
-            "all": statistics.mean(w["work"] + w["gc"] for w in windows),
-            "young_gc": statistics.mean(young) if young else float("nan"),
-            "collections": statistics.mean(w["collections"] for w in windows),
-            "full": sum(w["full"] for w in windows)}
+    return {
+        "work": statistics.mean(w["work"] for w in windows),
+        "windows": [w["work"] for w in windows],
+        "all": statistics.mean(w["work"] + w["gc"] for w in windows),
+        "young_gc": statistics.mean(young) if young else float("nan"),
+        "collections": statistics.mean(w["collections"] for w in windows),
+        "full": sum(w["full"] for w in windows),
+    }
 
 
 # A rough cycle model for callgrind's simulated misses (the weights callgrind's own
@@ -459,9 +539,13 @@ def cache_per_rollout(row: dict, rates: dict) -> dict:
     """A variant's simulated cache misses outside garbage collection, per rollout (mean over
     its windows, each less the idle trio's rate of that event over its length): ``l1``,
     ``ll`` and ``ir``, and ``cycles`` by the model above."""
+
     def outside(window: dict, event: str) -> float:
-        return (window["events"].get(event, 0) - window["gc_events"].get(event, 0)
-                - rates.get(event, 0.0) * window["seconds"]) / window["n"]
+        return (
+            window["events"].get(event, 0)
+            - window["gc_events"].get(event, 0)
+            - rates.get(event, 0.0) * window["seconds"]
+        ) / window["n"]
 
     windows = row["load"]
     mean = {event: statistics.mean(outside(w, event) for w in windows) for event in ("Ir", *L1_MISSES, *LL_MISSES)}
@@ -469,7 +553,7 @@ def cache_per_rollout(row: dict, rates: dict) -> dict:
     return {"ir": mean["Ir"], "l1": l1, "ll": ll, "cycles": mean["Ir"] + L1_CYCLES * l1 + LL_CYCLES * ll}
 
 
-def cache_report(results: dict) -> "list[str]":
+def cache_report(results: dict) -> list[str]:
     """With ``--cache-sim``: misses per rollout by variant, and what they add to a
     sampled-out rollout's share of a traced one's cost by the cycle model."""
     rows = results["variants"]
@@ -477,30 +561,50 @@ def cache_report(results: dict) -> "list[str]":
     if not windows or not all("events" in w for w in windows):
         return []
     idle = [w for row in rows.values() for w in row["idle"]]
-    rates = {event: statistics.median(w["events"].get(event, 0) / w["seconds"] for w in idle)
-             for event in ("Ir", *L1_MISSES, *LL_MISSES)} if idle else {}
+    rates = (
+        {
+            event: statistics.median(w["events"].get(event, 0) / w["seconds"] for w in idle)
+            for event in ("Ir", *L1_MISSES, *LL_MISSES)
+        }
+        if idle
+        else {}
+    )
     found = {key: cache_per_rollout(row, rates) for key, row in rows.items()}
     base = found["bare"]
-    lines = ["", "Simulated caches (callgrind `--cache-sim=yes`: each server's threads share one simulated "
-             "first-level cache and, as the last level, a 2 MB one (a core's L2 on these hosts), with nothing "
-             "else on the machine; outside garbage collection, "
-             "less the idle trio's rate), per rollout; estimated cycles = instructions + "
-             f"{L1_CYCLES} x first-level misses + {LL_CYCLES} x last-level misses:", "",
-             "| variant | first-level misses, k | last-level misses, k | over bare: instructions, M | "
-             "first-level, k | last-level, k | estimated cycles, M | bare over variant, estimated cycles |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Simulated caches (callgrind `--cache-sim=yes`: each server's threads share one simulated "
+        "first-level cache and, as the last level, a 2 MB one (a core's L2 on these hosts), with nothing "
+        "else on the machine; outside garbage collection, "
+        "less the idle trio's rate), per rollout; estimated cycles = instructions + "
+        f"{L1_CYCLES} x first-level misses + {LL_CYCLES} x last-level misses:",
+        "",
+        "| variant | first-level misses, k | last-level misses, k | over bare: instructions, M | "
+        "first-level, k | last-level, k | estimated cycles, M | bare over variant, estimated cycles |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for key, row in rows.items():
         mine = found[key]
-        lines.append(f"| {row['label']} | {mine['l1'] / 1e3:.1f} | {mine['ll'] / 1e3:.1f} | "
-                     + ("- | - | - | - | - |" if key == "bare" else
-                        f"{(mine['ir'] - base['ir']) / 1e6:+.3f} | {(mine['l1'] - base['l1']) / 1e3:+.1f} | "
-                        f"{(mine['ll'] - base['ll']) / 1e3:+.1f} | {(mine['cycles'] - base['cycles']) / 1e6:+.3f} | "
-                        f"{base['cycles'] / mine['cycles']:.3f} |"))
+        lines.append(
+            f"| {row['label']} | {mine['l1'] / 1e3:.1f} | {mine['ll'] / 1e3:.1f} | "
+            + (
+                "- | - | - | - | - |"
+                if key == "bare"
+                else f"{(mine['ir'] - base['ir']) / 1e6:+.3f} | {(mine['l1'] - base['l1']) / 1e3:+.1f} | "
+                f"{(mine['ll'] - base['ll']) / 1e3:+.1f} | {(mine['cycles'] - base['cycles']) / 1e6:+.3f} | "
+                f"{base['cycles'] / mine['cycles']:.3f} |"
+            )
+        )
     if "default" in found and "sampled" in found and found["default"]["cycles"] > base["cycles"]:
+
         def share(field: str) -> float:
             return (found["sampled"][field] - base[field]) / (found["default"][field] - base[field])
-        lines += ["", "A sampled-out rollout over bare, relative to a traced one, by these counts: "
-                  f"instructions {share('ir'):.3f}, estimated cycles {share('cycles'):.3f}"]
+
+        lines += [
+            "",
+            "A sampled-out rollout over bare, relative to a traced one, by these counts: "
+            f"instructions {share('ir'):.3f}, estimated cycles {share('cycles'):.3f}",
+        ]
     return lines
 
 
@@ -510,15 +614,18 @@ def report(results: dict) -> str:
     if not bare or not bare["load"]:
         return "no windows"
     rate = idle_rate(results)
-    lines = [f"Instructions per rollout, real Gym {results['gym']} trio under valgrind callgrind "
-             f"({results['rollouts']} rollouts per window at concurrency {results['concurrency']}, "
-             f"{len(bare['load'])} windows per variant taking turns; per-second timers kept out; "
-             + ("the threads that ran Python only; " if _by_thread(results) else "")
-             + f"each window less the idle trio's {rate / 1e6:.2f}M instructions per second, the median of the idle "
-             "windows, over its length)", "",
-             "| variant | outside GC, M per rollout: mean (windows) | young collections, M | collections per rollout "
-             "(full ones, all windows) | over bare, M | with young collections, over bare, M | bare over variant |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Instructions per rollout, real Gym {results['gym']} trio under valgrind callgrind "
+        f"({results['rollouts']} rollouts per window at concurrency {results['concurrency']}, "
+        f"{len(bare['load'])} windows per variant taking turns; per-second timers kept out; "
+        + ("the threads that ran Python only; " if _by_thread(results) else "")
+        + f"each window less the idle trio's {rate / 1e6:.2f}M instructions per second, the median of the idle "
+        "windows, over its length)",
+        "",
+        "| variant | outside GC, M per rollout: mean (windows) | young collections, M | collections per rollout "
+        "(full ones, all windows) | over bare, M | with young collections, over bare, M | bare over variant |",
+        "|---|---|---|---|---|---|---|",
+    ]
     base = summary(bare, rate)
     over: dict = {}
     for key, row in rows.items():
@@ -534,23 +641,42 @@ def report(results: dict) -> str:
         lines.append(
             f"| {row['label']} | {mine['work'] / 1e6:.2f} ({cells}) | {young} | "
             f"{mine['collections']:.3f} ({mine['full']}) | "
-            + ("- | - | - |" if key == "bare" else
-               f"{over[key][0] / 1e6:+.3f} | {with_young} | {base_total / total:.3f} |"))
-    lines += ["", "Full collections are left out of the table (their number is in it): one is tens of millions "
-              "of instructions and a window holds none, one or two.  Everything counted, full collections too, "
-              "over bare, M per rollout: " + ", ".join(
-                  f"{row['label']} {(summary(row, rate)['all'] - base['all']) / 1e6:+.3f}"
-                  for key, row in rows.items() if key != "bare")]
+            + (
+                "- | - | - |"
+                if key == "bare"
+                else f"{over[key][0] / 1e6:+.3f} | {with_young} | {base_total / total:.3f} |"
+            )
+        )
+    lines += [
+        "",
+        "Full collections are left out of the table (their number is in it): one is tens of millions "
+        "of instructions and a window holds none, one or two.  Everything counted, full collections too, "
+        "over bare, M per rollout: "
+        + ", ".join(
+            f"{row['label']} {(summary(row, rate)['all'] - base['all']) / 1e6:+.3f}"
+            for key, row in rows.items()
+            if key != "bare"
+        ),
+    ]
     if _by_thread(results):
         loads = [w for row in rows.values() for w in row["load"]]
         left = sum(w["ir_all_threads"] - w["ir"] for w in loads) / sum(w["ir_all_threads"] for w in loads)
-        lines += ["", f"Threads that ran no Python in a window (Ray's C++ threads and the like) are left out: {left:.1%} of "
-                  "all the load windows' instructions."]
+        lines += [
+            "",
+            f"Threads that ran no Python in a window (Ray's C++ threads and the like) are left out: {left:.1%} of "
+            "all the load windows' instructions.",
+        ]
     if "default" in over and "sampled" in over and over["default"][0] > 0:
-        lines += ["", "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
-                  f"{over['sampled'][0] / over['default'][0]:.3f} outside GC"
-                  + (f", {over['sampled'][1] / over['default'][1]:.3f} with young collections"
-                     if over["default"][1] != over["default"][0] else "")]
+        lines += [
+            "",
+            "A sampled-out rollout's instructions over bare, relative to a traced one's (ours default): "
+            f"{over['sampled'][0] / over['default'][0]:.3f} outside GC"
+            + (
+                f", {over['sampled'][1] / over['default'][1]:.3f} with young collections"
+                if over["default"][1] != over["default"][0]
+                else ""
+            ),
+        ]
     lines += cache_report(results)
     if results.get("by_function"):
         lines += by_function_report(results["by_function"], {k: r["label"] for k, r in rows.items()})

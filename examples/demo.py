@@ -28,9 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gym_autoinstr.setup.files import read_path  # noqa: E402
 from gym_autoinstr.commands.view import build_traces  # noqa: E402
-from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX  # noqa: E402
+from gym_autoinstr.setup.files import (  # noqa: E402
+    LOGS_SUFFIX,
+    METRICS_SUFFIX,
+    read_path,  # noqa: E402
+)
 from tests.harness.gym_install import gym_venv  # noqa: E402
 from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
 
@@ -39,7 +42,9 @@ def progress(done: int, total: int, started: float) -> None:
     width = 30
     filled = int(width * done / total)
     end = "\n" if done == total else ""
-    sys.stdout.write(f"\r  rollouts [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - started:5.1f}s{end}")
+    sys.stdout.write(
+        f"\r  rollouts [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {time.monotonic() - started:5.1f}s{end}"
+    )
     sys.stdout.flush()
 
 
@@ -48,7 +53,9 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=5)
     parser.add_argument("--gym-version", default="0.4.0")
     parser.add_argument("--workdir", help="where Gym runs and the traces are written (default: a new temp dir)")
-    parser.add_argument("--backend", choices=["mlflow"], help="send the traces to this UI, started locally, and print its URL")
+    parser.add_argument(
+        "--backend", choices=["mlflow"], help="send the traces to this UI, started locally, and print its URL"
+    )
     args = parser.parse_args()
     if args.backend == "mlflow":
         return with_mlflow(args)
@@ -79,13 +86,17 @@ def main() -> int:
     run_dir = run_dirs[-1]
     traces = [t for t in build_traces(read_path(run_dir)) if any(s["name"] == "POST /run" for s in t.spans)]
     span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
-    print(f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(span_files)} trace files "
-          f"(one per process) in\n  {run_dir}\n")
+    print(
+        f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(span_files)} trace files "
+        f"(one per process) in\n  {run_dir}\n"
+    )
     if not traces:
         return 1
     gym_autoinstr = str(venv / "bin" / "gym-autoinstr")
     rollout_ids = sorted(traces[-1].rollout_ids)
-    view = [gym_autoinstr, "view", str(run_dir)] + (["--rollout", rollout_ids[0]] if rollout_ids else ["--trace", traces[-1].trace_id])
+    view = [gym_autoinstr, "view", str(run_dir)] + (
+        ["--rollout", rollout_ids[0]] if rollout_ids else ["--trace", traces[-1].trace_id]
+    )
     print("$ gym-autoinstr view " + " ".join(view[2:]))
     subprocess.run(view, check=True)
     page = workdir / "traces.html"
@@ -97,7 +108,9 @@ def main() -> int:
 def with_mlflow(args: argparse.Namespace) -> int:
     from tests.harness.mlflow_backend import MlflowServer
 
-    print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and MLflow (the first run installs; later runs reuse them)...")
+    print(
+        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and MLflow (the first run installs; later runs reuse them)..."
+    )
     venv = gym_venv(args.gym_version)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gym-autoinstr-demo-")).resolve()
     with PolicyModel() as model, MlflowServer(workdir / "mlflow") as mlflow:

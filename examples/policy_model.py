@@ -39,7 +39,7 @@ import json
 import signal
 import socket
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 CREATED_AT = 1_700_000_000  # fixed: responses are byte-for-byte reproducible
 DEFAULT_MODEL = "policy-model"
@@ -69,7 +69,7 @@ class HttpError(Exception):
 # ---------------------------------------------------------------------------
 
 
-def _strings(value: Any) -> List[str]:
+def _strings(value: Any) -> list[str]:
     """All string leaves of a JSON value (used for a crude, stable token count)."""
     if isinstance(value, str):
         return [value]
@@ -84,7 +84,7 @@ def count_tokens(value: Any) -> int:
     return max(1, sum(len(s.split()) for s in _strings(value)))
 
 
-def example_arguments(parameters: Any, city: str = "San Francisco") -> Dict[str, Any]:
+def example_arguments(parameters: Any, city: str = "San Francisco") -> dict[str, Any]:
     """Deterministic arguments that satisfy a simple JSON schema."""
     if not isinstance(parameters, dict):
         return {}
@@ -92,7 +92,7 @@ def example_arguments(parameters: Any, city: str = "San Francisco") -> Dict[str,
     if not isinstance(properties, dict):
         return {}
     wanted = parameters.get("required") or list(properties)
-    args: Dict[str, Any] = {}
+    args: dict[str, Any] = {}
     for name in wanted:
         schema = properties.get(name) or {}
         kind = schema.get("type") if isinstance(schema, dict) else None
@@ -118,17 +118,17 @@ def example_arguments(parameters: Any, city: str = "San Francisco") -> Dict[str,
 
 
 class PolicyModel:
-    def __init__(self, city: str = "San Francisco", answer: Optional[str] = None) -> None:
+    def __init__(self, city: str = "San Francisco", answer: str | None = None) -> None:
         self.city = city  # the tool argument it asks for (tests plant canaries here)
         self.answer = answer  # the final text when no tool was offered (e.g. a code block)
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
-        self.received: List[Dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
 
     def _next(self) -> int:
         return next(self._ids)
 
-    def record(self, method: str, path: str, headers: Dict[str, str]) -> None:
+    def record(self, method: str, path: str, headers: dict[str, str]) -> None:
         self.received.append(
             {
                 "seq": next(self._seq),
@@ -141,7 +141,7 @@ class PolicyModel:
 
     # ---- /v1/responses ----
 
-    def responses(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    def responses(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("stream"):
             raise HttpError(400, "streaming is not supported by this test model")
         model = body.get("model") or DEFAULT_MODEL
@@ -150,12 +150,8 @@ class PolicyModel:
             items = [{"role": "user", "content": items}]
         if not isinstance(items, list):
             items = []
-        tool_outputs = [
-            i for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"
-        ]
-        tools = [
-            t for t in (body.get("tools") or []) if isinstance(t, dict) and t.get("type") == "function"
-        ]
+        tool_outputs = [i for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        tools = [t for t in (body.get("tools") or []) if isinstance(t, dict) and t.get("type") == "function"]
         n = self._next()
         if tools and not tool_outputs:
             tool = tools[0]
@@ -172,7 +168,11 @@ class PolicyModel:
             ]
             out_tokens = count_tokens(arguments)
         else:
-            text = self.answer if self.answer is not None and not tools else self._final_text([o.get("output") for o in tool_outputs])
+            text = (
+                self.answer
+                if self.answer is not None and not tools
+                else self._final_text([o.get("output") for o in tool_outputs])
+            )
             output = [
                 {
                     "type": "message",
@@ -215,7 +215,7 @@ class PolicyModel:
 
     # ---- /v1/chat/completions ----
 
-    def chat_completions(self, body: Dict[str, Any]) -> Dict[str, Any]:
+    def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("stream"):
             raise HttpError(400, "streaming is not supported by this test model")
         model = body.get("model") or DEFAULT_MODEL
@@ -246,7 +246,11 @@ class PolicyModel:
             finish_reason = "tool_calls"
             out_tokens = count_tokens(arguments)
         else:
-            text = self.answer if self.answer is not None and not tools else self._final_text([m.get("content") for m in tool_messages])
+            text = (
+                self.answer
+                if self.answer is not None and not tools
+                else self._final_text([m.get("content") for m in tool_messages])
+            )
             message = {"role": "assistant", "content": text}
             finish_reason = "stop"
             out_tokens = count_tokens(text)
@@ -256,9 +260,7 @@ class PolicyModel:
             "object": "chat.completion",
             "created": CREATED_AT,
             "model": model,
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
             "usage": {
                 "prompt_tokens": in_tokens,
                 "completion_tokens": out_tokens,
@@ -267,7 +269,7 @@ class PolicyModel:
         }
 
     @staticmethod
-    def _final_text(tool_results: List[Any]) -> str:
+    def _final_text(tool_results: list[Any]) -> str:
         if not tool_results:
             return "Hello! I am a deterministic test policy model."
         last = tool_results[-1]
@@ -275,7 +277,7 @@ class PolicyModel:
             last = json.dumps(last, sort_keys=True)
         return f"Based on the tool result, here is the answer: {last[:200]}"
 
-    def models(self) -> Dict[str, Any]:
+    def models(self) -> dict[str, Any]:
         return {
             "object": "list",
             "data": [{"id": DEFAULT_MODEL, "object": "model", "created": CREATED_AT, "owned_by": "gym-autoinstr"}],
@@ -287,7 +289,7 @@ class PolicyModel:
 # ---------------------------------------------------------------------------
 
 
-async def _read_head(reader: asyncio.StreamReader) -> Optional[Tuple[str, str, str, Dict[str, str]]]:
+async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, dict[str, str]] | None:
     try:
         raw = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
@@ -301,7 +303,7 @@ async def _read_head(reader: asyncio.StreamReader) -> Optional[Tuple[str, str, s
         method, target, version = lines[0].split(" ", 2)
     except ValueError:
         raise HttpError(400, "malformed request line")
-    headers: Dict[str, str] = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue
@@ -312,7 +314,7 @@ async def _read_head(reader: asyncio.StreamReader) -> Optional[Tuple[str, str, s
     return method.upper(), target, version.upper(), headers
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: Dict[str, str]) -> bytes:
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         chunks = []
         total = 0
@@ -346,7 +348,7 @@ def _response_bytes(status: int, payload: Any, keep_alive: bool) -> bytes:
     return head + body  # one buffer -> one write -> no Nagle/delayed-ACK stall
 
 
-def _error(status: int, message: str, code: str = "invalid_request_error") -> Dict[str, Any]:
+def _error(status: int, message: str, code: str = "invalid_request_error") -> dict[str, Any]:
     return {"error": {"message": message, "type": code, "param": None, "code": None}}
 
 
@@ -361,7 +363,7 @@ class Server:
         self.writers: set = set()
         self.drops = 0
 
-    async def dispatch(self, method: str, path: str, headers: Dict[str, str], body: bytes) -> Tuple[int, Any]:
+    async def dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any]:
         route = path[3:] if path.startswith("/v1/") else path
         if route == "/_received" and method == "GET":
             return 200, list(self.model.received)
@@ -418,11 +420,7 @@ class Server:
                         break
                     method, target, version, headers = head
                     connection = headers.get("connection", "").lower()
-                    keep_alive = (
-                        "close" not in connection
-                        if version == "HTTP/1.1"
-                        else "keep-alive" in connection
-                    )
+                    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
                     if headers.get("expect", "").lower() == "100-continue":
                         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     body = await _read_body(reader, headers)
@@ -450,12 +448,11 @@ class Server:
                 pass
 
 
-async def serve(host: str, port: int, latency_ms: float = 0.0, city: str = "San Francisco",
-                answer: Optional[str] = None) -> None:
+async def serve(
+    host: str, port: int, latency_ms: float = 0.0, city: str = "San Francisco", answer: str | None = None
+) -> None:
     server_impl = Server(PolicyModel(city, answer), latency_s=latency_ms / 1000.0)
-    server = await asyncio.start_server(
-        server_impl.handle_connection, host, port, limit=MAX_HEADER_BYTES, backlog=1024
-    )
+    server = await asyncio.start_server(server_impl.handle_connection, host, port, limit=MAX_HEADER_BYTES, backlog=1024)
     bound = server.sockets[0].getsockname()
     shown_host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     print(f"policy model listening on http://{shown_host}:{bound[1]}", flush=True)
@@ -476,13 +473,15 @@ async def serve(host: str, port: int, latency_ms: float = 0.0, city: str = "San 
     print("policy model stopped", flush=True)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to each model call")
     parser.add_argument("--city", default="San Francisco", help="the city it asks the weather tool about")
-    parser.add_argument("--answer", default=None, help="final text when the request offers no tool (e.g. a fenced code block)")
+    parser.add_argument(
+        "--answer", default=None, help="final text when the request offers no tool (e.g. a fenced code block)"
+    )
     args = parser.parse_args(argv)
     asyncio.run(serve(args.host, args.port, args.latency_ms, args.city, args.answer))
     return 0

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gym_autoinstr._log import logger, warn_once
 
@@ -35,12 +36,12 @@ class Handle:
         self,
         name: str,
         owner: Any = None,
-        attribute: "str | None" = None,
+        attribute: str | None = None,
         original: Any = _MISSING,
         replacement: Any = None,
-        undo: "Callable[[], None] | None" = None,
-        busy: "Callable[[], bool] | None" = None,
-        on_restore: "Callable[[], Any] | None" = None,
+        undo: Callable[[], None] | None = None,
+        busy: Callable[[], bool] | None = None,
+        on_restore: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
         self._owner = _reference(owner) if owner is not None else None
@@ -108,8 +109,8 @@ def apply(
     attribute: str,
     replacement: Any,
     *,
-    busy: "Callable[[], bool] | None" = None,
-    on_restore: "Callable[[], Any] | None" = None,
+    busy: Callable[[], bool] | None = None,
+    on_restore: Callable[[], Any] | None = None,
 ) -> Handle:
     """Set ``owner.attribute`` to ``replacement`` for the row ``name``, keeping what was there."""
     with _lock:

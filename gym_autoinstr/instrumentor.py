@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 import wrapt
 from opentelemetry import context as otel_context
@@ -25,13 +26,12 @@ from opentelemetry import propagate
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from gym_autoinstr import settings
-from gym_autoinstr.advice import ray_actor
-from gym_autoinstr.telemetry import groups
-
-from gym_autoinstr.setup import identity
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.advice import ray_actor
 from gym_autoinstr.patching import PatchSet, restore_process_patches
 from gym_autoinstr.pointcuts import POINTCUTS, Pointcut
+from gym_autoinstr.setup import identity
+from gym_autoinstr.telemetry import groups
 
 
 def _at_interpreter_start() -> bool:
@@ -194,7 +194,7 @@ _booted = False
 _boot_lock = threading.Lock()
 
 
-def init_wrapper(function: Any, missing: "list | None" = None) -> Any:
+def init_wrapper(function: Any, missing: list | None = None) -> Any:
     """The ``__init__`` Ray pickles and runs in the actor: takes the carrier off and, where
     gym-autoinstr imports, boots the actor first.  Pickled by value, like
     ``ray_tasks.carrier_wrapper``: builtins, its closure and its own imports only."""
@@ -249,7 +249,7 @@ def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier:
                 pass
 
 
-def boot(settings: "dict[str, str]") -> None:
+def boot(settings: dict[str, str]) -> None:
     """Make this actor watch for Gym's orchestration when the sitecustomize did not run in
     it (``runtime_env`` replaced ``PYTHONPATH``); nothing when it did."""
     global _booted

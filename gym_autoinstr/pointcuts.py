@@ -28,10 +28,23 @@ Pre-releases and local versions count as their release (``0.7.0rc1`` is ``0.7.0`
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from gym_autoinstr.advice import coexistence, egress, fleet, ingress, job, ray_actor, ray_tasks, routes, sandbox, startup, venvs
+from gym_autoinstr.advice import (
+    coexistence,
+    egress,
+    fleet,
+    ingress,
+    job,
+    ray_actor,
+    ray_tasks,
+    routes,
+    sandbox,
+    startup,
+    venvs,
+)
 from gym_autoinstr.telemetry import groups
 
 
@@ -42,7 +55,7 @@ class Pointcut:
     attribute: str  # dotted path inside the module: "request", "SimpleServer.run_webserver"
     advice: Callable[[Any, Any, tuple, dict], Any]
     versions: str  # the nemo-gym releases where the target exists
-    group: "str | None"  # the span group its spans belong to (None: plumbing)
+    group: str | None  # the span group its spans belong to (None: plumbing)
     purpose: str
     rebind_copies: bool = False  # modules copy it by name (`from m import f`)
     optional: bool = False  # absent in some supported Gym versions: not a warning
@@ -108,7 +121,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.2.0+",
         group=None,
         purpose="count the attempts inside one traced request (http.request.resend_count) on Gym's client; "
-                "metrics: time waits for an aiohttp connection slot on it, by destination server",
+        "metrics: time waits for an aiohttp connection slot on it, by destination server",
         rebind_copies=True,
     ),
     Pointcut(
@@ -490,7 +503,6 @@ RAY_WORKER_POINTCUTS: tuple[Pointcut, ...] = (
 )
 
 
-
 @dataclass(frozen=True)
 class ProcessPatch:
     """A patch outside ``POINTCUTS`` that changes something every user in the process
@@ -508,14 +520,16 @@ class ProcessPatch:
     when: str  # at which moment of a Gym process
     restore: str  # how uninstrument undoes it
     scope: str = "process"  # "process": every caller in the process; "instances": Gym's objects of that class
-    pointcut: "str | None" = None  # applied and restored as this POINTCUTS row (patching.PatchSet)
+    pointcut: str | None = None  # applied and restored as this POINTCUTS row (patching.PatchSet)
     reversible: bool = True  # uninstrument restores it (False: the row says why not)
     optional: bool = False  # the target is missing from some supported environments
 
 
-_AIOHTTP_HOOK_WHEN = ("when Gym's set_global_aiohttp_client makes its session (egress.pool pointcut), on an aiohttp "
-                      "whose methods have the names and parameters the hooks expect (3.14 does), "
-                      "GYM_AUTOINSTR_AIOHTTP_HOOKS not 0")
+_AIOHTTP_HOOK_WHEN = (
+    "when Gym's set_global_aiohttp_client makes its session (egress.pool pointcut), on an aiohttp "
+    "whose methods have the names and parameters the hooks expect (3.14 does), "
+    "GYM_AUTOINSTR_AIOHTTP_HOOKS not 0"
+)
 _AIOHTTP_HOOK_RESTORE = "uninstrument deletes the instance attribute: the class's own method shows through again"
 
 # Every process-wide patch, as data, beside the pointcut rows (``gym-autoinstr doctor``

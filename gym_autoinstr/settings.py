@@ -18,7 +18,8 @@ to child processes) stay with their writers, through ``Setting.name``.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gym_autoinstr._log import warn_once
 
@@ -47,7 +48,7 @@ class Setting:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} default={self.default!r}>"
 
-    def raw(self, environ: "Mapping[str, str] | None" = None) -> "str | None":
+    def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The value as set, or None when unset."""
         return (os.environ if environ is None else environ).get(self.name)
 
@@ -55,7 +56,7 @@ class Setting:
         """The typed value of a set ``raw``; ValueError(what was expected) when it does not parse."""
         return raw
 
-    def check(self, environ: "Mapping[str, str] | None" = None) -> "tuple[Any, str | None]":
+    def check(self, environ: Mapping[str, str] | None = None) -> tuple[Any, str | None]:
         """(value, message): the value ``read`` would return, and why a set value was not
         taken (None when it was, or when unset)."""
         raw = self.raw(environ)
@@ -66,20 +67,20 @@ class Setting:
         except ValueError as error:
             return self.default, self.message(raw, str(error), self.holder(environ))
 
-    def empty(self, raw: "str | None") -> Any:
+    def empty(self, raw: str | None) -> Any:
         """The value when unset (None) or set to blanks."""
         return self.default
 
-    def holder(self, environ: "Mapping[str, str] | None" = None) -> str:
+    def holder(self, environ: Mapping[str, str] | None = None) -> str:
         """The variable the value comes from."""
         return self.name
 
-    def message(self, raw: str, expected: str, holder: "str | None" = None) -> str:
+    def message(self, raw: str, expected: str, holder: str | None = None) -> str:
         fallback = self.fallback or f"using {self.default!r}"
         text = f"{holder or self.name}={raw!r} is not {expected}; {fallback}."
         return f"{text} {self.fix}" if self.fix else text
 
-    def read(self, environ: "Mapping[str, str] | None" = None) -> Any:
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
         value, message = self.check(environ)
         if message is not None:
             warn_once(f"setting:{self.name}:{self.raw(environ)}", "%s", message)
@@ -134,9 +135,20 @@ class Number(Setting):
 
     kind = "number"
 
-    def __init__(self, name: str, default: float, description: str, *, minimum: float = 0, above: bool = False,
-                 maximum: "float | None" = None, integer: bool = False, expected: str = "", fallback: str = "",
-                 fix: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        default: float,
+        description: str,
+        *,
+        minimum: float = 0,
+        above: bool = False,
+        maximum: float | None = None,
+        integer: bool = False,
+        expected: str = "",
+        fallback: str = "",
+        fix: str = "",
+    ) -> None:
         self.minimum, self.above, self.maximum, self.integer = minimum, above, maximum, integer
         self.expected = expected or ("a positive number" if above else "a non-negative number")
         super().__init__(name, default, description, fallback=fallback or f"using {default}", fix=fix)
@@ -161,18 +173,27 @@ class Choice(Setting):
 
     kind = "choice"
 
-    def __init__(self, name: str, default: str, choices: "tuple[str, ...]", description: str, *,
-                 aliases: "Mapping[str, str] | None" = None, inherits: "Setting | None" = None, fallback: str = "",
-                 fix: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        default: str,
+        choices: tuple[str, ...],
+        description: str,
+        *,
+        aliases: Mapping[str, str] | None = None,
+        inherits: Setting | None = None,
+        fallback: str = "",
+        fix: str = "",
+    ) -> None:
         self.choices, self.aliases, self.inherits = choices, dict(aliases or {}), inherits
         super().__init__(name, default, description, fallback=fallback, fix=fix)
 
-    def holder(self, environ: "Mapping[str, str] | None" = None) -> str:
+    def holder(self, environ: Mapping[str, str] | None = None) -> str:
         if self.inherits is not None and not super().raw(environ):
             return self.inherits.name
         return self.name
 
-    def raw(self, environ: "Mapping[str, str] | None" = None) -> "str | None":
+    def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
         own = super().raw(environ)
         if self.inherits is not None and not own:
             return self.inherits.raw(environ)
@@ -191,10 +212,10 @@ class CommaList(Setting):
 
     kind = "comma list"
 
-    def empty(self, raw: "str | None") -> Any:
+    def empty(self, raw: str | None) -> Any:
         return self.default if raw is None else ()
 
-    def parse(self, raw: str) -> "tuple[str, ...]":
+    def parse(self, raw: str) -> tuple[str, ...]:
         return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
@@ -202,54 +223,104 @@ ALL: dict[str, Setting] = {}
 
 # -- gym-autoinstr's own ----------------------------------------------------------------
 
-SPAN_GROUPS = Text(PREFIX + "SPAN_GROUPS", None, "span groups to record: names and presets, comma-separated "
-                   "(default, all, off, ...); unknown names are ignored with a warning")
-JOB_TRACE = Choice(PREFIX + "JOB_TRACE", "per_rollout", ("per_rollout", "single"),
-                   "per_rollout: each rollout its own trace, linked to gym.job; single: one trace per job",
-                   fallback="using per_rollout (each rollout its own trace, linked to gym.job)",
-                   fix=f"Set {PREFIX}JOB_TRACE=single for one trace per job.")
-CLIENT_SPANS = Choice(PREFIX + "CLIENT_SPANS", "all", ("all", "failures"),
-                      "all: a CLIENT span per call between Gym servers; failures: only for calls that fail",
-                      fallback="every call keeps its CLIENT span ('all')",
-                      fix="Set 'failures' for CLIENT spans only on calls between Gym servers that fail.")
-EXCLUDED_PATHS = CommaList(PREFIX + "EXCLUDED_PATHS", ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics",
-                                                        "/favicon.ico"),
-                           "request paths that get no SERVER span, comma-separated (empty: none excluded)")
+SPAN_GROUPS = Text(
+    PREFIX + "SPAN_GROUPS",
+    None,
+    "span groups to record: names and presets, comma-separated "
+    "(default, all, off, ...); unknown names are ignored with a warning",
+)
+JOB_TRACE = Choice(
+    PREFIX + "JOB_TRACE",
+    "per_rollout",
+    ("per_rollout", "single"),
+    "per_rollout: each rollout its own trace, linked to gym.job; single: one trace per job",
+    fallback="using per_rollout (each rollout its own trace, linked to gym.job)",
+    fix=f"Set {PREFIX}JOB_TRACE=single for one trace per job.",
+)
+CLIENT_SPANS = Choice(
+    PREFIX + "CLIENT_SPANS",
+    "all",
+    ("all", "failures"),
+    "all: a CLIENT span per call between Gym servers; failures: only for calls that fail",
+    fallback="every call keeps its CLIENT span ('all')",
+    fix="Set 'failures' for CLIENT spans only on calls between Gym servers that fail.",
+)
+EXCLUDED_PATHS = CommaList(
+    PREFIX + "EXCLUDED_PATHS",
+    ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico"),
+    "request paths that get no SERVER span, comma-separated (empty: none excluded)",
+)
 ACCEPT_BAGGAGE = Switch(PREFIX + "ACCEPT_BAGGAGE", False, "read W3C baggage sent from outside the fleet")
-SERVICE_NAME_SUFFIX = Switch(PREFIX + "SERVICE_NAME_SUFFIX", True,
-                             "service.name is <OTEL_SERVICE_NAME>/<server name>; off: OTEL_SERVICE_NAME alone")
+SERVICE_NAME_SUFFIX = Switch(
+    PREFIX + "SERVICE_NAME_SUFFIX",
+    True,
+    "service.name is <OTEL_SERVICE_NAME>/<server name>; off: OTEL_SERVICE_NAME alone",
+)
 LEAN_SPANS = Switch(PREFIX + "LEAN_SPANS", True, "lean spans behind our own pipeline (off: the SDK's spans)")
-ENCODE_ON_END = Switch(PREFIX + "ENCODE_ON_END", True, "encode a span to OTLP bytes when it ends (off: the SDK's batch processor)")
+ENCODE_ON_END = Switch(
+    PREFIX + "ENCODE_ON_END", True, "encode a span to OTLP bytes when it ends (off: the SDK's batch processor)"
+)
 FAST_HISTOGRAMS = Switch(PREFIX + "FAST_HISTOGRAMS", True, "request histograms aggregated by us (off: the SDK's)")
 DROPPED_FAST_PATH = Switch(PREFIX + "DROPPED_FAST_PATH", True, "skip building spans the sampler would drop anyway")
-AIOHTTP_HOOKS = Switch(PREFIX + "AIOHTTP_HOOKS", True, "connection-pool metrics from hooks on Gym's client "
-                       "(off: aiohttp's TraceConfig)")
+AIOHTTP_HOOKS = Switch(
+    PREFIX + "AIOHTTP_HOOKS", True, "connection-pool metrics from hooks on Gym's client (off: aiohttp's TraceConfig)"
+)
 GC_FREEZE = Switch(PREFIX + "GC_FREEZE", True, "freeze OpenTelemetry's start-up objects out of the garbage collector")
 LOG_CORRELATION = Switch(PREFIX + "LOG_CORRELATION", True, "add trace and span ids to log lines when logs are exported")
 FLEET_MEMORY = Switch(PREFIX + "FLEET_MEMORY", False, "the orchestrator observes each spawned server's memory")
-FLUSH_TIMEOUT_MS = Number(PREFIX + "FLUSH_TIMEOUT_MS", 500, "how long a flush at shutdown waits, in ms",
-                          expected="a non-negative number of milliseconds", fix="Set it to e.g. 500.")
-LOOP_LAG_INTERVAL_MS = Number(PREFIX + "LOOP_LAG_INTERVAL_MS", 1000, "how often the event-loop lag probe wakes, in ms",
-                              minimum=1, maximum=3_600_000, expected="a number of milliseconds from 1 to 3600000",
-                              fallback="the event-loop lag probe wakes every 1000 ms")
-FILE_MAX_MB = Number(PREFIX + "FILE_MAX_MB", 256, "bound of each file the embedded file exporter writes, in MB",
-                     above=True, expected="a positive number of megabytes", fallback="using 256")
-OUTPUT_DIR = Text(PREFIX + "OUTPUT_DIR", None, "directory of the embedded file exporter (default "
-                  "./gym-autoinstr-runs/<run id>); set by the orchestrator for its children")
+FLUSH_TIMEOUT_MS = Number(
+    PREFIX + "FLUSH_TIMEOUT_MS",
+    500,
+    "how long a flush at shutdown waits, in ms",
+    expected="a non-negative number of milliseconds",
+    fix="Set it to e.g. 500.",
+)
+LOOP_LAG_INTERVAL_MS = Number(
+    PREFIX + "LOOP_LAG_INTERVAL_MS",
+    1000,
+    "how often the event-loop lag probe wakes, in ms",
+    minimum=1,
+    maximum=3_600_000,
+    expected="a number of milliseconds from 1 to 3600000",
+    fallback="the event-loop lag probe wakes every 1000 ms",
+)
+FILE_MAX_MB = Number(
+    PREFIX + "FILE_MAX_MB",
+    256,
+    "bound of each file the embedded file exporter writes, in MB",
+    above=True,
+    expected="a positive number of megabytes",
+    fallback="using 256",
+)
+OUTPUT_DIR = Text(
+    PREFIX + "OUTPUT_DIR",
+    None,
+    "directory of the embedded file exporter (default "
+    "./gym-autoinstr-runs/<run id>); set by the orchestrator for its children",
+)
 RUN_ID = Text(PREFIX + "RUN_ID", None, "this run's id (nemo.gym.run.id); minted by the orchestrator for its children")
 SHARD = Text(PREFIX + "SHARD", None, "the shard (NeMo RL actor) a server belongs to; set for its children")
-SERVER_REQUIREMENT = Text(PREFIX + "SERVER_REQUIREMENT", None, "what to install into Gym's server venvs instead of "
-                          "this machine's gym-autoinstr (one requirement, or -e PATH)")
+SERVER_REQUIREMENT = Text(
+    PREFIX + "SERVER_REQUIREMENT",
+    None,
+    "what to install into Gym's server venvs instead of this machine's gym-autoinstr (one requirement, or -e PATH)",
+)
 STARTUP_TRACEPARENT = Text(PREFIX + "STARTUP_TRACEPARENT", None, "internal: a spawned server's start-up span context")
 SPAWN_NS = Text(PREFIX + "SPAWN_NS", None, "internal: when the orchestrator spawned this server (time.time_ns)")
 
 # -- NeMo Gym's (and the cluster's) -----------------------------------------------------
 
-GYM_SPAN_GROUPS = Text("NEMO_GYM_OTEL_SPAN_GROUPS", None, f"Gym's own span-group knob, read when {PREFIX}SPAN_GROUPS is unset")
+GYM_SPAN_GROUPS = Text(
+    "NEMO_GYM_OTEL_SPAN_GROUPS", None, f"Gym's own span-group knob, read when {PREFIX}SPAN_GROUPS is unset"
+)
 GYM_RUN_ID = Text("NEMO_GYM_OTEL_RUN_ID", None, "Gym's run id; wins over SLURM_JOB_ID and ours")
-GYM_LOGS_ENABLED = Switch("NEMO_GYM_OTEL_LOGS_ENABLED", False, "Gym's knob: export logs (when OTEL_LOGS_EXPORTER is unset)")
+GYM_LOGS_ENABLED = Switch(
+    "NEMO_GYM_OTEL_LOGS_ENABLED", False, "Gym's knob: export logs (when OTEL_LOGS_EXPORTER is unset)"
+)
 GYM_CONFIG_PATH = Text("NEMO_GYM_CONFIG_PATH", None, "set by Gym in each server it spawns: the server's name")
-GYM_FASTAPI_WORKER = Text("IS_NEMO_GYM_FASTAPI_WORKER", None, "set by Gym in each uvicorn worker of a multi-worker server")
+GYM_FASTAPI_WORKER = Text(
+    "IS_NEMO_GYM_FASTAPI_WORKER", None, "set by Gym in each uvicorn worker of a multi-worker server"
+)
 SLURM_JOB_ID = Text("SLURM_JOB_ID", None, "the Slurm job, a run id when Gym's is unset")
 
 # -- OpenTelemetry's --------------------------------------------------------------------
@@ -257,32 +328,58 @@ SLURM_JOB_ID = Text("SLURM_JOB_ID", None, "the Slurm job, a run id when Gym's is
 SDK_DISABLED = OtelFlag("OTEL_SDK_DISABLED", "true: no provider, nothing recorded")
 SERVICE_NAME = Text("OTEL_SERVICE_NAME", None, "service.name (ours: nemo-gym/<server name>)")
 PYTHON_DISTRO = Text("OTEL_PYTHON_DISTRO", None, "the distro opentelemetry-instrument uses")
-PYTHON_CONFIGURATOR = Text("OTEL_PYTHON_CONFIGURATOR", None, "the configurator opentelemetry-instrument uses (ours: gym_autoinstr)")
-PYTHON_DISABLED_INSTRUMENTATIONS = Text("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None,
-                                        "instrumentors not to load, comma-separated (ours sets fastapi)")
-PYTHON_SDK_INTERNAL_METRICS = OtelFlag("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "the SDK's self-metrics (they turn lean spans off)")
+PYTHON_CONFIGURATOR = Text(
+    "OTEL_PYTHON_CONFIGURATOR", None, "the configurator opentelemetry-instrument uses (ours: gym_autoinstr)"
+)
+PYTHON_DISABLED_INSTRUMENTATIONS = Text(
+    "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None, "instrumentors not to load, comma-separated (ours sets fastapi)"
+)
+PYTHON_SDK_INTERNAL_METRICS = OtelFlag(
+    "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "the SDK's self-metrics (they turn lean spans off)"
+)
 TRACES_EXPORTER = Text("OTEL_TRACES_EXPORTER", None, "span exporters, comma-separated (otlp, console, none, ...)")
 METRICS_EXPORTER = Text("OTEL_METRICS_EXPORTER", None, "metric exporters, comma-separated (otlp, console, files, none)")
-LOGS_EXPORTER = Text("OTEL_LOGS_EXPORTER", None, "log exporters, comma-separated (otlp, console, files, none; default off)")
+LOGS_EXPORTER = Text(
+    "OTEL_LOGS_EXPORTER", None, "log exporters, comma-separated (otlp, console, files, none; default off)"
+)
 TRACES_SAMPLER = Text("OTEL_TRACES_SAMPLER", None, "the sampler (read by the SDK)")
 TRACES_SAMPLER_ARG = Text("OTEL_TRACES_SAMPLER_ARG", None, "the sampler's argument (read by the SDK)")
 METRICS_EXEMPLAR_FILTER = Text("OTEL_METRICS_EXEMPLAR_FILTER", None, "exemplar filter (set: the SDK's; unset: none)")
-METRIC_EXPORT_INTERVAL = Number("OTEL_METRIC_EXPORT_INTERVAL", 10_000, "metric export interval, in ms", above=True,
-                                integer=True)
-BSP_SCHEDULE_DELAY = Number("OTEL_BSP_SCHEDULE_DELAY", 1000, "span batch delay, in ms (ours: 1000)", above=True, integer=True)
-BSP_MAX_QUEUE_SIZE = Number("OTEL_BSP_MAX_QUEUE_SIZE", 65536, "span queue bound (ours: 65536)", above=True, integer=True)
-BSP_MAX_EXPORT_BATCH_SIZE = Number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 4096, "spans per export (ours: 4096)", above=True,
-                                   integer=True)
+METRIC_EXPORT_INTERVAL = Number(
+    "OTEL_METRIC_EXPORT_INTERVAL", 10_000, "metric export interval, in ms", above=True, integer=True
+)
+BSP_SCHEDULE_DELAY = Number(
+    "OTEL_BSP_SCHEDULE_DELAY", 1000, "span batch delay, in ms (ours: 1000)", above=True, integer=True
+)
+BSP_MAX_QUEUE_SIZE = Number(
+    "OTEL_BSP_MAX_QUEUE_SIZE", 65536, "span queue bound (ours: 65536)", above=True, integer=True
+)
+BSP_MAX_EXPORT_BATCH_SIZE = Number(
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 4096, "spans per export (ours: 4096)", above=True, integer=True
+)
 BSP_EXPORT_TIMEOUT = Text("OTEL_BSP_EXPORT_TIMEOUT", None, "span export timeout, in ms (read by the SDK)")
 
 _OTLP = "OTEL_EXPORTER_OTLP_"
 _PROTOCOLS = ("http/protobuf", "grpc")
 _PROTOCOL_ALIASES = {"http": "http/protobuf"}
 _PROTOCOL_FIX = "using http/protobuf"
-OTLP_PROTOCOL = Choice(_OTLP + "PROTOCOL", "http/protobuf", _PROTOCOLS, "OTLP transport: grpc or http/protobuf",
-                       aliases=_PROTOCOL_ALIASES, fallback=_PROTOCOL_FIX)
-OTLP_TRACES_PROTOCOL = Choice(_OTLP + "TRACES_PROTOCOL", "http/protobuf", _PROTOCOLS, "OTLP transport for spans",
-                              aliases=_PROTOCOL_ALIASES, inherits=OTLP_PROTOCOL, fallback=_PROTOCOL_FIX)
+OTLP_PROTOCOL = Choice(
+    _OTLP + "PROTOCOL",
+    "http/protobuf",
+    _PROTOCOLS,
+    "OTLP transport: grpc or http/protobuf",
+    aliases=_PROTOCOL_ALIASES,
+    fallback=_PROTOCOL_FIX,
+)
+OTLP_TRACES_PROTOCOL = Choice(
+    _OTLP + "TRACES_PROTOCOL",
+    "http/protobuf",
+    _PROTOCOLS,
+    "OTLP transport for spans",
+    aliases=_PROTOCOL_ALIASES,
+    inherits=OTLP_PROTOCOL,
+    fallback=_PROTOCOL_FIX,
+)
 OTLP_METRICS_PROTOCOL = Text(_OTLP + "METRICS_PROTOCOL", None, "OTLP transport for metrics (else the spans')")
 OTLP_LOGS_PROTOCOL = Text(_OTLP + "LOGS_PROTOCOL", None, "OTLP transport for logs (else the spans')")
 OTLP_ENDPOINT = Text(_OTLP + "ENDPOINT", None, "the collector's base URL (the exporter appends /v1/<signal>)")
@@ -295,18 +392,21 @@ OTLP_CERTIFICATE = Text(_OTLP + "CERTIFICATE", None, "CA file for TLS")
 OTLP_TRACES_CERTIFICATE = Text(_OTLP + "TRACES_CERTIFICATE", None, "CA file for TLS, for spans")
 OTLP_TIMEOUT = Text(_OTLP + "TIMEOUT", None, "export timeout (read by the exporter)")
 OTLP_TRACES_TIMEOUT = Text(_OTLP + "TRACES_TIMEOUT", None, "span export timeout (read by the exporter)")
-OTLP_METRICS_TEMPORALITY = Text(_OTLP + "METRICS_TEMPORALITY_PREFERENCE", None,
-                                "metric temporality (read by the exporter; not cumulative: the SDK's histograms)")
+OTLP_METRICS_TEMPORALITY = Text(
+    _OTLP + "METRICS_TEMPORALITY_PREFERENCE",
+    None,
+    "metric temporality (read by the exporter; not cumulative: the SDK's histograms)",
+)
 PROPAGATORS = Text("OTEL_PROPAGATORS", None, "propagators (read by the API; not the default: no W3C fast path)")
 PYTHON_CONTEXT = Text("OTEL_PYTHON_CONTEXT", None, "the context implementation (read by the API)")
 
 
-def endpoint(environ: "Mapping[str, str] | None" = None) -> "str | None":
+def endpoint(environ: Mapping[str, str] | None = None) -> str | None:
     """The span endpoint as configured: the signal's own, else the generic one."""
     return OTLP_TRACES_ENDPOINT.raw(environ) or OTLP_ENDPOINT.raw(environ)
 
 
-def unknown(environ: "Mapping[str, str] | None" = None) -> "list[tuple[str, str | None]]":
+def unknown(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
     """(name, closest known name or None) for each ``GYM_AUTOINSTR_*`` variable set in
     ``environ`` that is none of ours: a misspelling, ignored."""
     import difflib

@@ -31,7 +31,7 @@ def test_the_import_linter_contracts_are_kept(capsys):
     assert "0 broken" in report
 
 
-def _cycles(imports: "dict[str, set[str]]") -> "list[list[str]]":
+def _cycles(imports: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -75,8 +75,10 @@ def test_no_module_of_ours_is_part_of_an_import_cycle():
     graph = grimp.build_graph("gym_autoinstr", cache_dir=None)
     assert len(graph.modules) > 50  # the whole package, not an empty graph
     # (a module naming itself, as the wrappers Ray pickles by value do, is no cycle)
-    imports = {m: {i for i in graph.find_modules_directly_imported_by(m) if i in graph.modules and i != m}
-               for m in graph.modules}
+    imports = {
+        m: {i for i in graph.find_modules_directly_imported_by(m) if i in graph.modules and i != m}
+        for m in graph.modules
+    }
     lines = []
     for component in _cycles(imports):
         lines.append(" <-> ".join(component))

@@ -6,15 +6,18 @@ from __future__ import annotations
 from benchmarks.run import across_report
 
 
-def _run(bare: list, off: list, default: list, sampled: list, together: "list | None" = None) -> dict:
+def _run(bare: list, off: list, default: list, sampled: list, together: list | None = None) -> dict:
     def row(key, cpu):
         return {"key": key, "cpu_ms": cpu, "bare_cpu_ms": bare}
 
-    results = {"variants": [{"key": "bare", "cpu_ms": bare}, row("off", off), row("default", default),
-                            row("sampled", sampled)]}
+    results = {
+        "variants": [{"key": "bare", "cpu_ms": bare}, row("off", off), row("default", default), row("sampled", sampled)]
+    }
     if together is not None:  # windows: (bare, default, sampled) CPU per rollout
-        results["sampled_together"] = {key: [{"n": 100, "cpu_ms": w[i], "set": 0} for w in together]
-                                       for i, key in enumerate(("bare", "default", "sampled"))}
+        results["sampled_together"] = {
+            key: [{"n": 100, "cpu_ms": w[i], "set": 0} for w in together]
+            for i, key in enumerate(("bare", "default", "sampled"))
+        }
     return results
 
 
@@ -24,10 +27,20 @@ def _close(got: float, want: float) -> bool:
 
 def test_across_runs_splits_a_dropped_rollouts_overhead_into_span_groups_off_and_the_dropped_path():
     # run a: off +0.2, default +1.0, sampled +0.5 ms in every repetition; run b: +0.0, +2.0, +0.4
-    a = _run([10.0, 11.0, 12.0], [10.2, 11.2, 12.2], [11.0, 12.0, 13.0], [10.5, 11.5, 12.5],
-             together=[(10.0, 11.0, 10.2), (10.0, 11.0, 10.2), (10.0, 11.0, 10.2)])
-    b = _run([10.0, 10.0, 10.0], [10.0, 10.0, 10.0], [12.0, 12.0, 12.0], [10.4, 10.4, 10.4],
-             together=[(10.0, 12.0, 10.6), (10.0, 12.0, 10.6), (10.0, 12.0, 10.6)])
+    a = _run(
+        [10.0, 11.0, 12.0],
+        [10.2, 11.2, 12.2],
+        [11.0, 12.0, 13.0],
+        [10.5, 11.5, 12.5],
+        together=[(10.0, 11.0, 10.2), (10.0, 11.0, 10.2), (10.0, 11.0, 10.2)],
+    )
+    b = _run(
+        [10.0, 10.0, 10.0],
+        [10.0, 10.0, 10.0],
+        [12.0, 12.0, 12.0],
+        [10.4, 10.4, 10.4],
+        together=[(10.0, 12.0, 10.6), (10.0, 12.0, 10.6), (10.0, 12.0, 10.6)],
+    )
     text = across_report([("a", a), ("b", b), ("other", {"variants": {"not": "a run"}})])
     lines = text.splitlines()
     row_a = next(line for line in lines if line.startswith("| a |"))

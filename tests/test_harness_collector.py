@@ -45,9 +45,7 @@ except ImportError:  # pragma: no cover - tests/ is a package
 
 def _emit_trace(exporter, service_name: str, marker: str) -> dict:
     """Emit a SERVER parent and a CLIENT child span; return their SDK contexts."""
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name, "test.marker": marker})
-    )
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name, "test.marker": marker}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("gym-autoinstr.harness-test", "1.2.3")
     with tracer.start_as_current_span(
@@ -150,9 +148,7 @@ def test_spans_arrive_quickly(collector):
 def test_metrics_are_forwarded(collector):
     exporter = HttpMetricExporter(endpoint=f"{collector.http_endpoint}/v1/metrics", timeout=10)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)
-    provider = MeterProvider(
-        metric_readers=[reader], resource=Resource.create({"service.name": "svc-metrics"})
-    )
+    provider = MeterProvider(metric_readers=[reader], resource=Resource.create({"service.name": "svc-metrics"}))
     provider.get_meter("harness-test").create_counter("harness.test.rollouts").add(3, {"k": "v"})
     provider.shutdown()  # forces a collect + export
 

@@ -54,8 +54,12 @@ def test_instrument_then_import_patches_before_copies_are_made():
         print(json.dumps(state()))
         """
     )["out"]
-    assert out == {"request": True, "copy_in_openai_utils": True, "run_webserver": True,
-                   "run_webserver_is_classmethod_like": True}
+    assert out == {
+        "request": True,
+        "copy_in_openai_utils": True,
+        "run_webserver": True,
+        "run_webserver_is_classmethod_like": True,
+    }
 
 
 def test_import_then_instrument_rebinds_the_copies_already_made():

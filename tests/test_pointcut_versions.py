@@ -10,7 +10,6 @@ from gym_autoinstr.commands.doctor import is_gym_module
 from gym_autoinstr.pointcuts import POINTCUTS, RAY_WORKER_POINTCUTS, version_applies
 from tests.test_realgym_version_matrix import RELEASES
 
-
 # -- the table itself (fast) -----------------------------------------------------------
 
 

@@ -156,14 +156,27 @@ def test_uninstrument_restores_the_aiohttp_hooks_by_identity(hooks):
             "session": ["_request", "request"],
             "connector": ["_create_connection", "_wait_for_available_connection"],
             "trace_configs": 0,
-            "footprint": {"aiohttp.session_attempts": 1, "aiohttp.session_request": 1,
-                          "aiohttp.connector_wait": 1, "aiohttp.connector_create": 1},
+            "footprint": {
+                "aiohttp.session_attempts": 1,
+                "aiohttp.session_request": 1,
+                "aiohttp.connector_wait": 1,
+                "aiohttp.connector_create": 1,
+            },
         }
     else:
-        assert out["hooked"] == {"session": ["request"], "connector": [], "trace_configs": 1,
-                                 "footprint": {"aiohttp.session_attempts": 1, "aiohttp.trace_config": 1}}
-    assert out["restored"] == {"session": [], "connector": [], "class_methods": True, "trace_configs": 0,
-                               "footprint": {}}
+        assert out["hooked"] == {
+            "session": ["request"],
+            "connector": [],
+            "trace_configs": 1,
+            "footprint": {"aiohttp.session_attempts": 1, "aiohttp.trace_config": 1},
+        }
+    assert out["restored"] == {
+        "session": [],
+        "connector": [],
+        "class_methods": True,
+        "trace_configs": 0,
+        "footprint": {},
+    }
 
 
 def test_uninstrument_restores_the_semaphore_classes_and_wrap_future():
@@ -216,10 +229,18 @@ def test_uninstrument_restores_the_semaphore_classes_and_wrap_future():
         print(json.dumps({"applied": applied, "restored": restored}))
         """
     )
-    assert out["applied"] == {"found": 2, "classes": [True, True, True], "wrap_future": True,
-                              "footprint": {"asyncio.semaphore_class": 1}}
-    assert out["restored"] == {"classes": [True] * 4, "site_attributes": [False] * 3, "wrap_future": True,
-                               "footprint": {}}
+    assert out["applied"] == {
+        "found": 2,
+        "classes": [True, True, True],
+        "wrap_future": True,
+        "footprint": {"asyncio.semaphore_class": 1},
+    }
+    assert out["restored"] == {
+        "classes": [True] * 4,
+        "site_attributes": [False] * 3,
+        "wrap_future": True,
+        "footprint": {},
+    }
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

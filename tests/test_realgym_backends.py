@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROLLOUTS = 2
 
 
-def _read_until(process: subprocess.Popen, pattern: str, lines: list[str], timeout: float) -> "re.Match[str]":
+def _read_until(process: subprocess.Popen, pattern: str, lines: list[str], timeout: float) -> re.Match[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = process.stdout.readline()
@@ -60,12 +60,27 @@ def demo(tmp_path_factory):
     """``./run-demo --backend mlflow`` as a user runs it, kept running for the module."""
     workdir = tmp_path_factory.mktemp("demo")
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "examples" / "demo.py"), "--backend", "mlflow", "--rollouts", str(ROLLOUTS), "--workdir", str(workdir)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        [
+            sys.executable,
+            str(REPO / "examples" / "demo.py"),
+            "--backend",
+            "mlflow",
+            "--rollouts",
+            str(ROLLOUTS),
+            "--workdir",
+            str(workdir),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
     )
     lines: list[str] = []
     try:
-        traces_url = _read_until(process, r"^open (http://127\.0\.0\.1:\d+/#/experiments/(\d+)/traces)$", lines, timeout=900)
+        traces_url = _read_until(
+            process, r"^open (http://127\.0\.0\.1:\d+/#/experiments/(\d+)/traces)$", lines, timeout=900
+        )
         _read_until(process, r"press Enter", lines, timeout=60)
         server = re.search(r"http://127\.0\.0\.1:\d+", traces_url.group(1)).group(0)
         yield {"url": server, "experiment": traces_url.group(2), "output": "".join(lines), "workdir": workdir}
@@ -93,8 +108,9 @@ def through_rotel(demo, mlflow, policy_model, tmp_path_factory):
     """The collector recipe: Gym -> rotel (OTLP/gRPC) -> MLflow (OTLP/HTTP + experiment header)."""
     experiment = mlflow.create_experiment("through-rotel")
     workdir = tmp_path_factory.mktemp("rotel")
-    with Collector(log_dir=workdir / "collector", forward_to=mlflow.url,
-                   forward_headers=f"x-mlflow-experiment-id={experiment}") as collector:
+    with Collector(
+        log_dir=workdir / "collector", forward_to=mlflow.url, forward_headers=f"x-mlflow-experiment-id={experiment}"
+    ) as collector:
         env = otel_env(collector, "grpc", GYM_AUTOINSTR_SPAN_GROUPS="all", OTEL_METRICS_EXPORTER="none")
         with GymTrio(gym_venv("0.4.0"), "0.4.0", workdir, policy_model.url, env=env, instrument=True) as trio:
             results = trio.rollouts(ROLLOUTS)
@@ -119,7 +135,15 @@ def _check_whole_rollouts(traces, expected: int) -> None:
         assert all(s["parent_id"] in ids for s in spans if s is not root), "a parent is missing: the trace is not whole"
         assert {s["trace_id"] for s in spans} == {trace["trace_id"]}
         names = [s["name"] for s in spans]
-        for name in ("gym.rollout", "gym.model.responses", "gym.verify", "POST /v1/responses", "POST /verify", "POST /seed_session", "HTTP POST"):
+        for name in (
+            "gym.rollout",
+            "gym.model.responses",
+            "gym.verify",
+            "POST /v1/responses",
+            "POST /verify",
+            "POST /seed_session",
+            "HTTP POST",
+        ):
             assert name in names, (name, names)
         # all span groups, example trio: the default preset's 16 plus the agent, model and verify seams
         assert len(spans) >= 16 + 3, names
@@ -152,8 +176,9 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
     # the rest is the fleet's start-up (span group startup, in the default preset)
     others = [t for t in everything if t["trace_id"] not in {r["trace_id"] for r in traces}]
     for trace in others:
-        assert all(s["name"].startswith(("gym.startup", "gym.server.startup")) for s in trace["spans"]), (
-            [s["name"] for s in trace["spans"]])
+        assert all(s["name"].startswith(("gym.startup", "gym.server.startup")) for s in trace["spans"]), [
+            s["name"] for s in trace["spans"]
+        ]
     assert f"{ROLLOUTS} traces in MLflow experiment {demo['experiment']}" in out
 
 
@@ -180,10 +205,18 @@ def test_the_doctor_passes_against_mlflow_and_names_its_missing_header(demo, tmp
 
     code = "import sys\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main(['doctor', '--json']))\n"
     (tmp_path / "cwd").mkdir()
-    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": demo["url"] + "/v1/traces",
-           "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"x-mlflow-experiment-id={demo['experiment']}"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "cwd", env=clean_environment(**env),
-                            capture_output=True, text=True, timeout=180)
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": demo["url"] + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"x-mlflow-experiment-id={demo['experiment']}",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path / "cwd",
+        env=clean_environment(**env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     report = json.loads(result.stdout)
     assert result.returncode == 0, report["problems"]
     (target,) = report["pipeline"]["targets"]
@@ -205,7 +238,9 @@ def _chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    message = "Chromium is not installed: the MLflow trace page is checked in headless Chromium (apt-get install -y chromium)"
+    message = (
+        "Chromium is not installed: the MLflow trace page is checked in headless Chromium (apt-get install -y chromium)"
+    )
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
@@ -214,11 +249,22 @@ def _chromium() -> str:
 def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflow, tmp_path):
     (trace, *_) = mlflow.search_rollouts(demo["experiment"])
     url = mlflow.trace_url(demo["experiment"], trace["trace_id"])
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--window-size=2000,1100", "--virtual-time-budget=30000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--window-size=2000,1100",
+        "--virtual-time-budget=30000",
+    ]
     profile = tmp_path / f"profile-{uuid.uuid4().hex[:8]}"
-    dom = subprocess.run([_chromium(), *flags, f"--user-data-dir={profile}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=180)
+    dom = subprocess.run(
+        [_chromium(), *flags, f"--user-data-dir={profile}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert dom.returncode == 0, dom.stderr[-3000:]
     text = re.sub(r"<[^>]+>", " ", dom.stdout)
     for name in ("POST /run", "gym.rollout", "gym.model.responses", "gym.verify"):
@@ -227,6 +273,10 @@ def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflo
     # the trace header shows the token total MLflow derived from the model calls' gen_ai.usage.*
     assert re.search(rf"\b{trace['token_usage']['total_tokens']}\s*tokens", text), text[:3000]
     png = tmp_path / "mlflow-trace.png"
-    shot = subprocess.run([_chromium(), *flags, f"--user-data-dir={profile}-shot", f"--screenshot={png}", url],
-                          capture_output=True, text=True, timeout=180)
+    shot = subprocess.run(
+        [_chromium(), *flags, f"--user-data-dir={profile}-shot", f"--screenshot={png}", url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert shot.returncode == 0 and png.stat().st_size > 10_000, shot.stderr[-2000:]

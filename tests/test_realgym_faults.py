@@ -34,8 +34,8 @@ import pytest
 
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel, free_ports
 from tests.harness.traces import otel_env, strip_ids
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel, free_ports
 
 pytestmark = pytest.mark.realgym
 
@@ -208,14 +208,16 @@ def _lines_by_process(log: str) -> dict[str, list[str]]:
         for last in _SERVER_PREFIX.finditer(line):
             pass
         if last is not None:
-            out[last.group(1)].append(line[last.end():])
+            out[last.group(1)].append(line[last.end() :])
         else:
             out["other"].append(line)
     return out
 
 
 def _assert_one_line_per_cause(log: str, pattern: re.Pattern, *, expect_in: tuple[str, ...] = SERVERS) -> None:
-    counts = {process: sum(1 for line in lines if pattern.search(line)) for process, lines in _lines_by_process(log).items()}
+    counts = {
+        process: sum(1 for line in lines if pattern.search(line)) for process, lines in _lines_by_process(log).items()
+    }
     flood = {process: n for process, n in counts.items() if process != "other" and n > MAX_LINES_PER_CAUSE}
     assert not flood, (pattern.pattern, counts)
     # what lost its prefix: at most the same allowance for every process of the fleet
@@ -241,9 +243,13 @@ def _rollouts_for(trio: GymTrio, seconds: float, concurrency: int = 4) -> list[d
 
 def _runs_since(spans: list[dict], since_ns: int) -> int:
     return sum(
-        1 for s in spans
-        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["parent_span_id"] is None
-        and s["resource"].get("service.name") == f"nemo-gym/{AGENT}" and s["start_ns"] >= since_ns
+        1
+        for s in spans
+        if s["kind"] == "SERVER"
+        and s["name"] == "POST /run"
+        and s["parent_span_id"] is None
+        and s["resource"].get("service.name") == f"nemo-gym/{AGENT}"
+        and s["start_ns"] >= since_ns
     )
 
 
@@ -279,7 +285,10 @@ class SilentCollector:
 
 def test_collector_absent_at_start(tmp_path, policy_model, baseline):
     closed_port = free_ports(1)[0]  # nothing listens there
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
     trio = _instrumented(tmp_path, policy_model, env)
     try:
         results = _rollouts_for(trio, 6)
@@ -308,7 +317,8 @@ def test_collector_killed_mid_run_and_restarted(tmp_path, policy_model, baseline
             # spans of the rollouts made after the restart arrive (the exporter may still
             # be backing off from the outage: up to its 10 s export timeout)
             assert collector.sink.wait_for(lambda spans: _runs_since(spans, restarted_ns) >= 6, timeout=40), (
-                _runs_since(collector.sink.spans(), restarted_ns), trio.log_tail(40)
+                _runs_since(collector.sink.spans(), restarted_ns),
+                trio.log_tail(40),
             )
         except BaseException:
             trio.stop()
@@ -325,7 +335,10 @@ def test_collector_killed_mid_run_and_restarted(tmp_path, policy_model, baseline
 def test_collector_that_never_answers(tmp_path, policy_model, baseline, protocol):
     silent = SilentCollector()
     try:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.port}", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol}
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        }
         trio = _instrumented(tmp_path, policy_model, env)
         try:
             results = _rollouts_for(trio, 4)
@@ -420,7 +433,9 @@ def test_sustained_load_with_a_flapping_collector(tmp_path, policy_model, baseli
             # the pipeline recovers after the last restart
             settled_ns = time.time_ns()
             trio.rollouts(4, concurrency=4)
-            assert collector.sink.wait_for(lambda spans: _runs_since(spans, settled_ns) >= 4, timeout=40), trio.log_tail(40)
+            assert collector.sink.wait_for(lambda spans: _runs_since(spans, settled_ns) >= 4, timeout=40), (
+                trio.log_tail(40)
+            )
         except BaseException:
             stop.set()
             trio.stop()

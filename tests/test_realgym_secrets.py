@@ -42,13 +42,17 @@ CANARIES = {
 
 def _leaks(blobs: list[bytes]) -> dict[str, int]:
     lowered = [b.lower() for b in blobs]
-    return {name: sum(c.lower().encode() in b for b in lowered) for name, c in CANARIES.items()
-            if any(c.lower().encode() in b for b in lowered)}
+    return {
+        name: sum(c.lower().encode() in b for b in lowered)
+        for name, c in CANARIES.items()
+        if any(c.lower().encode() in b for b in lowered)
+    }
 
 
 def _post(url: str, body: dict) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.read()
@@ -59,10 +63,15 @@ def _post(url: str, body: dict) -> tuple[int, bytes]:
 def _run_with_canaries(tmp_path, name: str, env: dict[str, str]) -> GymTrio:
     version = "0.4.0"
     with PolicyModel(args=("--city", CANARIES["tool"])) as model:
-        trio = GymTrio(gym_venv(version), version, tmp_path / name, policy_url=model.url, instrument=True,
-                       env={**env, "MY_SECRET_TOKEN": CANARIES["env"]},
-                       extra_config={MODEL: {"openai_api_key": CANARIES["api_key"]},
-                                     "canary_config": CANARIES["config"]})
+        trio = GymTrio(
+            gym_venv(version),
+            version,
+            tmp_path / name,
+            policy_url=model.url,
+            instrument=True,
+            env={**env, "MY_SECRET_TOKEN": CANARIES["env"]},
+            extra_config={MODEL: {"openai_api_key": CANARIES["api_key"]}, "canary_config": CANARIES["config"]},
+        )
         command = trio.command
         trio.command = lambda: command() + [f"+canary_argv={CANARIES['argv']}"]  # type: ignore[method-assign]
         with trio:
@@ -83,8 +92,12 @@ def _run_with_canaries(tmp_path, name: str, env: dict[str, str]) -> GymTrio:
 
 def test_no_canary_reaches_the_collector_with_every_group_on(tmp_path):
     with Collector(log_dir=tmp_path / "collector") as collector:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-               "GYM_AUTOINSTR_SPAN_GROUPS": "all", "OTEL_METRIC_EXPORT_INTERVAL": "500"}
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "GYM_AUTOINSTR_SPAN_GROUPS": "all",
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        }
         _run_with_canaries(tmp_path, "gym", env)
         spans = collector.sink.spans()
         bodies = collector.sink.raw_bodies()

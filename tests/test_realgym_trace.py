@@ -17,8 +17,17 @@ import pytest
 from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX
 from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import metric_points
+from tests.harness.traces import (
+    assert_one_connected_trace,
+    expected_services,
+    otel_env,
+    received_upstream,
+    reset_upstream,
+    rollout_traces,
+    service_of,
+    strip_ids,
+)
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
-from tests.harness.traces import assert_one_connected_trace, expected_services, otel_env, received_upstream, reset_upstream, rollout_traces, service_of, strip_ids
 
 pytestmark = pytest.mark.realgym
 
@@ -30,13 +39,15 @@ pytestmark = pytest.mark.realgym
 def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, tmp_path, policy_model, collector):
     venv = gym_venv(version)
     reset_upstream(policy_model)
-    trio = GymTrio(venv, version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                   env=otel_env(collector, protocol))
+    trio = GymTrio(
+        venv, version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=otel_env(collector, protocol)
+    )
     with trio:
         instrumented_results = [trio.rollout() for _ in range(3)]
         run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
         assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 3, timeout=30), (
-            f"spans received: {sorted({(service_of(s), s['name']) for s in collector.sink.spans()})}\n" + trio.log_tail(40)
+            f"spans received: {sorted({(service_of(s), s['name']) for s in collector.sink.spans()})}\n"
+            + trio.log_tail(40)
         )
         upstream = received_upstream(policy_model)
     assert "Error in sitecustomize" not in trio.log_text()
@@ -82,7 +93,9 @@ def test_lean_shape_has_no_client_span_between_gym_servers(version, tmp_path, po
     with trio:
         results = [trio.rollout() for _ in range(2)]
         run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
-        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 2, timeout=30), trio.log_tail(40)
+        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 2, timeout=30), (
+            trio.log_tail(40)
+        )
         upstream = received_upstream(policy_model)
     assert all(r["reward"] == 1.0 for r in results)
     traces = rollout_traces(collector.sink.spans(), run_service)
@@ -124,15 +137,18 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
     span anywhere, yet its decision still reaches the model's upstream (an unsampled
     ``traceparent`` on each of its calls), and Gym's answers are unchanged."""
     reset_upstream(policy_model)
-    env = otel_env(collector, "http/protobuf", OTEL_TRACES_SAMPLER="parentbased_traceidratio",
-                   OTEL_TRACES_SAMPLER_ARG="0.5")
+    env = otel_env(
+        collector, "http/protobuf", OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5"
+    )
     trio = GymTrio(gym_venv("0.4.0"), "0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     n = 30
     with trio:
         results = [trio.rollout() for _ in range(n)]
         upstream = received_upstream(policy_model)
     # stopping the trio flushed every server's spans
-    assert collector.sink.wait_for(lambda spans: rollout_traces(spans, f"nemo-gym/{AGENT}"), timeout=30), trio.log_tail(40)
+    assert collector.sink.wait_for(lambda spans: rollout_traces(spans, f"nemo-gym/{AGENT}"), timeout=30), trio.log_tail(
+        40
+    )
     time.sleep(2)
     spans = collector.sink.spans()
     traces = rollout_traces(spans, f"nemo-gym/{AGENT}")
@@ -192,9 +208,15 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
     the idle main process."""
     version = "0.7.0"
     env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_METRIC_EXPORT_INTERVAL="500")
-    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                   env=env, extra_config={ENVIRONMENT: {"num_workers": 2, "max_concurrent_episodes": 2,
-                                                        "queue_timeout_seconds": 60}})
+    trio = GymTrio(
+        gym_venv(version),
+        version,
+        tmp_path / "gym",
+        policy_url=policy_model.url,
+        instrument=True,
+        env=env,
+        extra_config={ENVIRONMENT: {"num_workers": 2, "max_concurrent_episodes": 2, "queue_timeout_seconds": 60}},
+    )
     with trio:
         relay_processes = trio.all_server_processes()[ENVIRONMENT]
         results = trio.rollouts(12, concurrency=6)
@@ -222,8 +244,10 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
     assert len({p["instance"] for p in limits}) == 2
     assert {s["resource"]["service.instance.id"] for s in runs} <= {p["instance"] for p in limits}
     for instance in {p["instance"] for p in limits}:  # each worker's last reading: nothing held
-        last = max((p for p in points if p["name"] == "gym.concurrency.active" and p["instance"] == instance),
-                   key=lambda p: p["time"])
+        last = max(
+            (p for p in points if p["name"] == "gym.concurrency.active" and p["instance"] == instance),
+            key=lambda p: p["time"],
+        )
         assert last["value"] == 0
 
 
@@ -275,14 +299,22 @@ def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, co
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         trio.rollouts(4, concurrency=2)
-        assert collector.sink.wait_for(lambda _: any(
-            p["name"] == "gym.servers.active" and p["value"] == 3 for p in metric_points(collector.sink)), timeout=15)
+        assert collector.sink.wait_for(
+            lambda _: any(p["name"] == "gym.servers.active" and p["value"] == 3 for p in metric_points(collector.sink)),
+            timeout=15,
+        )
     points = metric_points(collector.sink)
     durations = [p for p in points if p["name"] == "http.server.request.duration"]
     # the model server's /v1/responses: 8 requests (two per rollout), counted by route, method and status
     model = [p for p in durations if p["service"] == f"nemo-gym/{MODEL}"]
-    assert {(p["attributes"]["http.route"], p["attributes"]["http.request.method"],
-             p["attributes"]["http.response.status_code"]) for p in model} == {("/v1/responses", "POST", 200)}
+    assert {
+        (
+            p["attributes"]["http.route"],
+            p["attributes"]["http.request.method"],
+            p["attributes"]["http.response.status_code"],
+        )
+        for p in model
+    } == {("/v1/responses", "POST", 200)}
     assert max(p["value"] for p in model) == 8
     resources = {p["attributes"]["http.route"] for p in durations if p["service"] == f"nemo-gym/{RESOURCES}"}
     assert resources == {"/seed_session", "/get_weather", "/verify"}

@@ -71,7 +71,9 @@ def test_each_gym_pointcut_is_applied_or_absent_as_declared(reports, release):
         if broken:
             assert row["resolved"] is False and broken in row["reason"], row
             continue
-        assert "failed" not in (row["reason"] or ""), f"{pointcut.name}: {row['reason']} (a dependency missing in the host venv?)"
+        assert "failed" not in (row["reason"] or ""), (
+            f"{pointcut.name}: {row['reason']} (a dependency missing in the host venv?)"
+        )
         if pointcut.optional:
             expected = version_applies(pointcut.versions, release)
             assert row["resolved"] is expected, (

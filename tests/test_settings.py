@@ -81,23 +81,29 @@ def test_an_otel_flag_is_true_only_for_true():
 
 # -- numbers ---------------------------------------------------------------------------
 
+
 def test_a_number_in_range_is_taken():
     assert settings.FLUSH_TIMEOUT_MS.read({settings.FLUSH_TIMEOUT_MS.name: "0"}) == 0
     assert settings.FLUSH_TIMEOUT_MS.read({settings.FLUSH_TIMEOUT_MS.name: " 250.5 "}) == 250.5
     assert settings.LOOP_LAG_INTERVAL_MS.read({settings.LOOP_LAG_INTERVAL_MS.name: "3600000"}) == 3_600_000
-    assert settings.BSP_MAX_QUEUE_SIZE.read({settings.BSP_MAX_QUEUE_SIZE.name: "100.9"}) == 100  # int(float()), as the SDK
+    assert (
+        settings.BSP_MAX_QUEUE_SIZE.read({settings.BSP_MAX_QUEUE_SIZE.name: "100.9"}) == 100
+    )  # int(float()), as the SDK
     assert settings.FILE_MAX_MB.read({}) == 256
 
 
-@pytest.mark.parametrize("setting, bad", [
-    (settings.FLUSH_TIMEOUT_MS, "-1"),
-    (settings.FLUSH_TIMEOUT_MS, "soon"),
-    (settings.LOOP_LAG_INTERVAL_MS, "0.5"),
-    (settings.LOOP_LAG_INTERVAL_MS, "3600001"),
-    (settings.FILE_MAX_MB, "0"),
-    (settings.BSP_MAX_QUEUE_SIZE, "0.5"),
-    (settings.BSP_SCHEDULE_DELAY, "nan"),
-])
+@pytest.mark.parametrize(
+    "setting, bad",
+    [
+        (settings.FLUSH_TIMEOUT_MS, "-1"),
+        (settings.FLUSH_TIMEOUT_MS, "soon"),
+        (settings.LOOP_LAG_INTERVAL_MS, "0.5"),
+        (settings.LOOP_LAG_INTERVAL_MS, "3600001"),
+        (settings.FILE_MAX_MB, "0"),
+        (settings.BSP_MAX_QUEUE_SIZE, "0.5"),
+        (settings.BSP_SCHEDULE_DELAY, "nan"),
+    ],
+)
 def test_a_bad_number_falls_back_to_the_default_with_a_warning_naming_it(setting, bad, caplog):
     assert setting.read({setting.name: bad}) == setting.default
     (warning,) = _warnings(caplog, setting.name)
@@ -105,6 +111,7 @@ def test_a_bad_number_falls_back_to_the_default_with_a_warning_naming_it(setting
 
 
 # -- choices and lists -----------------------------------------------------------------
+
 
 def test_a_choice_takes_its_values_in_any_case_and_warns_on_others(caplog):
     choice = settings.JOB_TRACE
@@ -133,6 +140,7 @@ def test_a_comma_list_drops_blanks_and_set_but_empty_is_empty():
 
 # -- the registry, and who reads the environment --------------------------------------
 
+
 def test_every_declared_setting_has_a_description_and_a_unique_name():
     assert all(s.description and s.kind and s.name == name for name, s in settings.ALL.items())
     declared = [v for v in vars(settings).values() if isinstance(v, settings.Setting)]
@@ -149,7 +157,8 @@ def test_every_gym_autoinstr_name_in_the_package_is_declared():
 
 
 _READ = re.compile(
-    r"""(environ\s*(\.get\(|\[|\.pop\(|\.setdefault\()|getenv\()\s*(f?["'])((GYM_AUTOINSTR|OTEL|NEMO_GYM)_|IS_NEMO_GYM|SLURM_)""")
+    r"""(environ\s*(\.get\(|\[|\.pop\(|\.setdefault\()|getenv\()\s*(f?["'])((GYM_AUTOINSTR|OTEL|NEMO_GYM)_|IS_NEMO_GYM|SLURM_)"""
+)
 
 
 def test_no_module_but_settings_reads_a_variable_by_its_literal_name():
@@ -177,6 +186,7 @@ def test_unknown_names_get_the_closest_known_one():
 
 # -- the doctor ------------------------------------------------------------------------
 
+
 def test_the_doctor_flags_a_misspelled_variable_and_names_the_right_one():
     from gym_autoinstr.commands.doctor import diagnose
 
@@ -186,7 +196,9 @@ def test_the_doctor_flags_a_misspelled_variable_and_names_the_right_one():
     (problem,) = problems
     assert problem["severity"] == "warning" and "ignored" in problem["problem"]
     assert "GYM_AUTOINSTR_SPAN_GROUPS" in problem["fix"]
-    assert diagnosis["settings"]["unknown"] == [{"name": "GYM_AUTOINSTR_SPAN_GROUP", "closest": "GYM_AUTOINSTR_SPAN_GROUPS"}]
+    assert diagnosis["settings"]["unknown"] == [
+        {"name": "GYM_AUTOINSTR_SPAN_GROUP", "closest": "GYM_AUTOINSTR_SPAN_GROUPS"}
+    ]
 
 
 def test_the_doctor_names_a_bad_switch_or_number_as_the_runtime_parses_it():

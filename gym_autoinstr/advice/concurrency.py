@@ -58,8 +58,26 @@ from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 
 SITE = "nemo.gym.concurrency.site"
-WAIT_BOUNDARIES_MS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
-                      300_000, 1_800_000)
+WAIT_BOUNDARIES_MS = (
+    0.1,
+    0.5,
+    1,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    30_000,
+    60_000,
+    300_000,
+    1_800_000,
+)
 
 # (weak semaphore, attributes, [limit]); the limit cell can rise at collection time.
 _sites: list[tuple[Any, dict[str, str], list[int]]] = []
@@ -108,9 +126,17 @@ def _observed_class(base: type) -> type:
         state = {k: v for k, v in self.__dict__.items() if k != _ATTRIBUTES}
         return copyreg._reconstructor, (base, object, None), state
 
-    cls = type(base.__name__, (base,), {"acquire": observed_acquire, "__reduce_ex__": __reduce_ex__,
-                                        "__module__": base.__module__, "__qualname__": base.__qualname__,
-                                        _BASE: base})
+    cls = type(
+        base.__name__,
+        (base,),
+        {
+            "acquire": observed_acquire,
+            "__reduce_ex__": __reduce_ex__,
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            _BASE: base,
+        },
+    )
     _subclasses[base] = cls
     return cls
 
@@ -169,16 +195,27 @@ def _start() -> None:
     _state.provider = provider
     meter = metrics.meter()
     _state.histogram = metrics.histogram(
-        "gym.concurrency.queue_wait_duration_ms", "ms",
-        "Time one acquisition of a Gym concurrency limit (asyncio semaphore) waited.", WAIT_BOUNDARIES_MS)
+        "gym.concurrency.queue_wait_duration_ms",
+        "ms",
+        "Time one acquisition of a Gym concurrency limit (asyncio semaphore) waited.",
+        WAIT_BOUNDARIES_MS,
+    )
     for name, read, description in (
         ("gym.concurrency.limit", lambda s, limit: limit, "Size of a Gym concurrency limit."),
         ("gym.concurrency.active", lambda s, limit: max(limit - s._value, 0), "Holders of a Gym concurrency limit."),
         ("gym.concurrency.available", lambda s, limit: max(s._value, 0), "Free slots of a Gym concurrency limit."),
-        ("gym.concurrency.queue_depth", lambda s, limit: len(s._waiters or ()), "Acquisitions waiting on a Gym concurrency limit."),
+        (
+            "gym.concurrency.queue_depth",
+            lambda s, limit: len(s._waiters or ()),
+            "Acquisitions waiting on a Gym concurrency limit.",
+        ),
     ):
-        meter.create_observable_gauge(name, callbacks=[_observer(read)], unit="{slot}" if "depth" not in name else "{waiter}",
-                                      description=description)
+        meter.create_observable_gauge(
+            name,
+            callbacks=[_observer(read)],
+            unit="{slot}" if "depth" not in name else "{waiter}",
+            description=description,
+        )
 
 
 def _observer(read: Any) -> Any:

@@ -41,11 +41,10 @@ except ImportError:  # older APIs kept it in the instrumentation package
     from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 
 from gym_autoinstr import settings
-from gym_autoinstr.advice import coexistence, job
-from gym_autoinstr.telemetry import groups, metrics, sampling
-from gym_autoinstr.advice import pool
-from gym_autoinstr.fastpath import propagation
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.advice import coexistence, job, pool
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.telemetry.redaction import redact_url
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
@@ -65,7 +64,7 @@ class ClientSpans(str, enum.Enum):
 CLIENT_SPANS_MODES = tuple(mode.value for mode in ClientSpans)  # the default first
 
 
-def client_spans_on_failure_only(environ: "dict[str, str] | None" = None) -> bool:
+def client_spans_on_failure_only(environ: dict[str, str] | None = None) -> bool:
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
     return ClientSpans(settings.CLIENT_SPANS.read(environ)) is ClientSpans.FAILURES
 
@@ -87,7 +86,9 @@ def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
         merged = dict(headers)
         merged.update(carrier)
         return merged
-    if isinstance(headers, (list, tuple)):  # (name, value) pairs: httpx's multi_items(), as 0.7's sandbox transport sends
+    if isinstance(
+        headers, (list, tuple)
+    ):  # (name, value) pairs: httpx's multi_items(), as 0.7's sandbox transport sends
         names = {key.lower() for key in carrier}
         pairs = [pair for pair in headers if str(pair[0]).lower() not in names]
         pairs.extend(carrier.items())
@@ -110,7 +111,7 @@ def _bind(args: tuple, kwargs: dict) -> tuple[str, Any]:
     return str(method).upper(), url
 
 
-def current_rollout_id() -> "str | None":
+def current_rollout_id() -> str | None:
     module = sys.modules.get("nemo_gym.rollout_correlation")
     getter = getattr(module, "current_rollout_id", None) if module is not None else None
     if getter is None:
@@ -142,7 +143,9 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
                 if carrier is None:
                     return wrapped(*args, **_with_context(dropped[0], kwargs, context))
                 headers = kwargs.get("headers")
-                return wrapped(*args, **{**kwargs, "headers": {**carrier} if headers is None else _copy_with(headers, carrier)})
+                return wrapped(
+                    *args, **{**kwargs, "headers": {**carrier} if headers is None else _copy_with(headers, carrier)}
+                )
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
     if _LEAN.on:
@@ -189,11 +192,11 @@ def _failed_call_span(args: tuple, kwargs: dict, started: int, error: BaseExcept
 
 # Gym calls a handful of URLs over and over: parse each once.  Bounded (cleared when full:
 # per-rollout paths on 0.5+ would otherwise grow it without end).
-_REDACTED: dict[str, tuple[str, "str | None", "int | None"]] = {}
+_REDACTED: dict[str, tuple[str, str | None, int | None]] = {}
 _REDACTED_MAX = 512
 
 
-def _redacted(url: Any) -> tuple[str, "str | None", "int | None"]:
+def _redacted(url: Any) -> tuple[str, str | None, int | None]:
     if type(url) is not str:
         return redact_url(url)
     hit = _REDACTED.get(url)
@@ -204,16 +207,16 @@ def _redacted(url: Any) -> tuple[str, "str | None", "int | None"]:
     return hit
 
 
-def _rollout_id_in_path(url: str) -> "str | None":
+def _rollout_id_in_path(url: str) -> str | None:
     # Gym 0.5+ addresses a rollout's calls as <server>/ng-rollout/<id>/<route> where the
     # caller does not enter rollout_context itself (the agent's /v1/responses).
     at = url.find("/ng-rollout/")
     if at < 0:
         return None
-    return url[at + len("/ng-rollout/"):].partition("/")[0] or None
+    return url[at + len("/ng-rollout/") :].partition("/")[0] or None
 
 
-def _start_client_span(args: tuple, kwargs: dict, start_time: "int | None" = None) -> "tuple[Any, job.JobState | None]":
+def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None) -> tuple[Any, job.JobState | None]:
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
@@ -231,8 +234,9 @@ def _start_client_span(args: tuple, kwargs: dict, start_time: "int | None" = Non
     # linked to the job (advice/job.py).
     dispatch = job.rollout_dispatch(full)
     if dispatch is None:
-        return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes,
-                                   start_time=start_time), None
+        return tracer().start_span(
+            f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time
+        ), None
     attributes[job.JOB_ID] = dispatch.job_id
     options = job.rollout_span_options(dispatch)
     return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch
@@ -246,7 +250,7 @@ def _guarded(step: str, action: Any, *args: Any) -> None:
         warn_once(f"egress:{step}", "egress tracing: %s failed (%r); the request is unaffected.", step, error)
 
 
-def _suppress_http_key() -> "object | None":
+def _suppress_http_key() -> object | None:
     """The context key that silences HTTP client instrumentations, when one that could
     see Gym's aiohttp call (contrib's aiohttp-client instrumentation) is loaded in this
     process; None when nothing could double-inject (then nothing is set)."""
@@ -297,7 +301,9 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
                 if dispatch is not None and status >= 400:
                     job.rollout_failed(dispatch)
         except Exception as error:
-            warn_once("egress:status", "egress tracing: recording the status failed (%r); the request is unaffected.", error)
+            warn_once(
+                "egress:status", "egress tracing: recording the status failed (%r); the request is unaffected.", error
+            )
         return response
     finally:
         try:
@@ -310,7 +316,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         _guarded("restoring the context", propagation.leave, entered)
 
 
-def _with_context(span: Any, kwargs: dict, context: "otel_context.Context | None" = None) -> dict:
+def _with_context(span: Any, kwargs: dict, context: otel_context.Context | None = None) -> dict:
     """``kwargs`` with ``span``'s context (and ``context``'s baggage, default the current
     one) injected into a copy of the caller's headers (the caller's own ``kwargs`` if
     nothing was injected or injecting failed)."""

@@ -35,7 +35,7 @@ def memory_sampling_on() -> bool:
     return settings.FLEET_MEMORY.read()
 
 
-def watch_server_memory(server_name: "str | None", process: Any) -> None:
+def watch_server_memory(server_name: str | None, process: Any) -> None:
     """Observe the memory of a spawned server's process tree (opt-in; orchestrator)."""
     if not server_name or not metrics.LIVE or not memory_sampling_on():
         return
@@ -49,8 +49,13 @@ def watch_server_memory(server_name: "str | None", process: Any) -> None:
             _spawned[server_name] = (psutil.Process(pid), {metrics.SERVER_NAME: server_name})
             if not _memory.registered:
                 _memory.registered = True
-                metrics.observable("gym.server.process_tree.memory.usage", "up_down_counter", _observe_memory, "By",
-                                   "Resident memory of a Gym server's whole process tree (orchestrator, opt-in).")
+                metrics.observable(
+                    "gym.server.process_tree.memory.usage",
+                    "up_down_counter",
+                    _observe_memory,
+                    "By",
+                    "Resident memory of a Gym server's whole process tree (orchestrator, opt-in).",
+                )
     except Exception as error:
         warn_once("fleet-memory", "server memory is not sampled: %r", error)
 

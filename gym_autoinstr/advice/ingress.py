@@ -28,15 +28,13 @@ from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
 from gym_autoinstr import settings
-from gym_autoinstr.advice import startup
-from gym_autoinstr.advice import concurrency
-from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
-from gym_autoinstr.setup import logs
-from gym_autoinstr.fastpath import propagation
-from gym_autoinstr.telemetry.spans import mark_startup
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.advice import concurrency, startup
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.setup import logs
 from gym_autoinstr.setup.flush import flush, flush_async
-from gym_autoinstr.telemetry.spans import mark_error, tracer
+from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
+from gym_autoinstr.telemetry.spans import mark_error, mark_startup, tracer
 
 DEFAULT_EXCLUDED_PATHS = settings.EXCLUDED_PATHS.default  # ("/", "/health", ..., "/favicon.ico")
 
@@ -70,11 +68,11 @@ class _Propagation:
     textmap: object = None
     # A tuple, not a set: every header of every request is looked up in it, and a few
     # length-first bytes comparisons cost less than hashing each new header name.
-    names: "tuple[bytes, ...]" = ()
+    names: tuple[bytes, ...] = ()
     w3c = False  # the textmap is W3C's (propagation.w3c_default)
 
     @classmethod
-    def header_names(cls) -> "tuple[bytes, ...]":
+    def header_names(cls) -> tuple[bytes, ...]:
         textmap = propagate.get_global_textmap()
         if textmap is not cls.textmap:
             names = {f.lower().encode("latin-1") for f in textmap.fields}
@@ -86,7 +84,7 @@ class _Propagation:
         return cls.names
 
 
-def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
+def _caller(scope: dict) -> tuple[otel_context.Context, bool]:
     """The caller's context read from the request's headers, and whether the caller's span
     was dropped by the sampler (then this request records no span: telemetry/sampling.py).
 
@@ -124,7 +122,7 @@ def _caller(scope: dict) -> "tuple[otel_context.Context, bool]":
 _NO_CALLER = otel_context.Context()
 
 
-def _root(scope: dict) -> "tuple[otel_context.Context, bool, int | None]":
+def _root(scope: dict) -> tuple[otel_context.Context, bool, int | None]:
     """A root, decided before anything is made for it: when the lean tracer's sampler
     drops it on its trace id alone, the context of the span it would have made, kept as
     a dropped caller's is (``sampling.dropped_root``), and True; otherwise the trace id it
@@ -140,12 +138,11 @@ def _root(scope: dict) -> "tuple[otel_context.Context, bool, int | None]":
     try:
         sampling.dropped_root(context, span)
     except Exception as error:
-        warn_once("ingress:dropped-root", "ingress: keeping a dropped root failed (%r); its calls ask "
-                  "as usual.", error)
+        warn_once("ingress:dropped-root", "ingress: keeping a dropped root failed (%r); its calls ask as usual.", error)
     return context, True, None
 
 
-def _caller_from(carrier: dict) -> "tuple[otel_context.Context, bool]":
+def _caller_from(carrier: dict) -> tuple[otel_context.Context, bool]:
     if not carrier:
         return otel_context.Context(), False
     parent = propagation.extract(carrier)
@@ -171,7 +168,7 @@ def _carrier(scope: dict) -> dict[str, str]:
 ROLLOUT_PREFIX = "/ng-rollout/"
 
 
-def _route_template(scope: dict) -> "str | None":
+def _route_template(scope: dict) -> str | None:
     route = scope.get("route")
     path = getattr(route, "path", None)
     if isinstance(path, str):
@@ -181,11 +178,11 @@ def _route_template(scope: dict) -> "str | None":
     return None
 
 
-def _route_behind_rollout_prefix(scope: dict) -> "str | None":
+def _route_behind_rollout_prefix(scope: dict) -> str | None:
     """Gym 0.5+ strips ``/ng-rollout/<id>`` in a *copy* of the scope before routing, so
     the matched route never reaches ours: match the stripped path against the app's
     routes here (only for such requests, only once the request is done)."""
-    rest = scope["path"][len(ROLLOUT_PREFIX):].partition("/")[2]
+    rest = scope["path"][len(ROLLOUT_PREFIX) :].partition("/")[2]
     app = scope.get("app")
     routes = getattr(getattr(app, "router", None), "routes", None)
     if not rest or not routes:
@@ -257,7 +254,7 @@ class GymServerMiddleware:
         finally:
             propagation.leave(previous)
 
-    async def _measured(self, scope: dict, receive: Any, send: Any, parent: "otel_context.Context | None") -> None:
+    async def _measured(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context | None) -> None:
         """Metrics without a SERVER span: the ``server`` group off, or the caller's span
         dropped (then ``parent``, its context, is current while the request runs)."""
         previous = None
@@ -292,8 +289,9 @@ class GymServerMiddleware:
 
         return lifespan_send
 
-    async def _traced(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context,
-                      root_id: "int | None" = None) -> None:
+    async def _traced(
+        self, scope: dict, receive: Any, send: Any, parent: otel_context.Context, root_id: int | None = None
+    ) -> None:
         try:
             span, previous = self._start(scope, parent, root_id)
         except Exception as error:  # our half failed: serve the request untraced
@@ -329,12 +327,14 @@ class GymServerMiddleware:
                 if live:
                     _record(scope, response, started, facts)
             except Exception as error:
-                warn_once("ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error)
+                warn_once(
+                    "ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error
+                )
             finally:
                 propagation.leave(previous)
 
     @staticmethod
-    def _start(scope: dict, parent: otel_context.Context, root_id: "int | None" = None) -> tuple[Any, object]:
+    def _start(scope: dict, parent: otel_context.Context, root_id: int | None = None) -> tuple[Any, object]:
         method = scope.get("method", "HTTP")
         attributes: dict[str, Any] = {
             "http.request.method": method,
@@ -358,14 +358,17 @@ class GymServerMiddleware:
             try:
                 sampling.dropped_root(context, span)
             except Exception as error:
-                warn_once("ingress:dropped-root", "ingress: keeping a dropped root failed (%r); its calls ask "
-                          "as usual.", error)
+                warn_once(
+                    "ingress:dropped-root",
+                    "ingress: keeping a dropped root failed (%r); its calls ask as usual.",
+                    error,
+                )
         previous = propagation.current_context()
         propagation.attach(context)
         return span, previous
 
     @staticmethod
-    def _finish(scope: dict, span: Any, status: "int | None", route: "str | None") -> None:
+    def _finish(scope: dict, span: Any, status: int | None, route: str | None) -> None:
         method = scope.get("method", "HTTP")
         if route:
             span.update_name(f"{method} {route}")
@@ -396,7 +399,7 @@ class _ResponseStart:
     def __init__(self, send: Any, timed: bool) -> None:
         self.send = send
         self.timed = timed
-        self.status: "int | None" = None
+        self.status: int | None = None
         self.at = 0.0
 
     def forward(self, message: dict) -> Any:
@@ -407,8 +410,7 @@ class _ResponseStart:
         return self.send(message)
 
 
-def _record(scope: dict, response: _ResponseStart, started: float,
-            facts: "tuple[str | None, Any] | None" = None) -> None:
+def _record(scope: dict, response: _ResponseStart, started: float, facts: tuple[str | None, Any] | None = None) -> None:
     """Request metrics: duration by route and status, and the seam's own metric when the
     route is one ``routes.py`` marked (``/run``, ``/verify``, the model dialects).
 
@@ -418,19 +420,23 @@ def _record(scope: dict, response: _ResponseStart, started: float,
     template, seam = facts if facts is not None else _route_facts(scope)
     status = response.status
     metrics.record_request(
-        scope.get("method", "HTTP"), template, status, ended - started,
-        None if status is None else response.at - started, seam,
+        scope.get("method", "HTTP"),
+        template,
+        status,
+        ended - started,
+        None if status is None else response.at - started,
+        seam,
     )
 
 
 # A matched route's template and seam metric, by the route object Starlette leaves in the
 # scope: looked up once per route (the seam is an attribute most endpoints lack, and a
 # missing attribute is an exception inside getattr).  Bounded; cleared when full.
-_ROUTE_FACTS: dict[int, tuple[Any, "str | None", Any]] = {}
+_ROUTE_FACTS: dict[int, tuple[Any, str | None, Any]] = {}
 _ROUTE_FACTS_MAX = 1024
 
 
-def _route_facts(scope: dict) -> "tuple[str | None, Any]":
+def _route_facts(scope: dict) -> tuple[str | None, Any]:
     route = scope.get("route")
     if route is None:
         return _route_template(scope), None
@@ -440,7 +446,8 @@ def _route_facts(scope: dict) -> "tuple[str | None, Any]":
             _ROUTE_FACTS.clear()
         path = getattr(route, "path", None)
         known = _ROUTE_FACTS[id(route)] = (
-            route, path if isinstance(path, str) else None,
+            route,
+            path if isinstance(path, str) else None,
             getattr(getattr(route, "endpoint", None), metrics.SEAM_ATTRIBUTE, None),
         )
     if known[1] is None:  # not a template (a route of another kind): as before
@@ -466,7 +473,9 @@ def instrument_app(app: Any, server_name: str = "") -> bool:
     if getattr(app, APP_FLAG, False):
         return False
     if not hasattr(app, "add_middleware"):
-        warn_once(f"ingress-not-app:{type(app).__name__}", "not instrumenting %r: not a Starlette app", type(app).__name__)
+        warn_once(
+            f"ingress-not-app:{type(app).__name__}", "not instrumenting %r: not a Starlette app", type(app).__name__
+        )
         return False
     if getattr(app, "middleware_stack", None) is not None:
         warn_once(

@@ -35,21 +35,22 @@ always nests), so only ours is read.  ``gym.job`` ends with the counts it saw:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import os
 import uuid
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-import contextvars
-from typing import Any, Iterator
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from gym_autoinstr import settings
-from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
@@ -78,7 +79,7 @@ NUM_REPEATS = "nemo.gym.job.num_repeats"
 JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_examples (an embedder's)
 
 
-def job_trace_mode(environ: "dict[str, str] | os._Environ[str] | None" = None) -> JobTrace:
+def job_trace_mode(environ: dict[str, str] | os._Environ[str] | None = None) -> JobTrace:
     """``per_rollout`` or ``single`` from ``GYM_AUTOINSTR_JOB_TRACE``; anything else warns once."""
     return JobTrace(settings.JOB_TRACE.read(environ))
 
@@ -93,17 +94,17 @@ class JobState:
     links: list = field(default_factory=list)
 
 
-_current_job: contextvars.ContextVar["JobState | None"] = contextvars.ContextVar("gym_autoinstr_job", default=None)
+_current_job: contextvars.ContextVar[JobState | None] = contextvars.ContextVar("gym_autoinstr_job", default=None)
 _EMPTY = otel_context.Context()
 
 
-def _num_repeats(args: tuple, kwargs: dict) -> "int | None":
+def _num_repeats(args: tuple, kwargs: dict) -> int | None:
     config = args[0] if args else kwargs.get("config")
     value = getattr(config, "num_repeats", None)
     return value if type(value) is int else None
 
 
-def _open_job(repeats: "int | None", entry: str) -> JobState:
+def _open_job(repeats: int | None, entry: str) -> JobState:
     """Start ``gym.job`` under the rules above.  A Ray actor call of ours with nothing
     upstream (``ray_actor.rootless_call``) counts as nothing upstream: the job starts a
     trace of its own, linked to that ``ray.execute`` span."""
@@ -298,7 +299,7 @@ def dispatching() -> bool:
     return state is not None and trace.get_current_span() is state.span
 
 
-def rollout_dispatch(url_full: str) -> "JobState | None":
+def rollout_dispatch(url_full: str) -> JobState | None:
     """The job a CLIENT span about to start dispatches a rollout for, if it is one: a
     ``/run`` request made while our own ``gym.job`` is the current span."""
     state = _current_job.get()

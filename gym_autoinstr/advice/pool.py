@@ -56,7 +56,7 @@ RETRY_REASON = "nemo.gym.http.retry_reason"
 class _PoolState:
     histogram: Any = None  # gym.http.connection_pool.queue_duration_ms, once made
     trace_config: Any = None  # the aiohttp TraceConfig, on an aiohttp without our hooks
-    names: "dict[str, str] | None" = None  # host:port -> Gym server name, once Gym's config is loaded
+    names: dict[str, str] | None = None  # host:port -> Gym server name, once Gym's config is loaded
     retries: Any = None  # counters of retries and timeouts, made with the histogram
     timeouts: Any = None
 
@@ -69,7 +69,9 @@ _connects: dict[str, list[int]] = {}
 # the span's ``gym_attempts`` to 0 (a slot of ``lean.LeanSpan``; an instance attribute of
 # the SDK's span); ``count_attempts`` adds one per attempt to a current span that has it.
 # (method, url, reason) of this task's last failed attempt, until its next attempt starts.
-_failed: contextvars.ContextVar["tuple[str, Any, str] | None"] = contextvars.ContextVar("gym_autoinstr_failed", default=None)
+_failed: contextvars.ContextVar[tuple[str, Any, str] | None] = contextvars.ContextVar(
+    "gym_autoinstr_failed", default=None
+)
 _TIMEOUTS = ({INTERNAL: False}, {INTERNAL: True})
 _RETRIES: dict[tuple[str, bool], dict[str, Any]] = {}
 # host:port -> pre-built attribute dict (bounded: destinations are a handful of servers)
@@ -97,7 +99,7 @@ def _server_names() -> dict[str, str]:
     return names
 
 
-def destination_attributes(host: "str | None", port: "int | None") -> dict[str, str]:
+def destination_attributes(host: str | None, port: int | None) -> dict[str, str]:
     key = f"{host}:{port}"
     hit = _attributes.get(key)
     if hit is None:
@@ -107,7 +109,7 @@ def destination_attributes(host: "str | None", port: "int | None") -> dict[str, 
     return hit
 
 
-def server_name_for(host: "str | None", port: "int | None") -> "str | None":
+def server_name_for(host: str | None, port: int | None) -> str | None:
     """The Gym server at ``host:port`` per Gym's config, or None."""
     return _server_names().get(f"{host}:{port}")
 
@@ -136,11 +138,11 @@ def retry_reason(error: BaseException) -> str:
     return "other"
 
 
-def _count_retry(failed: "tuple[str, Any, str]", params: Any) -> None:
+def _count_retry(failed: tuple[str, Any, str], params: Any) -> None:
     _count_retry_of(failed, params.method, params.url)
 
 
-def _count_retry_of(failed: "tuple[str, Any, str]", method: Any, url: Any) -> None:
+def _count_retry_of(failed: tuple[str, Any, str], method: Any, url: Any) -> None:
     _failed.set(None)
     try:
         failed_method, failed_url, reason = failed
@@ -218,16 +220,26 @@ def _waited(started: float, host: Any, port: Any) -> None:
 def _instruments() -> None:
     if _state.histogram is None:
         _state.histogram = metrics.histogram(
-            "gym.http.connection_pool.queue_duration_ms", "ms",
-            "Time one queued connection acquisition waited for an aiohttp pool slot.", BOUNDARIES_MS)
+            "gym.http.connection_pool.queue_duration_ms",
+            "ms",
+            "Time one queued connection acquisition waited for an aiohttp pool slot.",
+            BOUNDARIES_MS,
+        )
         meter = metrics.meter()
         _state.retries = meter.create_counter(
-            "gym.http.retry_total", unit="{retry}", description="Outbound HTTP requests Gym sent again after a failed attempt, by reason.")
+            "gym.http.retry_total",
+            unit="{retry}",
+            description="Outbound HTTP requests Gym sent again after a failed attempt, by reason.",
+        )
         _state.timeouts = meter.create_counter(
-            "gym.http.timeout_total", unit="{timeout}", description="Outbound HTTP attempts that timed out.")
+            "gym.http.timeout_total", unit="{timeout}", description="Outbound HTTP attempts that timed out."
+        )
         meter.create_observable_counter(
-            "gym.http.connection_pool.connect_total", callbacks=[_observe_connects], unit="{connection}",
-            description="Connections Gym's aiohttp client opened, by destination server.")
+            "gym.http.connection_pool.connect_total",
+            callbacks=[_observe_connects],
+            unit="{connection}",
+            description="Connections Gym's aiohttp client opened, by destination server.",
+        )
 
 
 def trace_config() -> Any:
@@ -248,9 +260,11 @@ def trace_config() -> Any:
 
 HOOKS_ENV = settings.AIOHTTP_HOOKS.name
 # (owner attribute, the parameters it must take) for each hook
-_HOOKED = (("_request", ("method", "str_or_url")),
-           ("_wait_for_available_connection", ("key", "traces")),
-           ("_create_connection", ("req", "traces", "timeout")))
+_HOOKED = (
+    ("_request", ("method", "str_or_url")),
+    ("_wait_for_available_connection", ("key", "traces")),
+    ("_create_connection", ("req", "traces", "timeout")),
+)
 
 
 def _hookable(session: Any) -> bool:
@@ -265,7 +279,7 @@ def _hookable(session: Any) -> bool:
             names = list(inspect.signature(method).parameters)
         except (TypeError, ValueError):
             return False
-        if names[:len(parameters)] != list(parameters):
+        if names[: len(parameters)] != list(parameters):
             return False
     return True
 
@@ -306,7 +320,9 @@ def _hook(session: Any) -> None:
 
     # Instance attributes, past ClientSession's debug-mode __setattr__ warning: other
     # sessions and connectors in the process are not touched (rows of pointcuts.PROCESS_PATCHES).
-    _footprint.apply("aiohttp.connector_wait", connector, "_wait_for_available_connection", _wait_for_available_connection)
+    _footprint.apply(
+        "aiohttp.connector_wait", connector, "_wait_for_available_connection", _wait_for_available_connection
+    )
     _footprint.apply("aiohttp.connector_create", connector, "_create_connection", _create_connection)
     _footprint.apply("aiohttp.session_request", session, "_request", _request)
 
@@ -355,7 +371,9 @@ def attach(session: Any) -> bool:
         return True
     configs = getattr(session, "_trace_configs", None)
     if not isinstance(configs, list):
-        warn_once("pool:attach", "this aiohttp version keeps no trace-config list on its session; pool-wait metrics are off.")
+        warn_once(
+            "pool:attach", "this aiohttp version keeps no trace-config list on its session; pool-wait metrics are off."
+        )
         return False
     config = trace_config()
     if config not in configs:

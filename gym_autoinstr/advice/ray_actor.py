@@ -25,19 +25,20 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from gym_autoinstr import settings
-from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
 
 _lock = threading.Lock()
 _callbacks: list[Callable[[], None]] = []
 # None: not decided yet; True: this worker is Gym's orchestrator; False: it stays silent.
-_promoted: "bool | None" = None
+_promoted: bool | None = None
 
 
 def on_promotion(callback: Callable[[], None]) -> None:
@@ -45,7 +46,7 @@ def on_promotion(callback: Callable[[], None]) -> None:
     _callbacks.append(callback)
 
 
-def promoted() -> "bool | None":
+def promoted() -> bool | None:
     return _promoted
 
 
@@ -103,8 +104,11 @@ def ray_actor_attributes() -> dict[str, Any]:
         import ray
 
         context = ray.get_runtime_context()
-        for key, getter in (("ray.node.id", "get_node_id"), ("ray.job.id", "get_job_id"),
-                            ("ray.actor.id", "get_actor_id")):
+        for key, getter in (
+            ("ray.node.id", "get_node_id"),
+            ("ray.job.id", "get_job_id"),
+            ("ray.actor.id", "get_actor_id"),
+        ):
             try:
                 value = getattr(context, getter)()
             except Exception:
@@ -118,7 +122,6 @@ def ray_actor_attributes() -> dict[str, Any]:
             attributes["ray.actor.name"] = str(actor_name)
     except Exception as error:
         warn_once("ray_actor:context", "Ray's runtime context is unavailable here (%r); no actor or node id.", error)
-    from gym_autoinstr.setup.identity import SHARD_VARIABLE
 
     shard = settings.SHARD.raw() or actor_name or actor_id
     if shard:
@@ -176,9 +179,18 @@ def caller_is_rootless() -> bool:
 
 # What the creator hands the actor to boot with: exporter settings and our own switches,
 # never the creator's service name, run id or shard (the actor is its own orchestrator).
-_BOOT_EXTRA = tuple(s.name for s in (settings.PYTHON_DISTRO, settings.PYTHON_CONFIGURATOR,
-                                      settings.PYTHON_DISABLED_INSTRUMENTATIONS, settings.TRACES_SAMPLER,
-                                      settings.TRACES_SAMPLER_ARG, settings.METRICS_EXPORTER, settings.LOGS_EXPORTER))
+_BOOT_EXTRA = tuple(
+    s.name
+    for s in (
+        settings.PYTHON_DISTRO,
+        settings.PYTHON_CONFIGURATOR,
+        settings.PYTHON_DISABLED_INSTRUMENTATIONS,
+        settings.TRACES_SAMPLER,
+        settings.TRACES_SAMPLER_ARG,
+        settings.METRICS_EXPORTER,
+        settings.LOGS_EXPORTER,
+    )
+)
 _BOOT_EXCLUDED = (settings.SERVICE_NAME.name, settings.GYM_RUN_ID.name)
 
 
@@ -188,7 +200,8 @@ def _boot_settings() -> dict[str, str]:
 
     excluded = {*_BOOT_EXCLUDED, identity.RUN_ID_VARIABLE, identity.SHARD_VARIABLE}
     return {
-        name: value for name, value in os.environ.items()
+        name: value
+        for name, value in os.environ.items()
         if (name in RAY_WORKER_SETTINGS or name in _BOOT_EXTRA or name.startswith(settings.PREFIX))
         and name not in excluded
     }
@@ -197,16 +210,16 @@ def _boot_settings() -> dict[str, str]:
 # The ``__init__`` wrapper that boots the actor (``instrumentor.init_wrapper``): booting
 # is the instrumentor's work, a layer above the advice, so it hands the wrapper over
 # when it instruments.
-_init_wrapper: "Callable[[Any, list | None], Any] | None" = None
+_init_wrapper: Callable[[Any, list | None], Any] | None = None
 
 
-def wraps_actor_init(factory: "Callable[[Any, list | None], Any]") -> None:
+def wraps_actor_init(factory: Callable[[Any, list | None], Any]) -> None:
     """Use ``factory(function, missing)`` for the ``__init__`` ``install_init`` puts on an actor class."""
     global _init_wrapper
     _init_wrapper = factory
 
 
-def install_init(cls: Any, missing: "list | None" = None) -> None:
+def install_init(cls: Any, missing: list | None = None) -> None:
     """Put the carrier on the ``__init__`` of Ray's actor subclass (never the user's class)."""
     if _init_wrapper is None:
         return  # not instrumented: no instrumentor handed its wrapper over
@@ -221,7 +234,7 @@ def install_init(cls: Any, missing: "list | None" = None) -> None:
         return  # ray_tasks warns about the name clash for methods; __init__ stays as it is
     wrapper = _init_wrapper(raw, missing)
     wrapper.__signature__ = signature  # what Ray binds the creation arguments against
-    setattr(cls, "__init__", wrapper)
+    cls.__init__ = wrapper
 
 
 def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -238,7 +251,7 @@ def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     return wrapped(*args, **kwargs)
 
 
-def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> "tuple[tuple, dict]":
+def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     from gym_autoinstr.advice import coexistence
 
     meta = getattr(instance, "__ray_metadata__", None)

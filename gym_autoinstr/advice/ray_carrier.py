@@ -11,7 +11,7 @@ from typing import Any
 CARRIER = "_gym_autoinstr_ctx"
 
 
-def call_parts(args: tuple, kwargs: dict) -> "tuple[Any, Any]":
+def call_parts(args: tuple, kwargs: dict) -> tuple[Any, Any]:
     # RemoteFunction._remote(self, args=None, kwargs=None, **task_options); Ray passes
     # both by keyword, older callers positionally.
     call_args = kwargs["args"] if "args" in kwargs else (args[0] if args else None)
@@ -19,7 +19,7 @@ def call_parts(args: tuple, kwargs: dict) -> "tuple[Any, Any]":
     return call_args, call_kwargs
 
 
-def with_call_kwargs(args: tuple, kwargs: dict, call_kwargs: dict) -> "tuple[tuple, dict]":
+def with_call_kwargs(args: tuple, kwargs: dict, call_kwargs: dict) -> tuple[tuple, dict]:
     if "kwargs" in kwargs or len(args) < 2:
         kwargs = dict(kwargs)
         kwargs["kwargs"] = call_kwargs
@@ -27,7 +27,7 @@ def with_call_kwargs(args: tuple, kwargs: dict, call_kwargs: dict) -> "tuple[tup
     return (args[0], call_kwargs) + tuple(args[2:]), kwargs
 
 
-def signature_with_carrier(function: Any) -> "inspect.Signature | None":
+def signature_with_carrier(function: Any) -> inspect.Signature | None:
     signature = inspect.signature(function)
     if CARRIER in signature.parameters:
         return None

@@ -60,11 +60,11 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
-from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.telemetry import groups
 from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 INSTALLED = "_gym_autoinstr_carrier"  # on a RemoteFunction: True traced, False not
@@ -93,7 +93,7 @@ def _function_name(function: Any) -> str:
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', getattr(function, '__name__', '?'))}"
 
 
-def carrier_wrapper(function: Any, missing: "list | None" = None) -> Any:
+def carrier_wrapper(function: Any, missing: list | None = None) -> Any:
     """The function Ray pickles and runs instead of ``function``: it takes the carrier
     off and, where gym-autoinstr imports, runs ``function`` in a span.
 
@@ -236,7 +236,7 @@ def _carrier(span: Any) -> dict:
     }
 
 
-_settings_cache: "dict[str, str] | None" = None
+_settings_cache: dict[str, str] | None = None
 
 
 def _settings() -> dict:
@@ -248,7 +248,7 @@ def _settings() -> dict:
     return _settings_cache
 
 
-def _refs_task_id(result: Any) -> "str | None":
+def _refs_task_id(result: Any) -> str | None:
     first = result[0] if isinstance(result, list) and result else result
     # Ray client mode: a ref's id arrives from the client server later; reading it now
     # would wait for that round trip, so the submit span goes without it.
@@ -261,7 +261,7 @@ def _refs_task_id(result: Any) -> "str | None":
     return task_id().hex()
 
 
-def _prepare(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
+def _prepare(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
     if coexistence.native_telemetry_live() or not _install(instance):
         return None
     function = instance._function
@@ -277,7 +277,7 @@ def _submit_span(span_name: str, attributes: dict) -> Any:
     )
 
 
-def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict]":
+def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
     _, call_kwargs = call_parts(args, kwargs)
     rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
     span = _submit_span(span_name, attributes)
@@ -394,12 +394,16 @@ def kill_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 def _traced_actor(handle: Any) -> bool:
     signatures = getattr(handle, "_ray_method_signatures", None) or {}
-    return any(getattr(parameter, "name", None) == CARRIER
-               for signature in signatures.values() for parameter in (signature or ()))
+    return any(
+        getattr(parameter, "name", None) == CARRIER
+        for signature in signatures.values()
+        for parameter in (signature or ())
+    )
 
 
 def _flush_actor(handle: Any) -> None:
     import ray
+
     from gym_autoinstr.setup.flush import flush_timeout_seconds
 
     if not isinstance(handle, ray.actor.ActorHandle) or not _traced_actor(handle):
@@ -448,7 +452,7 @@ def actor_method_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     return _submit(wrapped, *prepared)
 
 
-def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> "tuple[Any, tuple, dict] | None":
+def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
     signature = instance.__dict__.get("_signature") or ()
     if (
         instance.__dict__.get("_is_generator")
@@ -501,7 +505,7 @@ def client_call_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     return _submit(wrapped, span, args, kwargs)
 
 
-def _prepare_client_call(instance: Any, kwargs: dict) -> "tuple[Any, dict] | None":
+def _prepare_client_call(instance: Any, kwargs: dict) -> tuple[Any, dict] | None:
     stub = instance.__dict__.get("_remote_stub", instance)  # OptionWrapper: the stub it wraps
     kind = type(stub).__name__
     if kind not in ("ClientRemoteMethod", "ClientRemoteFunc") or coexistence.native_telemetry_live():
@@ -511,8 +515,11 @@ def _prepare_client_call(instance: Any, kwargs: dict) -> "tuple[Any, dict] | Non
         if kind == "ClientRemoteFunc":
             function = stub.__dict__.get("_func")
             if not str(getattr(function, "__module__", "")).startswith("ray."):  # Ray's own helpers
-                warn_once(f"ray:client-stub:{_function_name(function)}", CLIENT_UNTRACED_MESSAGE,
-                          f"remote function {_function_name(function)}")
+                warn_once(
+                    f"ray:client-stub:{_function_name(function)}",
+                    CLIENT_UNTRACED_MESSAGE,
+                    f"remote function {_function_name(function)}",
+                )
         else:
             # Methods we never wrap (dunders, static methods, generators) of an actor
             # class that took the carrier are not news; a class none of whose methods did is.
@@ -630,8 +637,13 @@ def _runtime_facts() -> dict:
         import ray
 
         runtime = ray.get_runtime_context()
-        for key, getter in ((TASK_ID, "get_task_id"), (NODE_ID, "get_node_id"), (WORKER_ID, "get_worker_id"),
-                            (ACTOR_ID, "get_actor_id"), (JOB_ID, "get_job_id")):
+        for key, getter in (
+            (TASK_ID, "get_task_id"),
+            (NODE_ID, "get_node_id"),
+            (WORKER_ID, "get_worker_id"),
+            (ACTOR_ID, "get_actor_id"),
+            (JOB_ID, "get_job_id"),
+        ):
             try:
                 value = getattr(runtime, getter)()
             except Exception:
@@ -643,7 +655,7 @@ def _runtime_facts() -> dict:
     return facts
 
 
-def _begin(function: Any, carrier: Any) -> "tuple[Any, Any] | None":
+def _begin(function: Any, carrier: Any) -> tuple[Any, Any] | None:
     if not isinstance(carrier, dict):
         return None
     from gym_autoinstr.setup import configurator
@@ -654,8 +666,12 @@ def _begin(function: Any, carrier: Any) -> "tuple[Any, Any] | None":
     ):
         return None
     parent = propagate.extract(carrier.get("context") or {})
-    attributes: dict[str, Any] = {FUNCTION: _function_name(function), "messaging.system": "ray",
-                                  "messaging.operation.type": "process", **facts}
+    attributes: dict[str, Any] = {
+        FUNCTION: _function_name(function),
+        "messaging.system": "ray",
+        "messaging.operation.type": "process",
+        **facts,
+    }
     import os
 
     attributes[WORKER_PID] = os.getpid()
@@ -663,7 +679,9 @@ def _begin(function: Any, carrier: Any) -> "tuple[Any, Any] | None":
     if isinstance(submitted, (int, float)):
         attributes[WAIT] = max(0.0, time.time() - float(submitted))
     span = tracer().start_span(
-        f"ray.execute {getattr(function, '__qualname__', '?')}", context=parent, kind=SpanKind.CONSUMER,
+        f"ray.execute {getattr(function, '__qualname__', '?')}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
         attributes=attributes,
     )
     current = trace.set_span_in_context(span, parent)

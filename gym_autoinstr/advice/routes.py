@@ -43,19 +43,19 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gym_autoinstr import settings
-from gym_autoinstr.advice import coexistence, genai
-from gym_autoinstr.advice import concurrency
-from gym_autoinstr.telemetry import groups, metrics, sampling
-from gym_autoinstr.fastpath import propagation
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.advice import coexistence, concurrency, genai
 from gym_autoinstr.advice.egress import current_rollout_id
+from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 RESOURCES = "resources_servers"
@@ -80,6 +80,7 @@ _MODEL_ROUTES = {
 _MAX_FRAMES = 40
 _SEAM_FLAG = "_gym_autoinstr_seam"
 
+
 @dataclass(frozen=True)
 class Seam:
     span_name: str
@@ -89,7 +90,7 @@ class Seam:
     model_call: bool = False
 
 
-def server_kind(cls: type) -> "str | None":
+def server_kind(cls: type) -> str | None:
     """``resources_servers``, ``responses_api_agents``, ``responses_api_models`` or None."""
     for klass in getattr(cls, "__mro__", ()):
         for module, name, kind in _KIND_MARKERS:
@@ -98,7 +99,7 @@ def server_kind(cls: type) -> "str | None":
     return None
 
 
-def seam_for(kind: str, path: str) -> "tuple[str, str] | None":
+def seam_for(kind: str, path: str) -> tuple[str, str] | None:
     """(span name, group) for a POST route of a server of ``kind``, or None."""
     if kind == AGENT:
         if path == "/run":
@@ -172,10 +173,10 @@ def _with_seam_endpoint(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 _SEAM_METRIC_KINDS = {"gym.rollout": "rollout", "gym.verify": "verify"}
 
 
-def seam_metric(span_name: str, server_name: str) -> "metrics.SeamMetric | None":
+def seam_metric(span_name: str, server_name: str) -> metrics.SeamMetric | None:
     """What the ingress records for requests to this seam (``gym.rollout.duration_ms``, ...)."""
     if span_name.startswith("gym.model."):
-        return metrics.SeamMetric("model", server_name, span_name[len("gym.model."):])
+        return metrics.SeamMetric("model", server_name, span_name[len("gym.model.") :])
     kind = _SEAM_METRIC_KINDS.get(span_name)
     return metrics.SeamMetric(kind, server_name) if kind else None
 
@@ -183,7 +184,7 @@ def seam_metric(span_name: str, server_name: str) -> "metrics.SeamMetric | None"
 # -- the per-request wrappers ---------------------------------------------------------
 
 
-def _start(seam: Seam, args: tuple, kwargs: dict) -> "trace.Span | None":
+def _start(seam: Seam, args: tuple, kwargs: dict) -> trace.Span | None:
     """The seam's span, or None: the sampler dropped the request's span (the handler then
     runs as it is), or starting it failed."""
     try:
@@ -205,7 +206,7 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> "trace.Span | None":
         return None
 
 
-def _rollout_id_from_path(args: tuple, kwargs: dict) -> "str | None":
+def _rollout_id_from_path(args: tuple, kwargs: dict) -> str | None:
     """``{rollout_id}`` of an ``/ng-rollout/{rollout_id}/...`` route: a declared parameter,
     or the path parameters of the handler's ``Request``."""
     value = kwargs.get("rollout_id")
@@ -219,7 +220,7 @@ def _rollout_id_from_path(args: tuple, kwargs: dict) -> "str | None":
     return value if isinstance(value, str) and value else None
 
 
-def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> "str | None":
+def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> str | None:
     """The id Gym's rollout collection stamps into a ``/run`` body (task and rollout index).
 
     Gym itself enters ``rollout_context`` with it only when model-call capture is on;
@@ -239,14 +240,14 @@ def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> "str | None":
     return str(rollout_id) if rollout_id else None
 
 
-def _fail(span: "trace.Span", error: BaseException) -> None:
+def _fail(span: trace.Span, error: BaseException) -> None:
     # Cancellation and exits are not errors of the work: end without ERROR.
     if isinstance(error, Exception):
         mark_error(span, error)
     span.end()
 
 
-def _finish(span: "trace.Span", seam: Seam, result: Any) -> Any:
+def _finish(span: trace.Span, seam: Seam, result: Any) -> Any:
     """Annotate and end the span, or hand it to a streaming body to end."""
     try:
         if seam.model_call:
@@ -261,7 +262,7 @@ def _finish(span: "trace.Span", seam: Seam, result: Any) -> Any:
     return result
 
 
-async def _ending_stream(body: Any, span: "trace.Span") -> Any:
+async def _ending_stream(body: Any, span: trace.Span) -> Any:
     try:
         async for chunk in body:
             yield chunk
@@ -329,7 +330,7 @@ def _function_wrapper(handler: Callable, seam: Seam) -> Callable:
 # The two below are one body, awaiting the handler or calling it.
 
 
-async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
+async def _in_seam(handler: Callable, seam: Seam, span: trace.Span, args: tuple, kwargs: dict) -> Any:
     entered = propagation.enter_seam(span)
     try:
         try:
@@ -342,7 +343,7 @@ async def _in_seam(handler: Callable, seam: Seam, span: "trace.Span", args: tupl
     return _finish(span, seam, result)
 
 
-def _in_seam_now(handler: Callable, seam: Seam, span: "trace.Span", args: tuple, kwargs: dict) -> Any:
+def _in_seam_now(handler: Callable, seam: Seam, span: trace.Span, args: tuple, kwargs: dict) -> Any:
     entered = propagation.enter_seam(span)
     try:
         try:

@@ -36,9 +36,9 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence
 from gym_autoinstr.telemetry import groups, metrics
-from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry.spans import run_in_span, tracer
 
 PROVIDER = "nemo.gym.sandbox.provider"
@@ -53,7 +53,7 @@ def _provider_name(sandbox: Any) -> str:
     return name if isinstance(name, str) and name else type(provider).__name__
 
 
-def _sandbox_id(sandbox: Any) -> "str | None":
+def _sandbox_id(sandbox: Any) -> str | None:
     sandbox_id = getattr(getattr(sandbox, "_handle", None), "sandbox_id", None)
     return str(sandbox_id) if sandbox_id is not None else None
 
@@ -66,7 +66,7 @@ def _metrics_live() -> bool:
     return metrics.LIVE and not coexistence.native_telemetry_live()
 
 
-def _open(name: str, sandbox: Any) -> "trace.Span | None":
+def _open(name: str, sandbox: Any) -> trace.Span | None:
     try:
         attributes: dict[str, Any] = {PROVIDER: _provider_name(sandbox)}
         sandbox_id = _sandbox_id(sandbox)
@@ -159,7 +159,7 @@ def _retrying_provider(wrapped: Any) -> str:
     """``opensandbox`` for ``nemo_gym.sandbox.providers.opensandbox.provider``."""
     module = getattr(wrapped, "__module__", None) or ""
     if module.startswith(_PROVIDERS_PACKAGE):
-        return module[len(_PROVIDERS_PACKAGE):].split(".", 1)[0]
+        return module[len(_PROVIDERS_PACKAGE) :].split(".", 1)[0]
     return module.rsplit(".", 1)[-1] or "unknown"
 
 

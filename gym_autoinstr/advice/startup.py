@@ -34,7 +34,9 @@ from opentelemetry.trace import SpanKind
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import groups
-from gym_autoinstr.telemetry.spans import STARTUP_MARKS as MARKS, mark_error, mark_startup as mark, tracer
+from gym_autoinstr.telemetry.spans import STARTUP_MARKS as MARKS
+from gym_autoinstr.telemetry.spans import mark_error, tracer
+from gym_autoinstr.telemetry.spans import mark_startup as mark
 
 TRACEPARENT_VARIABLE = settings.STARTUP_TRACEPARENT.name
 SPAWN_VARIABLE = settings.SPAWN_NS.name
@@ -45,7 +47,7 @@ SERVER_NAME = "nemo.gym.server.name"
 @dataclass(slots=True)
 class _StartupRun:
     span: Any = None  # gym.startup
-    servers: "dict[str, Any]" = field(default_factory=dict)  # server name -> its spawn span
+    servers: dict[str, Any] = field(default_factory=dict)  # server name -> its spawn span
 
 
 _run = _StartupRun()
@@ -73,7 +75,7 @@ def run_start_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
         raise
 
 
-def _server_name(args: tuple, kwargs: dict) -> "str | None":
+def _server_name(args: tuple, kwargs: dict) -> str | None:
     name = kwargs.get("server_name")
     if isinstance(name, str) and name:
         return name
@@ -102,18 +104,23 @@ def _spawn(wrapped: Any, args: tuple, kwargs: dict) -> Any:
     parent = _run.span
     if parent is None:
         return wrapped(*args, **kwargs)
-    saved: dict[str, "str | None"] = {}
+    saved: dict[str, str | None] = {}
     try:
         name = _server_name(args, kwargs)
         if name and name not in _run.servers:
             span = tracer().start_span(
-                "gym.startup.server", context=trace.set_span_in_context(parent), kind=SpanKind.INTERNAL,
+                "gym.startup.server",
+                context=trace.set_span_in_context(parent),
+                kind=SpanKind.INTERNAL,
                 attributes={SERVER_NAME: name},
             )
             _run.servers[name] = span
             carrier: dict[str, str] = {}
             propagate.inject(carrier, context=trace.set_span_in_context(span))
-            for variable, value in ((TRACEPARENT_VARIABLE, carrier.get("traceparent")), (SPAWN_VARIABLE, str(time.time_ns()))):
+            for variable, value in (
+                (TRACEPARENT_VARIABLE, carrier.get("traceparent")),
+                (SPAWN_VARIABLE, str(time.time_ns())),
+            ):
                 if value:
                     saved[variable] = os.environ.get(variable)
                     os.environ[variable] = value
@@ -144,14 +151,14 @@ def statuses_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     return statuses
 
 
-def spinup_done(error: "BaseException | None" = None) -> None:
+def spinup_done(error: BaseException | None = None) -> None:
     """``RunHelper.wait_for_spinup`` returned (every server ready) or raised (from fleet.py,
     which owns that pointcut)."""
     if _run.span is not None:
         _end_all(error)
 
 
-def _end_all(error: "BaseException | None") -> None:
+def _end_all(error: BaseException | None) -> None:
     try:
         for span in list(_run.servers.values()):
             if span.is_recording():
@@ -192,18 +199,27 @@ def report_server_startup(server_name: str) -> None:
         # Stage boundaries in order, clamped so that they never run backwards.  The OS's
         # process creation time is no boundary: Gym's shell execs Python in the process it
         # spawned, so that time is the shell's (before the venv is built).
-        marks = [("spawn", None if worker else spawn), ("configured", configured), ("instrumented", instrumented),
-                 ("run_webserver", webserver), ("ready", ready)]
+        marks = [
+            ("spawn", None if worker else spawn),
+            ("configured", configured),
+            ("instrumented", instrumented),
+            ("run_webserver", webserver),
+            ("ready", ready),
+        ]
         known: list[tuple[str, int]] = []
         for label, value in marks:
             if value:
                 known.append((label, max(value, known[-1][1]) if known else value))
-        span = tracer().start_span(name, context=parent, kind=SpanKind.INTERNAL, attributes=attributes, start_time=known[0][1])
+        span = tracer().start_span(
+            name, context=parent, kind=SpanKind.INTERNAL, attributes=attributes, start_time=known[0][1]
+        )
         context = trace.set_span_in_context(span)
         for (label, start), (next_label, end) in zip(known, known[1:]):
             stage = _STAGES.get((label, next_label))
             if stage:
-                tracer().start_span(stage, context=context, attributes={SERVER_NAME: server_name}, start_time=start).end(end_time=end)
+                tracer().start_span(
+                    stage, context=context, attributes={SERVER_NAME: server_name}, start_time=start
+                ).end(end_time=end)
         span.end(end_time=known[-1][1])
     except Exception as error:
         warn_once("startup:server", "server start-up span skipped: %r", error)
@@ -226,7 +242,7 @@ def _is_worker() -> bool:
         return False
 
 
-def _int(raw: "str | None") -> "int | None":
+def _int(raw: str | None) -> int | None:
     try:
         return int(raw) if raw else None
     except ValueError:

@@ -46,10 +46,11 @@ import re
 import shlex
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
@@ -83,7 +84,7 @@ class PinnedRequirement:
         return " ".join(shlex.quote(argument) for argument in self.arguments)
 
     @property
-    def local_path(self) -> "str | None":
+    def local_path(self) -> str | None:
         """The path on this machine it is installed from (a local wheel, directory or
         editable checkout), which another host cannot install; None otherwise."""
         if self.kind == "editable":
@@ -123,16 +124,18 @@ def pinned_requirement(distribution: metadata.Distribution) -> PinnedRequirement
     if isinstance(dir_info, dict):
         if dir_info.get("editable") and url.startswith("file:"):
             path = _file_path(url)
-            return PinnedRequirement(name, version, ("-e", os.path.join(path, subdirectory) if subdirectory else path), "editable")
+            return PinnedRequirement(
+                name, version, ("-e", os.path.join(path, subdirectory) if subdirectory else path), "editable"
+            )
         return PinnedRequirement(name, version, (f"{name} @ {url}{fragment}",), "directory")
     return PinnedRequirement(name, version, (f"{name} @ {url}{fragment}",), "archive")
 
 
-def _dependency_closure(root: str, path: "list[str] | None" = None) -> dict[str, metadata.Distribution]:
+def _dependency_closure(root: str, path: list[str] | None = None) -> dict[str, metadata.Distribution]:
     """Every installed distribution ``root`` needs here (markers evaluated, extras followed)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
-    def find(name: str) -> "metadata.Distribution | None":
+    def find(name: str) -> metadata.Distribution | None:
         # What an installer installed (it writes INSTALLER) wins over metadata that merely
         # lies on sys.path, such as the .egg-info a source checkout holds after an
         # editable build, found first when the checkout is the working directory.
@@ -168,13 +171,13 @@ def _dependency_closure(root: str, path: "list[str] | None" = None) -> dict[str,
     return found
 
 
-def pinned_requirements(root: str = PROJECT, path: "list[str] | None" = None) -> list[PinnedRequirement]:
+def pinned_requirements(root: str = PROJECT, path: list[str] | None = None) -> list[PinnedRequirement]:
     """``root`` and the wire-path part of its dependency closure, as installed here; sorted."""
     closure = _dependency_closure(root, path)
     return [pinned_requirement(d) for key, d in sorted(closure.items()) if is_pinned(key)]
 
 
-def requirement_override(environ: "Any" = None) -> "tuple[str, ...] | None":
+def requirement_override(environ: Any = None) -> tuple[str, ...] | None:
     """``GYM_AUTOINSTR_SERVER_REQUIREMENT`` as install arguments; None when unset or bad."""
     raw = (settings.SERVER_REQUIREMENT.raw(environ) or "").strip()
     if not raw:
@@ -203,7 +206,9 @@ def server_requirements() -> tuple[str, ...]:
     """What every server venv must install, as shell-quoted ``head_server_deps`` entries."""
     override = requirement_override()
     return tuple(
-        " ".join(shlex.quote(word) for word in override) if override and requirement.name == PROJECT else requirement.shell()
+        " ".join(shlex.quote(word) for word in override)
+        if override and requirement.name == PROJECT
+        else requirement.shell()
         for requirement in pinned_requirements()
     )
 
@@ -214,7 +219,7 @@ def local_requirements() -> list[PinnedRequirement]:
     return [r for r in pinned_requirements() if r.local_path and not (overridden and r.name == PROJECT)]
 
 
-def local_path_message(local: "list[PinnedRequirement]") -> str:
+def local_path_message(local: list[PinnedRequirement]) -> str:
     names = ", ".join(f"{r.name} ({r.local_path})" for r in local)
     return (
         f"server venvs install {names} from a path on this machine: a server venv Gym builds on another host "
@@ -234,7 +239,7 @@ def local_path_fix() -> str:
 # -- head_server_deps ----------------------------------------------------------------------
 
 
-def _requirement_name(entry: str) -> "str | None":
+def _requirement_name(entry: str) -> str | None:
     found = re.match(r"\s*'?\s*([A-Za-z0-9][A-Za-z0-9._-]*)", str(entry))
     return canonical_name(found.group(1)) if found and not str(entry).lstrip("'").startswith("-") else None
 
@@ -298,7 +303,7 @@ def _store(config: Any, deps: list[str]) -> None:
 # -- venvs Gym reuses without installing ---------------------------------------------------
 
 
-def _reused_venv(command: str) -> "Path | None":
+def _reused_venv(command: str) -> Path | None:
     """The venv a ``setup_env_command`` result activates without installing anything, if any."""
     if "uv pip install" in command or "uv venv" in command:
         return None
@@ -316,7 +321,7 @@ def _site_packages(venv: Path) -> list[str]:
     return [str(p) for p in sorted(venv.glob("lib/python*/site-packages"))]
 
 
-def missing_in(venv: Path, wanted: "Iterable[PinnedRequirement] | None" = None) -> list[str]:
+def missing_in(venv: Path, wanted: Iterable[PinnedRequirement] | None = None) -> list[str]:
     """What ``venv`` lacks of ``wanted`` (missing, or another version), read from metadata only."""
     wanted = list(pinned_requirements() if wanted is None else wanted)
     installed: dict[str, str] = {}
@@ -362,4 +367,3 @@ def setup_env_command_advice(wrapped: Any, instance: Any, args: tuple, kwargs: d
     except Exception as error:
         warn_once("venvs:stale-check", "could not check a reused server venv (%r).", error)
     return command
-

@@ -16,7 +16,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gym-autoinstr", description="OpenTelemetry tracing for NeMo Gym.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = parser.add_subparsers(dest="command", metavar="command")
@@ -41,15 +41,25 @@ def main(argv: "list[str] | None" = None) -> int:
     view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces")
     view.add_argument("--errors", action="store_true", help="only traces with an error")
     view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
-    view.add_argument("--metrics", action="store_true",
-                      help="print a per-server 'why is it slow' summary from the run's metrics instead of traces")
+    view.add_argument(
+        "--metrics",
+        action="store_true",
+        help="print a per-server 'why is it slow' summary from the run's metrics instead of traces",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "view":
         from gym_autoinstr.commands.view import main as view_main
 
-        return view_main(args.paths, rollout=args.rollout, slowest=args.slowest, errors=args.errors,
-                         html_file=args.html, metrics=args.metrics, trace_id=args.trace)
+        return view_main(
+            args.paths,
+            rollout=args.rollout,
+            slowest=args.slowest,
+            errors=args.errors,
+            html_file=args.html,
+            metrics=args.metrics,
+            trace_id=args.trace,
+        )
 
     if args.command == "doctor":
         from gym_autoinstr.commands.doctor import main as doctor_main

@@ -13,8 +13,9 @@ from __future__ import annotations
 import html
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from gym_autoinstr.setup.files import METRICS_SUFFIX, _attributes, json_lines
 
@@ -56,7 +57,7 @@ def read_run(path: Path) -> dict[tuple, dict]:
     return points
 
 
-def quantile(point: dict, q: float) -> "float | None":
+def quantile(point: dict, q: float) -> float | None:
     counts = [int(c) for c in point.get("bucketCounts", ())]
     bounds = [float(b) for b in point.get("explicitBounds", ())]
     total = sum(counts)
@@ -82,7 +83,9 @@ def _merge(points: Sequence[dict]) -> dict:
     merged = dict(points[0])
     merged["count"] = sum(int(p.get("count", 0)) for p in points)
     merged["sum"] = sum(float(p.get("sum", 0)) for p in points)
-    merged["bucketCounts"] = [sum(int(p["bucketCounts"][i]) for p in points) for i in range(len(points[0].get("bucketCounts", ())))]
+    merged["bucketCounts"] = [
+        sum(int(p["bucketCounts"][i]) for p in points) for i in range(len(points[0].get("bucketCounts", ())))
+    ]
     merged["min"] = min(float(p.get("min", 0)) for p in points)
     merged["max"] = max(float(p.get("max", 0)) for p in points)
     return merged
@@ -115,13 +118,27 @@ def summarise(points: dict[tuple, dict]) -> dict[str, dict[str, Any]]:
 
 
 SECTIONS = (
-    ("http.server.request.duration", "requests", lambda a: f"{a.get('http.request.method', '')} {a.get('http.route', '?')} {a.get('http.response.status_code', '')}".strip()),
+    (
+        "http.server.request.duration",
+        "requests",
+        lambda a: (
+            f"{a.get('http.request.method', '')} {a.get('http.route', '?')} {a.get('http.response.status_code', '')}".strip()
+        ),
+    ),
     ("gym.rollout.duration_ms", "rollouts", lambda a: a.get("nemo.gym.rollout.outcome", "")),
     ("gym.verify.duration_ms", "verify", lambda a: a.get("nemo.gym.verify.outcome", "")),
     ("gym.model.call_duration_ms", "model calls", lambda a: a.get("nemo.gym.model.dialect", "")),
     ("gym.model.time_to_first_byte_ms", "model first byte", lambda a: a.get("nemo.gym.model.dialect", "")),
-    ("gym.http.connection_pool.queue_duration_ms", "waits for a connection", lambda a: f"to {a.get('nemo.gym.http.destination.server.name', '?')}"),
-    ("gym.concurrency.queue_wait_duration_ms", "waits for a Gym limit", lambda a: a.get("nemo.gym.concurrency.site", "?")),
+    (
+        "gym.http.connection_pool.queue_duration_ms",
+        "waits for a connection",
+        lambda a: f"to {a.get('nemo.gym.http.destination.server.name', '?')}",
+    ),
+    (
+        "gym.concurrency.queue_wait_duration_ms",
+        "waits for a Gym limit",
+        lambda a: a.get("nemo.gym.concurrency.site", "?"),
+    ),
     ("gym.sandbox.startup_duration_ms", "sandbox starts", lambda a: a.get("nemo.gym.sandbox.provider", "")),
     ("gym.sandbox.exec_duration_ms", "sandbox execs", lambda a: a.get("nemo.gym.sandbox.provider", "")),
     ("gym.event_loop.lag_ms", "event-loop lag", lambda a: ""),
@@ -137,7 +154,9 @@ def rows(summary: dict[str, dict[str, Any]]) -> list[tuple[str, list[tuple[str, 
         for name, section, label in SECTIONS:
             for row in summary[service].get(name, ()):
                 if "count" in row and row["count"]:
-                    lines.append((section, label(row["attributes"]), row["count"], row["p50_ms"], row["p99_ms"], row["sum_ms"]))
+                    lines.append(
+                        (section, label(row["attributes"]), row["count"], row["p50_ms"], row["p99_ms"], row["sum_ms"])
+                    )
         if lines:
             out.append((service, lines))
     return out
@@ -166,7 +185,7 @@ def render_html(summary: dict[str, dict[str, Any]]) -> str:
             for section, label, count, p50, p99, total in lines
         )
         parts.append(
-            f"<h3>{html.escape(service)}</h3><table class=\"metrics\"><tr><th></th><th></th><th>count</th>"
+            f'<h3>{html.escape(service)}</h3><table class="metrics"><tr><th></th><th></th><th>count</th>'
             f"<th>p50 ms</th><th>p99 ms</th><th>total ms</th></tr>{body}</table>"
         )
     if not parts:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import html
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 KEY_ATTRIBUTES = (
     ("nemo.gym.rollout.id", "rollout"),
@@ -47,7 +47,7 @@ def _shown(key: str, value: object) -> str:
 class Row:
     span: dict
     depth: int
-    children: list["Row"] = field(default_factory=list)
+    children: list[Row] = field(default_factory=list)
 
 
 @dataclass
@@ -74,7 +74,9 @@ class Trace:
 
     @property
     def rollout_ids(self) -> set[str]:
-        return {str(s["attributes"]["nemo.gym.rollout.id"]) for s in self.spans if "nemo.gym.rollout.id" in s["attributes"]}
+        return {
+            str(s["attributes"]["nemo.gym.rollout.id"]) for s in self.spans if "nemo.gym.rollout.id" in s["attributes"]
+        }
 
     @property
     def services(self) -> set[str]:
@@ -127,7 +129,7 @@ class Job:
     """A root ``gym.job`` span, its own trace, and the rollout traces linked to it."""
 
     span: dict
-    trace: "Trace | None" = None  # the job's own trace, when selected
+    trace: Trace | None = None  # the job's own trace, when selected
     rollouts: list[Trace] = field(default_factory=list)
 
     @property
@@ -142,7 +144,7 @@ class Job:
         return own + self.rollouts
 
 
-def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> "Job | None":
+def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> Job | None:
     for row in trace.rows:
         if row.depth:
             continue
@@ -153,7 +155,7 @@ def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> "Job | None":
     return None
 
 
-def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list["Job | Trace"]:
+def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list[Job | Trace]:
     """``traces`` in order, with each job's own trace and every trace whose root links to
     the job's ``gym.job`` span (found in ``everything``) gathered under one job line."""
     jobs: dict[tuple[str, str], Job] = {}
@@ -162,7 +164,7 @@ def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list["
             if span["name"] == JOB_SPAN and span.get("parent_span_id") is None:
                 jobs[(span["trace_id"], span["span_id"])] = Job(span)
     own = {job.span["trace_id"]: job for job in jobs.values()}
-    items: list["Job | Trace"] = []
+    items: list[Job | Trace] = []
     shown: set[int] = set()
     for trace in traces:
         job = own.get(trace.trace_id)
@@ -197,8 +199,14 @@ def job_line(job: Job) -> str:
     )
 
 
-def select(traces: Sequence[Trace], *, rollout: "str | None" = None, slowest: "int | None" = None,
-           errors: bool = False, trace_id: "str | None" = None) -> list[Trace]:
+def select(
+    traces: Sequence[Trace],
+    *,
+    rollout: str | None = None,
+    slowest: int | None = None,
+    errors: bool = False,
+    trace_id: str | None = None,
+) -> list[Trace]:
     chosen = list(traces)
     if trace_id is not None:
         chosen = [t for t in chosen if t.trace_id == trace_id.lower()]
@@ -276,7 +284,7 @@ def render_text(trace: Trace, *, bar_width: int = 24) -> str:
     return "\n".join(lines)
 
 
-def render_html(traces: Sequence["Trace | Job"], *, title: str = "gym-autoinstr traces") -> str:
+def render_html(traces: Sequence[Trace | Job], *, title: str = "gym-autoinstr traces") -> str:
     """One self-contained page: no scripts or styles from the network."""
     sections = []
     flat: list[Trace] = []
@@ -324,11 +332,11 @@ def _html_trace(trace: Trace) -> str:
     rollouts = ", ".join(sorted(trace.rollout_ids))
     return (
         f'<section class="trace{" error" if trace.has_error else ""}" data-trace-id="{html.escape(trace.trace_id)}">'
-        f'<h2>trace {html.escape(trace.trace_id)}'
-        f'{" · rollout " + html.escape(rollouts) if rollouts else ""}'
-        f'{" · <span class=flag>ERROR</span>" if trace.has_error else ""}</h2>'
+        f"<h2>trace {html.escape(trace.trace_id)}"
+        f"{' · rollout ' + html.escape(rollouts) if rollouts else ''}"
+        f"{' · <span class=flag>ERROR</span>' if trace.has_error else ''}</h2>"
         f'<p class="summary">{html.escape(_summary_text(trace))} · {len(trace.spans)} spans · '
-        f'{len(trace.services)} services</p>{"".join(rows)}</section>'
+        f"{len(trace.services)} services</p>{''.join(rows)}</section>"
     )
 
 
@@ -353,8 +361,10 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
 """
     legend = (
         '<p class="legend">'
-        + "".join(f'<i class="{c}"></i>{label}' for c, label in
-                  (("server", "SERVER"), ("client", "CLIENT"), ("internal", "INTERNAL"), ("error", "ERROR")))
+        + "".join(
+            f'<i class="{c}"></i>{label}'
+            for c, label in (("server", "SERVER"), ("client", "CLIENT"), ("internal", "INTERNAL"), ("error", "ERROR"))
+        )
         + " · click a row for its attributes</p>"
     )
     return (
@@ -364,19 +374,28 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
     )
 
 
-def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | None" = None,
-         errors: bool = False, html_file: "str | None" = None, metrics: bool = False,
-         trace_id: "str | None" = None) -> int:
+def main(
+    paths: Sequence[str],
+    *,
+    rollout: str | None = None,
+    slowest: int | None = None,
+    errors: bool = False,
+    html_file: str | None = None,
+    metrics: bool = False,
+    trace_id: str | None = None,
+) -> int:
     import sys
     from pathlib import Path
 
-    from gym_autoinstr.setup.files import read_path
     from gym_autoinstr.commands import slow
+    from gym_autoinstr.setup.files import read_path
 
     if metrics:
         text = slow.render_text(slow.summary_for(paths or ["."]))
         if not text:
-            print("no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr)
+            print(
+                "no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr
+            )
             return 1
         print(text)
         return 0
@@ -391,7 +410,10 @@ def main(paths: Sequence[str], *, rollout: "str | None" = None, slowest: "int | 
     everything = build_traces(spans)
     traces = select(everything, rollout=rollout, slowest=slowest, errors=errors, trace_id=trace_id)
     if not traces:
-        print("no traces found" + (" matching the filters" if (rollout or slowest or errors or trace_id) else ""), file=sys.stderr)
+        print(
+            "no traces found" + (" matching the filters" if (rollout or slowest or errors or trace_id) else ""),
+            file=sys.stderr,
+        )
         return 1
     if html_file:
         page = render_html(group_by_job(traces, everything))

@@ -30,15 +30,16 @@ import collections
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
 
 from gym_autoinstr import _footprint
+from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.fastpath import wire
 from gym_autoinstr.settings import ENCODE_ON_END
-from gym_autoinstr._log import logger, warn_once
 
 
 class EncodedBatch:
@@ -93,7 +94,12 @@ def _hook_module(module: Any, parse: bool) -> bool:
     encode_spans.__wrapped__ = original  # type: ignore[attr-defined]
     name = "otlp.grpc.encode_spans" if parse else "otlp.http.encode_spans"  # pointcuts.PROCESS_PATCHES
     _footprint.apply(
-        name, module, "encode_spans", encode_spans, busy=_exporting, on_restore=lambda: _HOOKED.pop(module.__name__, None)
+        name,
+        module,
+        "encode_spans",
+        encode_spans,
+        busy=_exporting,
+        on_restore=lambda: _HOOKED.pop(module.__name__, None),
     )
     _HOOKED[module.__name__] = True
     return True
@@ -101,7 +107,7 @@ def _hook_module(module: Any, parse: bool) -> bool:
 
 # Our encoding processors not shut down: while one lives, the exporter modules' hooks stay
 # (a batch of bytes through the original encode_spans would export nothing).
-_LIVE: "weakref.WeakSet[EncodingSpanProcessor]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[EncodingSpanProcessor] = weakref.WeakSet()
 
 
 def _exporting() -> bool:
@@ -139,7 +145,7 @@ def accepts_encoded(exporter: Any) -> bool:
 class _Scope:
     __slots__ = ("encoded", "schema_url")
 
-    def __init__(self, encoded: bytes, schema_url: "str | None") -> None:
+    def __init__(self, encoded: bytes, schema_url: str | None) -> None:
         self.encoded = encoded
         self.schema_url = schema_url
 
@@ -163,16 +169,16 @@ class EncodingSpanProcessor(SpanProcessor):
         # a busy server's rate a batch waits long enough for it to be carried into the
         # oldest generation, whose collections walk it.)
         self._queue: collections.deque = collections.deque()
-        self._usual: "tuple[Any, Any] | None" = None  # the first (scope, resource) seen, then fixed
+        self._usual: tuple[Any, Any] | None = None  # the first (scope, resource) seen, then fixed
         self._usual_lock = threading.Lock()
         self._scopes: dict[int, tuple[Any, _Scope]] = {}
-        self._resource: "tuple[Any, bytes] | None" = None
+        self._resource: tuple[Any, bytes] | None = None
         self._dropped = 0
         self._encode_failures = 0
         self._shutdown = False
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
-        self._thread: "threading.Thread | None" = None
+        self._thread: threading.Thread | None = None
         _LIVE.add(self)
         self._start_thread()
         if hasattr(os, "register_at_fork"):
@@ -230,7 +236,7 @@ class EncodingSpanProcessor(SpanProcessor):
         if len(queue) >= self._batch_size and not self._wake.is_set():
             self._wake.set()
 
-    def _first_pair(self, scope: Any, resource: Any) -> "tuple[Any, Any]":
+    def _first_pair(self, scope: Any, resource: Any) -> tuple[Any, Any]:
         with self._usual_lock:  # two threads ending their first spans at once agree on one
             if self._usual is None:
                 self._usual = (scope, resource)

@@ -36,9 +36,10 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import isfinite
-from typing import Any, Sequence
+from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
@@ -99,7 +100,7 @@ class FastHistogram:
         self._seen: dict[int, tuple[Any, _Point]] = {}
         self._lock = threading.Lock()
 
-    def record(self, amount: float, attributes: "dict | None" = None, context: Any = None) -> None:
+    def record(self, amount: float, attributes: dict | None = None, context: Any = None) -> None:
         seen = self._seen.get(id(attributes))
         if seen is not None and seen[0] is attributes:
             point = seen[1]
@@ -129,8 +130,12 @@ class FastHistogram:
         total = sum(amounts)
         if not isfinite(total) or min(amounts) < 0:  # a negative, infinite or NaN value somewhere
             kept = [a for a in amounts if 0 <= a < _INFINITY]
-            warn_once(f"histogram-dropped:{self.name}", "%s: %d negative or non-finite value(s) dropped",
-                      self.name, len(amounts) - len(kept))
+            warn_once(
+                f"histogram-dropped:{self.name}",
+                "%s: %d negative or non-finite value(s) dropped",
+                self.name,
+                len(amounts) - len(kept),
+            )
             amounts, total = kept, sum(kept)
             if not amounts:
                 return
@@ -152,7 +157,7 @@ class FastHistogram:
         if below != len(amounts):
             buckets[-1] += len(amounts) - below
 
-    def _point_of(self, attributes: "dict | None") -> "_Point | None":
+    def _point_of(self, attributes: dict | None) -> _Point | None:
         """The point of ``attributes`` (lock held), made on first use; remembered by the
         dict's identity (see ``_seen``)."""
         try:
@@ -179,20 +184,36 @@ class FastHistogram:
         with self._lock:
             for point in self._points.values():
                 self._fold(point)
-            snapshot = [(dict(key), p.start, p.count, p.sum, p.min, p.max, list(p.buckets))
-                        for key, p in self._points.items() if p.count]
+            snapshot = [
+                (dict(key), p.start, p.count, p.sum, p.min, p.max, list(p.buckets))
+                for key, p in self._points.items()
+                if p.count
+            ]
         if not snapshot:
             return None
         # (SDKs before exemplars have no such field)
         extra = {"exemplars": []} if "exemplars" in getattr(HistogramDataPoint, "__dataclass_fields__", ()) else {}
         points = [
-            HistogramDataPoint(attributes=attributes, start_time_unix_nano=start, time_unix_nano=now, count=count,
-                               sum=total, bucket_counts=buckets, explicit_bounds=self.boundaries, min=low, max=high,
-                               **extra)
+            HistogramDataPoint(
+                attributes=attributes,
+                start_time_unix_nano=start,
+                time_unix_nano=now,
+                count=count,
+                sum=total,
+                bucket_counts=buckets,
+                explicit_bounds=self.boundaries,
+                min=low,
+                max=high,
+                **extra,
+            )
             for attributes, start, count, total, low, high, buckets in snapshot
         ]
-        return Metric(name=self.name, description=self.description, unit=self.unit,
-                      data=Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE))
+        return Metric(
+            name=self.name,
+            description=self.description,
+            unit=self.unit,
+            data=Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE),
+        )
 
 
 def active(provider: Any) -> bool:
@@ -210,8 +231,9 @@ def histogram(meter: Any, provider: Any, name: str, unit: str, description: str,
             made = FastHistogram(name, unit, description, boundaries)
             _state.histograms.append(made)
             return made
-    return meter.create_histogram(name, unit=unit, description=description,
-                                  explicit_bucket_boundaries_advisory=list(boundaries))
+    return meter.create_histogram(
+        name, unit=unit, description=description, explicit_bucket_boundaries_advisory=list(boundaries)
+    )
 
 
 def qualifies(exporter: Any) -> bool:
@@ -226,9 +248,11 @@ def qualifies(exporter: Any) -> bool:
     temporality = (getattr(exporter, "_preferred_temporality", None) or {}).get(Histogram)
     aggregation = (getattr(exporter, "_preferred_aggregation", None) or {}).get(Histogram)
     explicit = type(aggregation) is ExplicitBucketHistogramAggregation and (
-        getattr(aggregation, "_boundaries", 0) is None and getattr(aggregation, "_record_min_max", False) is True)
+        getattr(aggregation, "_boundaries", 0) is None and getattr(aggregation, "_record_min_max", False) is True
+    )
     return temporality in (None, AggregationTemporality.CUMULATIVE) and (
-        aggregation is None or type(aggregation) is DefaultAggregation or explicit)
+        aggregation is None or type(aggregation) is DefaultAggregation or explicit
+    )
 
 
 def bind(provider: Any, readers: Sequence[Any]) -> bool:
@@ -262,12 +286,14 @@ def _merged(metrics_data: Any) -> Any:
     scopes = list(first.scope_metrics)
     for i, scope_metrics in enumerate(scopes):
         if scope_metrics.scope.name == "gym_autoinstr":
-            scopes[i] = ScopeMetrics(scope=scope_metrics.scope, metrics=[*scope_metrics.metrics, *extra],
-                                     schema_url=scope_metrics.schema_url)
+            scopes[i] = ScopeMetrics(
+                scope=scope_metrics.scope, metrics=[*scope_metrics.metrics, *extra], schema_url=scope_metrics.schema_url
+            )
             break
     else:
-        scopes.append(ScopeMetrics(scope=InstrumentationScope("gym_autoinstr", __version__), metrics=extra,
-                                   schema_url=""))
+        scopes.append(
+            ScopeMetrics(scope=InstrumentationScope("gym_autoinstr", __version__), metrics=extra, schema_url="")
+        )
     merged = ResourceMetrics(resource=first.resource, scope_metrics=scopes, schema_url=first.schema_url)
     return MetricsData(resource_metrics=[merged, *rest])
 
@@ -282,8 +308,10 @@ class MergingExporter(_base()):
     """Passes each batch to ``inner`` with the fast histograms' data added."""
 
     def __init__(self, inner: Any) -> None:
-        super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
-                         preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+        super().__init__(
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+        )
         self.inner = inner
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from opentelemetry import trace as trace_api
+
 try:
     from opentelemetry.attributes import _clean_attribute_value
 except ImportError:  # older APIs
@@ -35,9 +37,9 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from opentelemetry.util import types
 
 from gym_autoinstr import settings
+from gym_autoinstr._log import logger
 from gym_autoinstr.fastpath import wire
 from gym_autoinstr.fastpath.propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
-from gym_autoinstr._log import logger
 
 # The flags a span is started with, each the instance propagation shares for its value
 # (a TraceFlags is an int with an instance dict, an object the GC tracks, and every span
@@ -57,29 +59,49 @@ class LeanSpan(trace_api.Span):
     """A recording span of the API, readable by ``wire.span`` like an SDK ``ReadableSpan``."""
 
     __slots__ = (
-        "name", "context", "parent", "kind", "start_time", "end_time", "attributes", "events",
-        "links", "status", "dropped_attributes", "dropped_events", "_tracer",
+        "name",
+        "context",
+        "parent",
+        "kind",
+        "start_time",
+        "end_time",
+        "attributes",
+        "events",
+        "links",
+        "status",
+        "dropped_attributes",
+        "dropped_events",
+        "_tracer",
         "gym_attempts",  # the attempts of a traced Gym request, when this is its CLIENT span (advice/pool.py)
     )
 
     dropped_links = 0
 
-    def __init__(self, tracer: "LeanTracer", name: str, context: SpanContext, parent: "SpanContext | None",
-                 kind: SpanKind, attributes: dict, links: tuple, start_time: int) -> None:
+    def __init__(
+        self,
+        tracer: LeanTracer,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes: dict,
+        links: tuple,
+        start_time: int,
+    ) -> None:
         self.name = name
         self.context = context
         self.parent = parent
         self.kind = kind
         self.attributes = attributes
         self.links = links
-        self.events: "list | tuple" = ()  # a list from the first event on
+        self.events: list | tuple = ()  # a list from the first event on
         self.status = _UNSET
         self.start_time = start_time
-        self.end_time: "int | None" = None
+        self.end_time: int | None = None
         self.dropped_attributes = 0
         self.dropped_events = 0
         self._tracer = tracer
-        self.gym_attempts: "int | None" = None
+        self.gym_attempts: int | None = None
 
     # what the SDK's ReadableSpan also offers, for processors and exporters
     @property
@@ -96,11 +118,11 @@ class LeanSpan(trace_api.Span):
     def is_recording(self) -> bool:
         return self.end_time is None
 
-    def set_attributes(self, attributes: "types.Attributes") -> None:
+    def set_attributes(self, attributes: types.Attributes) -> None:
         for key, value in (attributes or {}).items():
             self.set_attribute(key, value)
 
-    def set_attribute(self, key: str, value: "types.AttributeValue") -> None:
+    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
         if self.end_time is not None:
             logger.debug("setting attribute %r on an ended span", key)
             return
@@ -120,7 +142,7 @@ class LeanSpan(trace_api.Span):
             self.dropped_attributes += 1
         attributes[key] = value
 
-    def add_event(self, name: str, attributes: "types.Attributes" = None, timestamp: "int | None" = None) -> None:
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
         if self.end_time is not None:
             return
         if len(self.events) >= self._tracer.max_events:
@@ -130,7 +152,7 @@ class LeanSpan(trace_api.Span):
             self.events = []
         self.events.append(self._tracer.event(name, attributes, timestamp or _time_ns()))
 
-    def add_link(self, context: SpanContext, attributes: "types.Attributes" = None) -> None:
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         if self.end_time is not None or context is None or not context.is_valid:
             return
         self.links = self.links + (trace_api.Link(context, attributes),)
@@ -139,7 +161,7 @@ class LeanSpan(trace_api.Span):
         if self.end_time is None:
             self.name = name
 
-    def set_status(self, status: "Status | StatusCode", description: "str | None" = None) -> None:
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         # The SDK's rules: OK is final, UNSET is never set.
         if self.status.status_code is StatusCode.OK:
             return
@@ -149,20 +171,27 @@ class LeanSpan(trace_api.Span):
         elif isinstance(status, StatusCode) and status is not StatusCode.UNSET:
             self.status = Status(status, description)
 
-    def record_exception(self, exception: BaseException, attributes: "types.Attributes" = None,
-                         timestamp: "int | None" = None, escaped: bool = False) -> None:
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
         # As the SDK records it (our advice never calls this: it records the type only).
         event = {
             "exception.type": type(exception).__qualname__,
             "exception.message": str(exception),
-            "exception.stacktrace": "".join(traceback.format_exception(type(exception), exception, exception.__traceback__)),
+            "exception.stacktrace": "".join(
+                traceback.format_exception(type(exception), exception, exception.__traceback__)
+            ),
             "exception.escaped": str(escaped),
         }
         if attributes:
             event.update(attributes)
         self.add_event("exception", event, timestamp)
 
-    def end(self, end_time: "int | None" = None) -> None:
+    def end(self, end_time: int | None = None) -> None:
         if self.end_time is not None:
             logger.debug("calling end() on an ended span")
             return
@@ -201,9 +230,9 @@ class LeanTracer(trace_api.Tracer):
         # how the sampler decides roots (samplers.root_decision), for the sampler it was worked out
         # for: its fields (a mask of None: the sampler decides every root itself)
         self._roots_of: Any = _UNCHECKED
-        self._root_mask: "int | None" = None
+        self._root_mask: int | None = None
         self._root_bound = 0
-        self._root_kept: "str | None" = None
+        self._root_kept: str | None = None
         # whether the sampler keeps every child of a sampled parent (keeps_under_sampled_parent)
         self._keeps_of: Any = _UNCHECKED
         self._keeps = False
@@ -213,13 +242,13 @@ class LeanTracer(trace_api.Tracer):
         name: str,
         context: Any = None,
         kind: SpanKind = SpanKind.INTERNAL,
-        attributes: "types.Attributes" = None,
-        links: "Sequence[trace_api.Link] | None" = (),
-        start_time: "int | None" = None,
+        attributes: types.Attributes = None,
+        links: Sequence[trace_api.Link] | None = (),
+        start_time: int | None = None,
         record_exception: bool = True,
         set_status_on_exception: bool = True,
         *,
-        root_id: "int | None" = None,
+        root_id: int | None = None,
     ) -> trace_api.Span:
         """As the SDK tracer's; ``root_id``: the trace id ``decide_root(name)`` gave a root it
         did not drop (a root is decided once, whoever asks first)."""
@@ -245,9 +274,15 @@ class LeanTracer(trace_api.Tracer):
                     self._check_keeps()
                 if self._keeps:  # what the sampler would answer: sampled, these attributes, the parent's state
                     flags = _SAMPLED_RANDOM if random else _SAMPLED
-                    return self._recording(name, span_context(
-                        trace_id, self.id_generator.generate_span_id(), False, flags, parent.trace_state),
-                        parent, kind, attributes, links, start_time)
+                    return self._recording(
+                        name,
+                        span_context(trace_id, self.id_generator.generate_span_id(), False, flags, parent.trace_state),
+                        parent,
+                        kind,
+                        attributes,
+                        links,
+                        start_time,
+                    )
         result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
         decision = result.decision
         if decision.is_sampled():
@@ -259,8 +294,16 @@ class LeanTracer(trace_api.Tracer):
             return trace_api.NonRecordingSpan(context_made)
         return self._recording(name, context_made, parent, kind, result.attributes, links, start_time)
 
-    def _recording(self, name: str, context_made: SpanContext, parent: "SpanContext | None", kind: SpanKind,
-                   attributes: Any, links: Any, start_time: "int | None") -> "LeanSpan":
+    def _recording(
+        self,
+        name: str,
+        context_made: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes: Any,
+        links: Any,
+        start_time: int | None,
+    ) -> LeanSpan:
         values, invalid = _cleaned(attributes)
         span = LeanSpan(self, name, context_made, parent, kind, values, tuple(links), start_time or _time_ns())
         span.dropped_attributes = invalid
@@ -270,7 +313,7 @@ class LeanTracer(trace_api.Tracer):
             span.dropped_attributes += excess
         return span
 
-    def decide_root(self, name: str) -> "tuple[int, trace_api.NonRecordingSpan | None]":
+    def decide_root(self, name: str) -> tuple[int, trace_api.NonRecordingSpan | None]:
         """A new root's trace id, and the span the sampler would give it when it drops it
         on the trace id alone (its decision rests on nothing else), without asking it.
         For a caller that can skip its own work on a dropped root before starting it; a
@@ -280,9 +323,14 @@ class LeanTracer(trace_api.Tracer):
             self._check_roots()
         mask = self._root_mask
         if mask is not None and trace_id & mask >= self._root_bound and name != self._root_kept:
-            return trace_id, trace_api.NonRecordingSpan(span_context(
-                trace_id, self.id_generator.generate_span_id(), False,
-                _DEFAULT_RANDOM if self._random_root else _DEFAULT))
+            return trace_id, trace_api.NonRecordingSpan(
+                span_context(
+                    trace_id,
+                    self.id_generator.generate_span_id(),
+                    False,
+                    _DEFAULT_RANDOM if self._random_root else _DEFAULT,
+                )
+            )
         return trace_id, None
 
     def _check_keeps(self) -> None:
@@ -305,17 +353,22 @@ class LeanTracer(trace_api.Tracer):
         name: str,
         context: Any = None,
         kind: SpanKind = SpanKind.INTERNAL,
-        attributes: "types.Attributes" = None,
-        links: "Sequence[trace_api.Link] | None" = (),
-        start_time: "int | None" = None,
+        attributes: types.Attributes = None,
+        links: Sequence[trace_api.Link] | None = (),
+        start_time: int | None = None,
         record_exception: bool = True,
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
     ) -> Iterator[trace_api.Span]:
-        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
-                               set_status_on_exception)
-        return trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
-                                  set_status_on_exception=set_status_on_exception)
+        span = self.start_span(
+            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+        )
+        return trace_api.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        )
 
 
 def _asked(check: Any, sampler: Any, otherwise: Any) -> Any:
@@ -332,7 +385,7 @@ _PLAIN = (str, int, float, bool)
 _DROP = object()
 
 
-def _cleaned(attributes: Any) -> "tuple[dict, int]":
+def _cleaned(attributes: Any) -> tuple[dict, int]:
     """The attributes as the SDK would keep them (plain values as they are: our advice's
     own; anything else through the SDK's own validation), and how many it would drop."""
     values: dict = {}
@@ -369,7 +422,7 @@ def enabled() -> bool:
     return True
 
 
-def lean_tracer_for(provider: Any, sdk_tracer: Any) -> "LeanTracer | None":
+def lean_tracer_for(provider: Any, sdk_tracer: Any) -> LeanTracer | None:
     """A lean tracer when ``provider`` is an SDK provider whose only span processors are
     our encoding processors and whose limits are the defaults; else None."""
     from opentelemetry.sdk.trace import SpanLimits, Tracer

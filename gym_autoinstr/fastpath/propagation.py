@@ -41,6 +41,7 @@ _UNSAMPLED_ENDS = ("-00", "-02")  # how _SDK_UNSAMPLED's headers end
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
+
 @dataclass(slots=True)
 class _TextmapChecked:
     textmap: Any = None  # the global textmap last checked
@@ -57,10 +58,10 @@ _known = _TextmapChecked()
 # entry keeps its span alive, so an id cannot be reused while it is kept.
 _CACHE_MAX = 1024
 _extracted: dict[str, otel_context.Context] = {}
-unsampled_spans: dict[int, tuple[Any, str, "str | None"]] = {}
+unsampled_spans: dict[int, tuple[Any, str, str | None]] = {}
 
 
-def _runtime_var() -> "contextvars.ContextVar | None":
+def _runtime_var() -> contextvars.ContextVar | None:
     """The ContextVar behind ``opentelemetry.context`` when the runtime context is the
     API's default one (``contextvars``); None for any other (``OTEL_PYTHON_CONTEXT``)."""
     try:
@@ -69,8 +70,9 @@ def _runtime_var() -> "contextvars.ContextVar | None":
     except ImportError:  # pragma: no cover
         return None
     var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    return var if type(_RUNTIME_CONTEXT) is ContextVarsRuntimeContext and isinstance(
-        var, contextvars.ContextVar) else None
+    return (
+        var if type(_RUNTIME_CONTEXT) is ContextVarsRuntimeContext and isinstance(var, contextvars.ContextVar) else None
+    )
 
 
 # ``current_context``, ``attach`` and ``detach``: what ``opentelemetry.context``'s
@@ -122,8 +124,12 @@ def _span_layout() -> bool:
         values = dict(base)
         values[_SPAN_KEY] = sample
         made = otel_context.Context(values)
-        return _SPAN_KEY is not None and made == trace.set_span_in_context(sample, base) \
-            and trace.get_current_span(made) is sample and type(made) is type(trace.set_span_in_context(sample, base))
+        return (
+            _SPAN_KEY is not None
+            and made == trace.set_span_in_context(sample, base)
+            and trace.get_current_span(made) is sample
+            and type(made) is type(trace.set_span_in_context(sample, base))
+        )
     except Exception:  # pragma: no cover (another API)
         return False
 
@@ -204,8 +210,9 @@ _MAX_TRACE_ID = (1 << 128) - 1
 _MAX_SPAN_ID = (1 << 64) - 1
 
 
-def _span_context_by_constructor(trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags,
-                                 trace_state: "TraceState | None" = None) -> SpanContext:
+def _span_context_by_constructor(
+    trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags, trace_state: TraceState | None = None
+) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=is_remote, trace_flags=trace_flags, trace_state=trace_state)
 
 
@@ -218,28 +225,50 @@ def _span_context_by_layout() -> Any:
         from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
         def fields(made: Any) -> tuple:
-            return (tuple(made), made.trace_id, made.span_id, made.is_remote, made.trace_flags, made.trace_state,
-                    made.is_valid, type(made))
+            return (
+                tuple(made),
+                made.trace_id,
+                made.span_id,
+                made.is_remote,
+                made.trace_flags,
+                made.trace_state,
+                made.is_valid,
+                type(made),
+            )
 
         state = TraceState([("k", "v")])
         samples = [  # (the constructor's arguments, the tuple it should hold)
-            ((0x1F, 0x2F, True, _UNSAMPLED_FLAGS, None), (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, DEFAULT_TRACE_STATE, True)),
+            (
+                (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, None),
+                (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, DEFAULT_TRACE_STATE, True),
+            ),
             ((0x1F, 0, False, TraceFlags(1), state), (0x1F, 0, False, TraceFlags(1), state, False)),
         ]
         same = all(
-            fields(SpanContext(t, s, is_remote=r, trace_flags=f, trace_state=ts)) == fields(tuple.__new__(SpanContext, made))
-            for (t, s, r, f, ts), made in samples)
+            fields(SpanContext(t, s, is_remote=r, trace_flags=f, trace_state=ts))
+            == fields(tuple.__new__(SpanContext, made))
+            for (t, s, r, f, ts), made in samples
+        )
     except Exception:  # pragma: no cover (another API)
         same = False
     if not same:  # pragma: no cover
         return _span_context_by_constructor
     new = tuple.__new__
 
-    def span_context(trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags,
-                     trace_state: "TraceState | None" = None) -> SpanContext:
-        return new(SpanContext, (trace_id, span_id, is_remote, trace_flags,
-                                 DEFAULT_TRACE_STATE if trace_state is None else trace_state,
-                                 0 < trace_id <= _MAX_TRACE_ID and 0 < span_id <= _MAX_SPAN_ID))
+    def span_context(
+        trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags, trace_state: TraceState | None = None
+    ) -> SpanContext:
+        return new(
+            SpanContext,
+            (
+                trace_id,
+                span_id,
+                is_remote,
+                trace_flags,
+                DEFAULT_TRACE_STATE if trace_state is None else trace_state,
+                0 < trace_id <= _MAX_TRACE_ID and 0 < span_id <= _MAX_SPAN_ID,
+            ),
+        )
 
     return span_context
 
@@ -265,7 +294,7 @@ def _context_of_span_by_layout() -> Any:
 context_of_span = _context_of_span_by_layout()
 
 
-def _no_baggage(context: "otel_context.Context | None" = None) -> bool:
+def _no_baggage(context: otel_context.Context | None = None) -> bool:
     if _BAGGAGE_KEY is None:  # pragma: no cover
         return not otel_baggage.get_all(context)
     return not (otel_context.get_current() if context is None else context).get(_BAGGAGE_KEY)
@@ -282,8 +311,10 @@ def w3c_default() -> bool:
 
     inner = getattr(textmap, "_propagators", None) if type(textmap) is CompositePropagator else [textmap]
     kinds = [type(p) for p in inner or ()]
-    w3c = bool(kinds) and kinds[0] is TraceContextTextMapPropagator and all(
-        k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds
+    w3c = (
+        bool(kinds)
+        and kinds[0] is TraceContextTextMapPropagator
+        and all(k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds)
     )
     _known.textmap, _known.w3c = textmap, w3c
     return w3c
@@ -296,13 +327,15 @@ def traceparent(span_context: SpanContext) -> str:
     """The ``traceparent`` the SDK's propagator writes for a valid ``span_context``.  The
     ids through ``bytes.hex`` (a format spec per id costs about twice as much)."""
     try:
-        return (f"00-{span_context.trace_id.to_bytes(16, 'big').hex()}-{span_context.span_id.to_bytes(8, 'big').hex()}"
-                f"-{_FLAGS_HEX[span_context.trace_flags]}")
+        return (
+            f"00-{span_context.trace_id.to_bytes(16, 'big').hex()}-{span_context.span_id.to_bytes(8, 'big').hex()}"
+            f"-{_FLAGS_HEX[span_context.trace_flags]}"
+        )
     except (OverflowError, IndexError, TypeError, AttributeError):  # ids or flags out of range: as the SDK formats
         return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
 
 
-def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None" = None) -> None:
+def inject_span(span: Any, carrier: dict, context: otel_context.Context | None = None) -> None:
     """Write ``span``'s context (and the baggage of ``context``, default the current one)
     into ``carrier`` as the global propagator would with ``span`` current."""
     if not w3c_default() or not _no_baggage(context):
@@ -330,7 +363,7 @@ def inject_span(span: Any, carrier: dict, context: "otel_context.Context | None"
         carrier["tracestate"] = span_context.trace_state.to_header()
 
 
-def unsampled_entry(span: Any) -> "tuple[Any, str, str | None] | None":
+def unsampled_entry(span: Any) -> tuple[Any, str, str | None] | None:
     """(``span``, its traceparent, its tracestate header or None) when ``span``'s context is
     valid and unsampled, formatted once while kept; else None."""
     hit = unsampled_spans.get(id(span))
@@ -346,7 +379,7 @@ def unsampled_entry(span: Any) -> "tuple[Any, str, str | None] | None":
     return hit
 
 
-def unsampled_headers(span: Any, context: otel_context.Context) -> "dict[str, str] | None":
+def unsampled_headers(span: Any, context: otel_context.Context) -> dict[str, str] | None:
     """A new dict of what ``inject_span(span, carrier, context)`` writes, for ``span``
     valid and unsampled (``sampling.dropped_span``'s); None when the global propagator is
     not W3C's or ``context`` has baggage (then ``inject_span`` itself)."""
@@ -385,7 +418,7 @@ def keep_own_root(header: str, context: otel_context.Context) -> None:
     _own_roots[header] = context
 
 
-def unsampled_lone(header: str) -> "otel_context.Context | None":
+def unsampled_lone(header: str) -> otel_context.Context | None:
     """``extract({"traceparent": header})`` for a lone traceparent in the form the SDK
     writes an unsampled context in (``00-<trace id>-<span id>-00``, or ``-02`` when its
     trace id is marked random, as the SDK marks every root it makes from random ids),

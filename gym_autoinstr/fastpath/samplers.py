@@ -6,7 +6,8 @@ samplers decide, read off their objects, so that a fast path can skip asking the
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
@@ -22,12 +23,12 @@ class JobKeepingSampler(Sampler):
 
     def should_sample(
         self,
-        parent_context: Optional[Any],
+        parent_context: Any | None,
         trace_id: int,
         name: str,
         kind: Any = None,
         attributes: Any = None,
-        links: Optional[Sequence[Any]] = None,
+        links: Sequence[Any] | None = None,
         trace_state: Any = None,
     ) -> SamplingResult:
         if name == JOB_SPAN_NAME and not trace.get_current_span(parent_context).get_span_context().is_valid:
@@ -53,8 +54,9 @@ def keeps_under_sampled_parent(sampler: Any) -> bool:
     attributes, the parent's trace state), whatever its name, kind, attributes and links:
     the stock ``ParentBased`` (every ``parentbased_*`` choice) with the SDK's defaults for
     sampled parents.  The lean tracer then starts such a span without asking it."""
-    return _parent_delegates_decide(sampler, Decision.RECORD_AND_SAMPLE, "_remote_parent_sampled",
-                                    "_local_parent_sampled")
+    return _parent_delegates_decide(
+        sampler, Decision.RECORD_AND_SAMPLE, "_remote_parent_sampled", "_local_parent_sampled"
+    )
 
 
 def _parent_delegates_decide(sampler: Any, decision: Any, *delegates: str) -> bool:
@@ -68,8 +70,10 @@ def _parent_delegates_decide(sampler: Any, decision: Any, *delegates: str) -> bo
         sampler = sampler.delegate
     if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not ParentBased.should_sample:
         return False
-    return all(isinstance(d, StaticSampler) and getattr(d, "_decision", None) is decision
-               for d in (getattr(sampler, name, None) for name in delegates))
+    return all(
+        isinstance(d, StaticSampler) and getattr(d, "_decision", None) is decision
+        for d in (getattr(sampler, name, None) for name in delegates)
+    )
 
 
 def _stock_parent_based(sampler: Any) -> bool:
@@ -80,7 +84,8 @@ def _stock_parent_based(sampler: Any) -> bool:
 
     cls = type(sampler)
     return cls is sdk_sampling.ParentBased or (
-        cls is getattr(sdk_sampling, "ParentBasedTraceIdRatio", None) and "should_sample" not in vars(cls))
+        cls is getattr(sdk_sampling, "ParentBasedTraceIdRatio", None) and "should_sample" not in vars(cls)
+    )
 
 
 class RootDecision(NamedTuple):
@@ -89,10 +94,10 @@ class RootDecision(NamedTuple):
 
     mask: int
     bound: int
-    kept: "str | None"  # gym.job when the job-keeping wrapper is there, else None
+    kept: str | None  # gym.job when the job-keeping wrapper is there, else None
 
 
-def root_decision(sampler: Any) -> "RootDecision | None":
+def root_decision(sampler: Any) -> RootDecision | None:
     """When ``sampler`` decides a root span by its trace id alone (``parentbased_traceidratio``,
     ``parentbased_always_off``, either wrapped in ``JobKeepingSampler``): ``(mask, bound,
     kept)``, where a root is dropped when ``trace_id & mask >= bound`` and its name is not

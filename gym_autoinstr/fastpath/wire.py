@@ -18,8 +18,8 @@ format is needed: varints, fixed64/fixed32 and length-delimited fields.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
@@ -105,7 +105,7 @@ _KV_CACHE: dict[tuple[bytes, str, Any, type], bytes] = {}
 _KV_CACHE_MAX = 4096
 
 
-def attributes(tag: bytes, attrs: "Mapping[str, Any] | None", skipped: "list[str] | None" = None) -> bytes:
+def attributes(tag: bytes, attrs: Mapping[str, Any] | None, skipped: list[str] | None = None) -> bytes:
     """Every attribute as a repeated KeyValue field ``tag``; values that cannot be encoded
     are left out (as the SDK's encoder does) and their keys appended to ``skipped``."""
     if not attrs:
@@ -223,8 +223,10 @@ def _links(links: Iterable[Any]) -> bytes:
     for link in links:
         context = link.context
         body = (
-            b"\x0a\x10" + context.trace_id.to_bytes(16, "big")
-            + b"\x12\x08" + context.span_id.to_bytes(8, "big")
+            b"\x0a\x10"
+            + context.trace_id.to_bytes(16, "big")
+            + b"\x12\x08"
+            + context.span_id.to_bytes(8, "big")
             + attributes(b"\x22", link.attributes)
         )
         dropped = link.dropped_attributes
@@ -235,7 +237,7 @@ def _links(links: Iterable[Any]) -> bytes:
     return b"".join(parts)
 
 
-def span(sdk_span: Any, skipped: "list[str] | None" = None) -> bytes:
+def span(sdk_span: Any, skipped: list[str] | None = None) -> bytes:
     """One ended SDK span as the bytes of an OTLP ``Span`` message (without its tag)."""
     context = sdk_span.context
     parent = sdk_span.parent
@@ -302,7 +304,7 @@ def scope(instrumentation_scope: Any) -> bytes:
     return body + attributes(b"\x1a", getattr(instrumentation_scope, "attributes", None))
 
 
-def _container(head: bytes, items: Sequence[bytes], schema_url: "str | None") -> bytes:
+def _container(head: bytes, items: Sequence[bytes], schema_url: str | None) -> bytes:
     """The body shared by ``ScopeSpans`` and ``ResourceSpans``: field 1 (the scope or
     resource), field 2 repeated (spans or scope spans), field 3 the schema URL."""
     body = [_field(b"\x0a", head)]
@@ -313,12 +315,12 @@ def _container(head: bytes, items: Sequence[bytes], schema_url: "str | None") ->
     return b"".join(body)
 
 
-def scope_spans(scope_bytes: bytes, schema_url: "str | None", spans: Sequence[bytes]) -> bytes:
+def scope_spans(scope_bytes: bytes, schema_url: str | None, spans: Sequence[bytes]) -> bytes:
     """A ``ScopeSpans`` message: scope=1, spans=2, schema_url=3."""
     return _container(scope_bytes, spans, schema_url)
 
 
-def export_request(resource_bytes: bytes, resource_schema_url: "str | None", scopes: Sequence[bytes]) -> bytes:
+def export_request(resource_bytes: bytes, resource_schema_url: str | None, scopes: Sequence[bytes]) -> bytes:
     """An ``ExportTraceServiceRequest`` with one ``ResourceSpans`` (resource=1,
     scope_spans=2, schema_url=3) holding the given ``ScopeSpans`` messages."""
     return _field(b"\x0a", _container(resource_bytes, scopes, resource_schema_url))

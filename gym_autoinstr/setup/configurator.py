@@ -36,13 +36,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
-from gym_autoinstr.fastpath import batching
-
-from gym_autoinstr.setup import files, identity
-
-from gym_autoinstr.telemetry import sampling
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.fastpath import batching
+from gym_autoinstr.setup import files, identity
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
+from gym_autoinstr.telemetry import sampling
 
 # Batch settings for Gym's scale (thousands of concurrent rollouts): a deep queue so a
 # burst is absorbed instead of dropped, large batches, and a short delay so that little
@@ -81,9 +79,9 @@ def foreign(provider: Any) -> str:
 @dataclass
 class ConfiguratorState:
     # None until configured; a ConfiguredBy, or foreign(provider)'s string
-    configured_by: "ConfiguredBy | str | None" = None
+    configured_by: ConfiguredBy | str | None = None
     exporters: list[str] = field(default_factory=list)  # labels of the span exporters
-    identity: "identity.ProcessIdentity | None" = None
+    identity: identity.ProcessIdentity | None = None
     metrics: bool = False  # our request metrics are recorded
     logs: bool = False  # log records are exported
 
@@ -97,7 +95,7 @@ def _otlp_protocol() -> str:
     return env.OTLP_TRACES_PROTOCOL.read()
 
 
-def _otlp_exporter(protocol: str) -> "SpanExporter | None":
+def _otlp_exporter(protocol: str) -> SpanExporter | None:
     order = [protocol] + [p for p in _OTLP_EXPORTERS if p != protocol]
     for candidate in order:
         module_name, package = _OTLP_EXPORTERS[candidate]
@@ -131,7 +129,7 @@ def _otlp_exporter(protocol: str) -> "SpanExporter | None":
     return None
 
 
-def _entry_point_exporter(name: str) -> "SpanExporter | None":
+def _entry_point_exporter(name: str) -> SpanExporter | None:
     from importlib.metadata import entry_points
 
     for entry_point in entry_points(group="opentelemetry_traces_exporter"):
@@ -145,7 +143,7 @@ def _entry_point_exporter(name: str) -> "SpanExporter | None":
     return None
 
 
-def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[str, SpanExporter]]:
+def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[str, SpanExporter]]:
     if files.embedded_default_applies():
         who = who or identity.detect()
         directory = files.resolve_output_dir(identity.run_id())
@@ -176,7 +174,7 @@ def span_exporters(who: "identity.ProcessIdentity | None" = None) -> list[tuple[
     return exporters
 
 
-def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] | None" = None) -> TracerProvider:
+def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] | None = None) -> TracerProvider:
     resource = Resource.create({**identity.resource_attributes(who), **(extra or {})})
     provider = TracerProvider(resource=resource, sampler=sampling.configured_sampler(), shutdown_on_exit=False)
     for label, exporter in span_exporters(who):
@@ -198,7 +196,7 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: "dict[str, Any] 
 METRIC_EXPORT_INTERVAL_MS = env.METRIC_EXPORT_INTERVAL.default  # 10000
 
 
-def _metric_exporter(name: str, who: "identity.ProcessIdentity | None") -> Any:
+def _metric_exporter(name: str, who: identity.ProcessIdentity | None) -> Any:
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
     if name == "files":
@@ -221,7 +219,7 @@ def _metric_exporter(name: str, who: "identity.ProcessIdentity | None") -> Any:
     return None
 
 
-def metric_readers(who: "identity.ProcessIdentity | None" = None) -> list[Any]:
+def metric_readers(who: identity.ProcessIdentity | None = None) -> list[Any]:
     """Metric readers from ``OTEL_METRICS_EXPORTER``, defaulting to where spans go: OTLP
     when an OTLP endpoint is configured, the run directory in the embedded file default."""
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -248,11 +246,12 @@ def metric_readers(who: "identity.ProcessIdentity | None" = None) -> list[Any]:
     return readers
 
 
-def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
+def _configure_metrics(resource: Resource, who: identity.ProcessIdentity | None = None) -> None:
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from gym_autoinstr.telemetry import metrics as gym_metrics, runtime
+    from gym_autoinstr.telemetry import metrics as gym_metrics
+    from gym_autoinstr.telemetry import runtime
 
     readers = metric_readers(who)
     if readers:
@@ -278,7 +277,7 @@ def _configure_metrics(resource: Resource, who: "identity.ProcessIdentity | None
             runtime.start(who)
 
 
-def _configure_logs(resource: Resource, who: "identity.ProcessIdentity | None" = None) -> None:
+def _configure_logs(resource: Resource, who: identity.ProcessIdentity | None = None) -> None:
     from gym_autoinstr.setup import logs
 
     STATE.logs = logs.configure(resource, who, otlp_protocol=_otlp_protocol)
@@ -288,7 +287,7 @@ def _flush_at_exit() -> None:
     flush(reason="process exit")
 
 
-def configure_process() -> "TracerProvider | None":
+def configure_process() -> TracerProvider | None:
     """Set up the SDK for this process if it is part of a Gym fleet; idempotent."""
     if STATE.configured_by is not None:
         return None
@@ -323,29 +322,32 @@ def configure_process() -> "TracerProvider | None":
 # What a Gym process hands a Ray worker with each task, so that the worker exports where
 # the fleet does even when the task's runtime_env or the cluster's own environment
 # differs.  Never headers, certificates or keys: those stay in the worker's environment.
-RAY_WORKER_SETTINGS = tuple(setting.name for setting in (
-    env.SDK_DISABLED,
-    env.SERVICE_NAME,
-    env.TRACES_EXPORTER,
-    env.OTLP_ENDPOINT,
-    env.OTLP_TRACES_ENDPOINT,
-    env.OTLP_PROTOCOL,
-    env.OTLP_TRACES_PROTOCOL,
-    env.OTLP_INSECURE,
-    env.OTLP_TRACES_INSECURE,
-    env.OTLP_TIMEOUT,
-    env.OTLP_TRACES_TIMEOUT,
-    env.BSP_SCHEDULE_DELAY,
-    env.BSP_MAX_QUEUE_SIZE,
-    env.BSP_MAX_EXPORT_BATCH_SIZE,
-    env.BSP_EXPORT_TIMEOUT,
-    env.SERVICE_NAME_SUFFIX,
-    env.OUTPUT_DIR,
-    env.FILE_MAX_MB,
-    env.FLUSH_TIMEOUT_MS,
-    env.RUN_ID,
-    env.GYM_RUN_ID,
-))
+RAY_WORKER_SETTINGS = tuple(
+    setting.name
+    for setting in (
+        env.SDK_DISABLED,
+        env.SERVICE_NAME,
+        env.TRACES_EXPORTER,
+        env.OTLP_ENDPOINT,
+        env.OTLP_TRACES_ENDPOINT,
+        env.OTLP_PROTOCOL,
+        env.OTLP_TRACES_PROTOCOL,
+        env.OTLP_INSECURE,
+        env.OTLP_TRACES_INSECURE,
+        env.OTLP_TIMEOUT,
+        env.OTLP_TRACES_TIMEOUT,
+        env.BSP_SCHEDULE_DELAY,
+        env.BSP_MAX_QUEUE_SIZE,
+        env.BSP_MAX_EXPORT_BATCH_SIZE,
+        env.BSP_EXPORT_TIMEOUT,
+        env.SERVICE_NAME_SUFFIX,
+        env.OUTPUT_DIR,
+        env.FILE_MAX_MB,
+        env.FLUSH_TIMEOUT_MS,
+        env.RUN_ID,
+        env.GYM_RUN_ID,
+    )
+)
 _ray_worker_lock = threading.Lock()
 
 
@@ -354,7 +356,7 @@ def ray_worker_settings() -> dict[str, str]:
     return {name: os.environ[name] for name in RAY_WORKER_SETTINGS if name in os.environ}
 
 
-def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: "str | None") -> bool:
+def configure_ray_worker(server_name: str, settings: dict[str, str], node_id: str | None) -> bool:
     """Give this Ray worker a tracer provider, the first time it runs a task a Gym process
     submitted; True when spans from here are exported.  Idempotent and thread-safe.
 
@@ -396,7 +398,7 @@ def configure_ray_worker(server_name: str, settings: "dict[str, str]", node_id: 
         return True
 
 
-def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
+def configure_ray_orchestrator(extra: dict[str, Any]) -> bool:
     """Make this Ray worker a Gym orchestrator, the first time it runs Gym's orchestration
     (starts a fleet or collects rollouts: NeMo RL's ``NemoGym`` actor); True when it is one
     now.  Idempotent and thread-safe.
@@ -446,7 +448,7 @@ def configure_ray_orchestrator(extra: "dict[str, Any]") -> bool:
         return True
 
 
-def _ray_worker_becomes_orchestrator(extra: "dict[str, Any]") -> bool:
+def _ray_worker_becomes_orchestrator(extra: dict[str, Any]) -> bool:
     """An actor that ran a traced method call first (our provider, built for a Ray worker
     doing a Gym server's work) and then starts Gym: the provider stays (it is the global
     one), its resource becomes the orchestrator's, for the tracers it handed out too."""
@@ -455,7 +457,9 @@ def _ray_worker_becomes_orchestrator(extra: "dict[str, Any]") -> bool:
         os.environ[identity.SHARD_VARIABLE] = str(shard)
     who = identity.ray_orchestrator()
     provider = trace.get_tracer_provider()
-    resource = Resource.create({**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}})
+    resource = Resource.create(
+        {**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}}
+    )
     try:
         provider._resource = resource  # type: ignore[attr-defined]
         for handed_out in list(getattr(provider, "_tracers", {}).values()):  # SDK 1.39+ keeps them

@@ -22,8 +22,9 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -38,14 +39,14 @@ DEFAULT_PARENT = "gym-autoinstr-runs"
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 
-def embedded_default_applies(environ: "dict[str, str] | os._Environ[str] | None" = None) -> bool:
+def embedded_default_applies(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
     return not any(
         setting.raw(environ)
         for setting in (settings.OTLP_ENDPOINT, settings.OTLP_TRACES_ENDPOINT, settings.TRACES_EXPORTER)
     )
 
 
-def resolve_output_dir(run_id: "str | None", environ: "dict[str, str] | os._Environ[str] | None" = None) -> Path:
+def resolve_output_dir(run_id: str | None, environ: dict[str, str] | os._Environ[str] | None = None) -> Path:
     """The run directory: set once (by the orchestrator, or the user) and inherited."""
     environ = os.environ if environ is None else environ
     configured = settings.OUTPUT_DIR.raw(environ)
@@ -169,7 +170,12 @@ def metric_exporter(directory: Path, file_stem: str) -> Any:
             try:
                 line = encode_metrics_json(metrics_data)
             except Exception as error:
-                warn_once(f"file-metrics-encode:{type(error).__name__}", "could not encode metrics for %s: %r", self.lines.path, error)
+                warn_once(
+                    f"file-metrics-encode:{type(error).__name__}",
+                    "could not encode metrics for %s: %r",
+                    self.lines.path,
+                    error,
+                )
                 return MetricExportResult.FAILURE
             ok = self.lines.write_line(line)
             return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
@@ -201,9 +207,16 @@ def log_exporter(directory: Path, file_stem: str) -> Any:
             from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 
             try:
-                line = json.dumps(_hex_ids(MessageToDict(encode_logs(batch), use_integers_for_enums=True)), separators=(",", ":"))
+                line = json.dumps(
+                    _hex_ids(MessageToDict(encode_logs(batch), use_integers_for_enums=True)), separators=(",", ":")
+                )
             except Exception as error:
-                warn_once(f"file-logs-encode:{type(error).__name__}", "could not encode logs for %s: %r", self.lines.path, error)
+                warn_once(
+                    f"file-logs-encode:{type(error).__name__}",
+                    "could not encode logs for %s: %r",
+                    self.lines.path,
+                    error,
+                )
                 return LogExportResult.FAILURE
             return LogExportResult.SUCCESS if self.lines.write_line(line) else LogExportResult.FAILURE
 
@@ -232,7 +245,7 @@ def _value(any_value: dict) -> Any:
     return None
 
 
-def _attributes(key_values: "list[dict] | None") -> dict[str, Any]:
+def _attributes(key_values: list[dict] | None) -> dict[str, Any]:
     return {kv["key"]: _value(kv.get("value", {})) for kv in key_values or ()}
 
 
@@ -274,7 +287,7 @@ def spans_from_request(request: dict) -> Iterator[dict]:
                 }
 
 
-def json_lines(lines: "Iterable[str]", source: str = "") -> Iterator[dict]:
+def json_lines(lines: Iterable[str], source: str = "") -> Iterator[dict]:
     """The OTLP-JSON requests of a ``.jsonl`` file (spans, metrics or logs), one per line;
     a line that is not JSON (a write cut short) is skipped with one message."""
     for number, line in enumerate(lines, 1):
@@ -284,10 +297,12 @@ def json_lines(lines: "Iterable[str]", source: str = "") -> Iterator[dict]:
         try:
             yield json.loads(line)
         except json.JSONDecodeError:
-            warn_once(f"read:{source}:{number}", "skipping %s line %d: not JSON (a partial write?)", source or "input", number)
+            warn_once(
+                f"read:{source}:{number}", "skipping %s line %d: not JSON (a partial write?)", source or "input", number
+            )
 
 
-def read_lines(lines: "Iterable[str]", source: str = "") -> Iterator[dict]:
+def read_lines(lines: Iterable[str], source: str = "") -> Iterator[dict]:
     for request in json_lines(lines, source):
         yield from spans_from_request(request)
 
@@ -298,7 +313,11 @@ def read_path(path: Path) -> list[dict]:
 
     if str(path) == "-":
         return list(read_lines(iter(sys.stdin), "stdin"))
-    files = sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))) if path.is_dir() else [path]
+    files = (
+        sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX)))
+        if path.is_dir()
+        else [path]
+    )
     spans: list[dict] = []
     for file in files:
         with open(file, encoding="utf-8") as handle:

@@ -68,7 +68,7 @@ class _Flusher:
         # flush cannot finish either: it is queued, not waited for, so the waits of
         # one shutdown (lifespan, uvicorn exit, atexit) do not add up past Gym's grace.
         self._abandoned = 0
-        self._thread: "threading.Thread | None" = None
+        self._thread: threading.Thread | None = None
         self._pid = 0
 
     def start(self) -> bool:
@@ -127,7 +127,7 @@ _STUCK_AFTER_SECONDS = 1.0
 
 @dataclass(slots=True)
 class _Exports:
-    since: "float | None" = None  # when the running export started (monotonic)
+    since: float | None = None  # when the running export started (monotonic)
     failing: bool = False  # the last export failed
 
 
@@ -178,7 +178,7 @@ def request_flush() -> bool:
     return _flusher.request()
 
 
-def flush(timeout: "float | None" = None, *, reason: str = "") -> bool:
+def flush(timeout: float | None = None, *, reason: str = "") -> bool:
     """Flush spans and metrics, waiting at most ``timeout`` seconds; True if it finished."""
     timeout = flush_timeout_seconds() if timeout is None else timeout
     if exports_stuck():
@@ -206,7 +206,7 @@ def flush(timeout: "float | None" = None, *, reason: str = "") -> bool:
     return finished
 
 
-async def flush_async(timeout: "float | None" = None, *, reason: str = "") -> bool:
+async def flush_async(timeout: float | None = None, *, reason: str = "") -> bool:
     """``flush`` for code running on an event loop: the loop keeps running meanwhile."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, lambda: flush(timeout, reason=reason))

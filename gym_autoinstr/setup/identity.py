@@ -13,6 +13,7 @@ import os
 import sys
 import uuid
 from dataclasses import dataclass
+
 from gym_autoinstr import settings
 
 # What the orchestrator sets so that every process it starts shares one run id.
@@ -72,7 +73,7 @@ def _is_ray_process(argv: list[str]) -> bool:
 RAY_WORKER_SCRIPT = "/ray/_private/workers/default_worker.py"
 
 
-def is_ray_worker(argv: "list[str] | None" = None) -> bool:
+def is_ray_worker(argv: list[str] | None = None) -> bool:
     """A Ray worker process (it runs tasks and actors), as opposed to Ray's daemons (GCS,
     raylet, dashboard and its agents, log monitor), which run other scripts."""
     argv = _command_line() if argv is None else argv
@@ -99,7 +100,7 @@ def _program_name(argv: list[str]) -> str:
     return base[:-3] if base.endswith(".py") else base
 
 
-def detect(environ: "dict[str, str] | os._Environ[str] | None" = None) -> ProcessIdentity:
+def detect(environ: dict[str, str] | os._Environ[str] | None = None) -> ProcessIdentity:
     environ = os.environ if environ is None else environ
     argv = _command_line()
     if _is_ray_process(argv):
@@ -113,7 +114,7 @@ def detect(environ: "dict[str, str] | os._Environ[str] | None" = None) -> Proces
     return ProcessIdentity(Role.PROCESS, program)
 
 
-def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: bool = False) -> "str | None":
+def run_id(environ: dict[str, str] | os._Environ[str] | None = None, *, mint: bool = False) -> str | None:
     """The fleet's run id: explicit settings first, then one the orchestrator minted.
 
     With ``mint`` (the orchestrator), a new id is created when none is set and exported
@@ -131,7 +132,7 @@ def run_id(environ: "dict[str, str] | os._Environ[str] | None" = None, *, mint: 
     return None
 
 
-def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Environ[str] | None" = None) -> str:
+def service_name(identity: ProcessIdentity, environ: dict[str, str] | os._Environ[str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     base = settings.SERVICE_NAME.raw(environ) or DEFAULT_SERVICE_NAMESPACE
     if not settings.SERVICE_NAME_SUFFIX.read(environ):
@@ -141,7 +142,7 @@ def service_name(identity: ProcessIdentity, environ: "dict[str, str] | os._Envir
     return f"{base}/{identity.name}"
 
 
-def gym_version() -> "str | None":
+def gym_version() -> str | None:
     try:
         from importlib.metadata import version
 
@@ -150,7 +151,9 @@ def gym_version() -> "str | None":
         return None
 
 
-def resource_attributes(identity: ProcessIdentity, environ: "dict[str, str] | os._Environ[str] | None" = None) -> dict[str, str]:
+def resource_attributes(
+    identity: ProcessIdentity, environ: dict[str, str] | os._Environ[str] | None = None
+) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     attributes = {
         "service.name": service_name(identity, environ),
@@ -198,7 +201,7 @@ def _host_name() -> str:
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 
 
-def _server_type_from_directory() -> "str | None":
+def _server_type_from_directory() -> str | None:
     # Gym starts every server from its own directory, <type>/<implementation>/.
     try:
         parent = os.path.basename(os.path.dirname(os.getcwd()))

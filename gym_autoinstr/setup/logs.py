@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 
 LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
-
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ _state = _LogsState()
 class _WithTraceIds(logging.Formatter):
     """The handler's own formatter, plus the current trace and span ids when there are any."""
 
-    def __init__(self, inner: "logging.Formatter | None") -> None:
+    def __init__(self, inner: logging.Formatter | None) -> None:
         super().__init__()
         self.inner = inner or logging.Formatter()
 
@@ -73,7 +73,7 @@ def _correlate_lines(logger: logging.Logger, ours: Any) -> None:
             handler.setFormatter(_WithTraceIds(handler.formatter))
 
 
-def requested(environ: "os._Environ[str] | dict[str, str] | None" = None) -> list[str]:
+def requested(environ: os._Environ[str] | dict[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     raw = (settings.LOGS_EXPORTER.raw(environ) or "").strip().lower()
     names = [n.strip() for n in raw.split(",") if n.strip() and n.strip() != "none"]
@@ -108,7 +108,11 @@ def _exporter(name: str, who: Any, otlp_protocol: Callable[[], str]) -> Any:
 
         who = who or identity.detect()
         return files.log_exporter(files.resolve_output_dir(identity.run_id()), identity.service_name(who))
-    warn_once(f"logs-exporter:{name}", "OTEL_LOGS_EXPORTER=%r is not supported here (otlp, console, files, none); no logs from it.", name)
+    warn_once(
+        f"logs-exporter:{name}",
+        "OTEL_LOGS_EXPORTER=%r is not supported here (otlp, console, files, none); no logs from it.",
+        name,
+    )
     return None
 
 
@@ -176,5 +180,3 @@ def attach_to_uvicorn() -> None:
             _correlate_lines(logging.getLogger(), handler)
     except Exception as error:
         warn_once("logs-uvicorn", "uvicorn's log lines are not exported: %r", error)
-
-

@@ -74,7 +74,7 @@ def parse_spec(spec: str, *, source: str = "span group spec") -> frozenset[str]:
     return frozenset(enabled)
 
 
-def groups_from_environment(environ: "os._Environ[str] | dict[str, str] | None" = None) -> frozenset[str]:
+def groups_from_environment(environ: os._Environ[str] | dict[str, str] | None = None) -> frozenset[str]:
     for setting in (settings.SPAN_GROUPS, settings.GYM_SPAN_GROUPS):
         spec = setting.raw(environ)
         if spec is not None:
@@ -86,7 +86,7 @@ def groups_from_environment(environ: "os._Environ[str] | dict[str, str] | None" 
 ENABLED: frozenset[str] = groups_from_environment()
 
 
-def reload(environ: "dict[str, str] | None" = None) -> frozenset[str]:
+def reload(environ: dict[str, str] | None = None) -> frozenset[str]:
     """Re-read the spec (at instrument time, and in tests)."""
     global ENABLED
     ENABLED = groups_from_environment(environ)

@@ -29,13 +29,14 @@ Reward and accuracy are never mirrored into telemetry.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import metrics
 
 from gym_autoinstr._log import warn_once
-from gym_autoinstr.version import __version__
 from gym_autoinstr.fastpath import histograms
+from gym_autoinstr.version import __version__
 
 # True once `activate()` ran with a real meter provider: every recorder checks it first.
 LIVE = False
@@ -48,13 +49,29 @@ SUCCESS, FAILURE = "success", "failure"
 
 # Milliseconds.  The SDK's default boundaries stop at 10 s; a rollout or a reasoning
 # model's call runs for minutes.
-DURATION_BOUNDARIES_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
-                          120_000, 300_000, 600_000, 1_800_000)
+DURATION_BOUNDARIES_MS = (
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    30_000,
+    60_000,
+    120_000,
+    300_000,
+    600_000,
+    1_800_000,
+)
 # Gym's sandbox buckets: 250 ms to 30 min.
 SANDBOX_BOUNDARIES_MS = (250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000)
 SANDBOX_PROVIDER = "nemo.gym.sandbox.provider"
-TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000,
-                      120_000, 300_000)
+TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000)
 
 # The semantic conventions' advice for http.server.request.duration, extended to Gym's minutes.
 HTTP_BOUNDARIES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 120, 300, 600)
@@ -62,16 +79,42 @@ HTTP_BOUNDARIES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2
 # key, name, unit, description, bucket boundaries
 _HISTOGRAMS = (
     ("duration", "http.server.request.duration", "s", "Duration of HTTP server requests.", HTTP_BOUNDARIES_S),
-    ("rollout", "gym.rollout.duration_ms", "ms", "Duration of one rollout (agent /run), failures included.",
-     DURATION_BOUNDARIES_MS),
-    ("verify", "gym.verify.duration_ms", "ms", "Duration of one verification (resources /verify).", DURATION_BOUNDARIES_MS),
+    (
+        "rollout",
+        "gym.rollout.duration_ms",
+        "ms",
+        "Duration of one rollout (agent /run), failures included.",
+        DURATION_BOUNDARIES_MS,
+    ),
+    (
+        "verify",
+        "gym.verify.duration_ms",
+        "ms",
+        "Duration of one verification (resources /verify).",
+        DURATION_BOUNDARIES_MS,
+    ),
     ("model", "gym.model.call_duration_ms", "ms", "Duration of one model-server dialect call.", DURATION_BOUNDARIES_MS),
-    ("ttfb", "gym.model.time_to_first_byte_ms", "ms", "Time to the first response byte of one model-server call.",
-     TTFB_BOUNDARIES_MS),
-    ("sandbox.start", "gym.sandbox.startup_duration_ms", "ms", "Duration of one sandbox start, failures included.",
-     SANDBOX_BOUNDARIES_MS),
-    ("sandbox.exec", "gym.sandbox.exec_duration_ms", "ms", "Duration of one command run in a sandbox, failures included.",
-     SANDBOX_BOUNDARIES_MS),
+    (
+        "ttfb",
+        "gym.model.time_to_first_byte_ms",
+        "ms",
+        "Time to the first response byte of one model-server call.",
+        TTFB_BOUNDARIES_MS,
+    ),
+    (
+        "sandbox.start",
+        "gym.sandbox.startup_duration_ms",
+        "ms",
+        "Duration of one sandbox start, failures included.",
+        SANDBOX_BOUNDARIES_MS,
+    ),
+    (
+        "sandbox.exec",
+        "gym.sandbox.exec_duration_ms",
+        "ms",
+        "Duration of one command run in a sandbox, failures included.",
+        SANDBOX_BOUNDARIES_MS,
+    ),
 )
 
 _instruments: dict[str, Any] = {}
@@ -106,12 +149,16 @@ def activate() -> bool:
             "gym.servers.active", unit="{server}", description="Gym servers up in this run (orchestrator)."
         )
         _instruments["sandbox.active"] = m.create_up_down_counter(
-            "gym.sandbox.active", unit="{sandbox}", description="Sandboxes started and not yet stopped, by provider.")
+            "gym.sandbox.active", unit="{sandbox}", description="Sandboxes started and not yet stopped, by provider."
+        )
         _instruments["sandbox.create_retry"] = m.create_counter(
-            "gym.sandbox.create_retry_total", unit="{retry}", description="Sandbox-create attempts a provider retried.")
+            "gym.sandbox.create_retry_total", unit="{retry}", description="Sandbox-create attempts a provider retried."
+        )
         _sandbox_attributes.clear()
         m.create_observable_gauge(
-            "gym.server.requests.in_flight", callbacks=[_observe_in_flight], unit="{request}",
+            "gym.server.requests.in_flight",
+            callbacks=[_observe_in_flight],
+            unit="{request}",
             description="Requests a Gym server is serving right now.",
         )
     LIVE = True
@@ -141,7 +188,7 @@ class SeamMetric:
 
     __slots__ = ("kind", "ok", "failed", "identity")
 
-    def __init__(self, kind: str, server_name: str, dialect: "str | None" = None) -> None:
+    def __init__(self, kind: str, server_name: str, dialect: str | None = None) -> None:
         self.kind = kind
         if kind == "rollout":
             self.ok, self.failed = {ROLLOUT_OUTCOME: SUCCESS}, {ROLLOUT_OUTCOME: FAILURE}
@@ -158,7 +205,7 @@ _request_attributes: dict[tuple, dict[str, Any]] = {}
 _REQUEST_ATTRIBUTE_SETS = 1024  # routes are templates, statuses a few: never near it in Gym
 
 
-def _request_attributes_of(method: str, route: "str | None", status: "int | None") -> dict[str, Any]:
+def _request_attributes_of(method: str, route: str | None, status: int | None) -> dict[str, Any]:
     attributes: dict[str, Any] = {"http.request.method": method}
     if route:
         attributes["http.route"] = route
@@ -172,11 +219,11 @@ def _request_attributes_of(method: str, route: "str | None", status: "int | None
 
 def record_request(
     method: str,
-    route: "str | None",
-    status: "int | None",
+    route: str | None,
+    status: int | None,
     seconds: float,
-    ttfb_seconds: "float | None",
-    seam: "SeamMetric | None",
+    ttfb_seconds: float | None,
+    seam: SeamMetric | None,
 ) -> None:
     """Everything the ingress records when a request ends (caller checked ``LIVE``)."""
     attributes = _request_attributes.get((method, route, status))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 
-def redact_url(url: object) -> tuple[str, "str | None", "int | None"]:
+def redact_url(url: object) -> tuple[str, str | None, int | None]:
     """Return ``(url without userinfo/query/fragment, host, port)`` for span attributes."""
     try:
         parts = urlsplit(str(url))

@@ -54,9 +54,9 @@ GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
 class _RuntimeState:
     lag: Any = None  # the loop-lag histogram
     gc: Any = None  # our gc callback
-    loops: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)  # loops with a probe
+    loops: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)  # loops with a probe
     started: bool = False
-    tasks: "set[Any]" = field(default_factory=set)  # the probes' tasks (a loop holds tasks weakly)
+    tasks: set[Any] = field(default_factory=set)  # the probes' tasks (a loop holds tasks weakly)
     pause: Any = None  # the GC pause histogram
 
 
@@ -65,7 +65,7 @@ _GENERATIONS = tuple({GENERATION: g} for g in range(3))
 # (pause ms, generation) appended by the GC callback, recorded by `drain_gc_pauses`.
 # Bounded: drained at every probe wake-up and flush; 16384 is far more than a server
 # collects between two of them even with the probe set to seconds.
-_pauses: "collections.deque[tuple[float, int]]" = collections.deque(maxlen=16384)
+_pauses: collections.deque[tuple[float, int]] = collections.deque(maxlen=16384)
 
 
 def start(who: Any = None) -> None:
@@ -76,7 +76,8 @@ def start(who: Any = None) -> None:
     meter = metrics.meter()
     try:
         _state.lag = metrics.histogram(
-            "gym.event_loop.lag_ms", "ms", "How late a sleeping coroutine woke on the event loop.", LAG_BOUNDARIES_MS)
+            "gym.event_loop.lag_ms", "ms", "How late a sleeping coroutine woke on the event loop.", LAG_BOUNDARIES_MS
+        )
         _start_gc(meter)
     except Exception as error:
         warn_once("runtime-metrics", "event-loop and GC metrics are off: %r", error)
@@ -129,7 +130,11 @@ async def _probe(loop: asyncio.AbstractEventLoop, lag: Any) -> None:
 
 def _start_gc(meter: Any) -> None:
     _state.pause = metrics.histogram(
-        "gym.gc.pause_duration_ms", "ms", "Duration of one garbage collection (the process is paused).", GC_BOUNDARIES_MS)
+        "gym.gc.pause_duration_ms",
+        "ms",
+        "Duration of one garbage collection (the process is paused).",
+        GC_BOUNDARIES_MS,
+    )
     started = [0.0]
     clock = time.perf_counter
     pauses = _pauses
@@ -147,7 +152,12 @@ def _start_gc(meter: Any) -> None:
     for name, key, unit, description in (
         ("gym.gc.collections_total", "collections", "{collection}", "Garbage collections by generation."),
         ("gym.gc.collected_total", "collected", "{object}", "Objects the garbage collector freed, by generation."),
-        ("gym.gc.uncollectable_total", "uncollectable", "{object}", "Objects the garbage collector found uncollectable."),
+        (
+            "gym.gc.uncollectable_total",
+            "uncollectable",
+            "{object}",
+            "Objects the garbage collector found uncollectable.",
+        ),
     ):
         meter.create_observable_counter(name, callbacks=[_gc_stat(key)], unit=unit, description=description)
 
@@ -170,7 +180,9 @@ def drain_gc_pauses() -> None:
 
 def _gc_stat(key: str) -> Any:
     def observe(_options: Any) -> list[Any]:
-        return [otel_metrics.Observation(stats.get(key, 0), _GENERATIONS[g]) for g, stats in enumerate(gc.get_stats()[:3])]
+        return [
+            otel_metrics.Observation(stats.get(key, 0), _GENERATIONS[g]) for g, stats in enumerate(gc.get_stats()[:3])
+        ]
 
     return observe
 
@@ -196,12 +208,17 @@ def _start_process_metrics() -> None:
     try:
         import psutil
     except Exception as error:
-        warn_once("process-metrics", "process.* metrics are off: psutil could not be imported (%r); install psutil.", error)
+        warn_once(
+            "process-metrics", "process.* metrics are off: psutil could not be imported (%r); install psutil.", error
+        )
         return
     process = psutil.Process()
     meter = metrics.meter()
     user, system = {"cpu.mode": "user"}, {"cpu.mode": "system"}
-    voluntary, involuntary = {"process.context_switch_type": "voluntary"}, {"process.context_switch_type": "involuntary"}
+    voluntary, involuntary = (
+        {"process.context_switch_type": "voluntary"},
+        {"process.context_switch_type": "involuntary"},
+    )
 
     def cpu_time(_options: Any) -> list[Any]:
         times = process.cpu_times()
@@ -221,19 +238,35 @@ def _start_process_metrics() -> None:
 
     def switches(_options: Any) -> list[Any]:
         counts = process.num_ctx_switches()
-        return [otel_metrics.Observation(counts.voluntary, voluntary), otel_metrics.Observation(counts.involuntary, involuntary)]
+        return [
+            otel_metrics.Observation(counts.voluntary, voluntary),
+            otel_metrics.Observation(counts.involuntary, involuntary),
+        ]
 
     try:
-        meter.create_observable_counter("process.cpu.time", callbacks=[cpu_time], unit="s", description="Total CPU seconds by mode.")
-        meter.create_observable_up_down_counter("process.memory.usage", callbacks=[memory], unit="By",
-                                                description="Physical memory in use (RSS).")
-        meter.create_observable_up_down_counter("process.memory.virtual", callbacks=[virtual], unit="By",
-                                                description="Virtual memory committed.")
-        meter.create_observable_up_down_counter("process.thread.count", callbacks=[threads], unit="{thread}",
-                                                description="Threads of the process.")
-        meter.create_observable_up_down_counter("process.open_file_descriptor.count", callbacks=[descriptors],
-                                                unit="{file_descriptor}", description="Open file descriptors.")
-        meter.create_observable_counter("process.context_switches", callbacks=[switches], unit="{context_switch}",
-                                        description="Context switches by type.")
+        meter.create_observable_counter(
+            "process.cpu.time", callbacks=[cpu_time], unit="s", description="Total CPU seconds by mode."
+        )
+        meter.create_observable_up_down_counter(
+            "process.memory.usage", callbacks=[memory], unit="By", description="Physical memory in use (RSS)."
+        )
+        meter.create_observable_up_down_counter(
+            "process.memory.virtual", callbacks=[virtual], unit="By", description="Virtual memory committed."
+        )
+        meter.create_observable_up_down_counter(
+            "process.thread.count", callbacks=[threads], unit="{thread}", description="Threads of the process."
+        )
+        meter.create_observable_up_down_counter(
+            "process.open_file_descriptor.count",
+            callbacks=[descriptors],
+            unit="{file_descriptor}",
+            description="Open file descriptors.",
+        )
+        meter.create_observable_counter(
+            "process.context_switches",
+            callbacks=[switches],
+            unit="{context_switch}",
+            description="Context switches by type.",
+        )
     except Exception as error:
         warn_once("process-metrics", "process.* metrics are off: %r", error)

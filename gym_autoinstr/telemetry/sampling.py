@@ -18,12 +18,25 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import NonRecordingSpan
 
-from gym_autoinstr.fastpath.samplers import (FAST_PATH_ENV, JOB_SPAN_NAME, JobKeepingSampler,  # noqa: F401
-                                             _drops_under_unsampled_parent, keeps_under_sampled_parent,
-                                             root_decision)
+from gym_autoinstr.fastpath.propagation import (
+    _BAGGAGE_KEY,
+    current_context,
+    keep_own_root,
+    traceparent,
+    unsampled_entry,
+    unsampled_headers,
+    unsampled_spans,
+    w3c_default,
+)
+from gym_autoinstr.fastpath.samplers import (  # noqa: F401
+    FAST_PATH_ENV,
+    JOB_SPAN_NAME,
+    JobKeepingSampler,
+    _drops_under_unsampled_parent,
+    keeps_under_sampled_parent,
+    root_decision,
+)
 from gym_autoinstr.telemetry import spans as _spans
-from gym_autoinstr.fastpath.propagation import (_BAGGAGE_KEY, current_context, keep_own_root, traceparent, unsampled_entry,
-                          unsampled_headers, unsampled_spans, w3c_default)
 from gym_autoinstr.telemetry.spans import tracer_in_use
 
 try:  # where the API keeps the current span in a context (since API 1.0)
@@ -48,6 +61,7 @@ def configured_sampler() -> Sampler:
 # advice asks first, and for such a request skips building attributes, the sampler call,
 # the id and the context switch: the caller's context already carries the decision, and
 # injecting the parent's context tells the next hop the same thing.
+
 
 @dataclass(slots=True)
 class _SamplerChecked:
@@ -106,7 +120,7 @@ def _keep(entry: tuple) -> None:
     _dropped_contexts[id(entry[0])] = entry
 
 
-def dropped_call(context: Any) -> "tuple[Any, dict[str, str] | None] | None":
+def dropped_call(context: Any) -> tuple[Any, dict[str, str] | None] | None:
     """For a call sent under ``context``: ``(dropped_span(context), the headers that carry
     its context on)`` when that span is dropped, else None.  The headers are
     ``propagation.unsampled_headers``' (None: inject the usual way); the same dict for
@@ -115,8 +129,11 @@ def dropped_call(context: Any) -> "tuple[Any, dict[str, str] | None] | None":
     if hit is not None and hit[0] is context:
         if hit[3] is not None:
             tracer_now = _spans._tracer
-            if tracer_now is not None and getattr(tracer_now, "sampler", None) is hit[1] and \
-                    hit[3] is propagate.get_global_textmap():
+            if (
+                tracer_now is not None
+                and getattr(tracer_now, "sampler", None) is hit[1]
+                and hit[3] is propagate.get_global_textmap()
+            ):
                 return hit[2], hit[4]
     elif _SPAN_KEY is not None and type(context.get(_SPAN_KEY)) is not NonRecordingSpan:
         return None  # (a recording span, or none: dropped_span's first test, without its frame)

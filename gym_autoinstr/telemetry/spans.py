@@ -28,7 +28,7 @@ def mark_startup(stage: str) -> None:
     STARTUP_MARKS.setdefault(stage, time.time_ns())
 
 
-_tracer: "trace.Tracer | None" = None
+_tracer: trace.Tracer | None = None
 _tracer_provider: object = None
 _tracer_processors: object = None
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from fastapi import FastAPI
 
-from gym_autoinstr.advice import egress, ingress
 from gym_autoinstr._log import forget_said
+from gym_autoinstr.advice import egress, ingress
 from gym_autoinstr.advice.ingress import instrument_app
 from tests.harness.servers import post_json, run_async, serve
 

@@ -43,7 +43,9 @@ def _client_spans(spans):
 def test_one_client_span_per_request_with_context_injected(instrumented, spans):
     app = _echo_app()
     with serve(app) as base:
-        status = _call(f"http://user:hunter2@{base[len('http://'):]}/echo?api_key=SECRET&task=private#frag", json={"a": 1})
+        status = _call(
+            f"http://user:hunter2@{base[len('http://') :]}/echo?api_key=SECRET&task=private#frag", json={"a": 1}
+        )
     assert status == 200
     (span,) = _client_spans(spans)
     assert span.name == "HTTP POST"
@@ -140,7 +142,9 @@ def test_retries_stay_inside_one_span_with_resend_count(instrumented, spans):
     (span,) = _client_spans(spans)
     assert span.attributes["http.request.resend_count"] == 1
     # both attempts carried the same traceparent: the logical request's span
-    parents = {line for r in requests_seen for line in r.decode().split("\r\n") if line.lower().startswith("traceparent")}
+    parents = {
+        line for r in requests_seen for line in r.decode().split("\r\n") if line.lower().startswith("traceparent")
+    }
     assert len(requests_seen) == 2 and len(parents) == 1
 
 
@@ -163,8 +167,12 @@ def test_under_a_dropped_parent_no_span_and_the_parents_context_goes_on(instrume
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    parent = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.DEFAULT))
+    parent = SpanContext(
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.DEFAULT),
+    )
     app = _echo_app()
     with serve(app) as base:
         with trace.use_span(NonRecordingSpan(parent)):
@@ -190,8 +198,12 @@ def test_every_call_under_a_dropped_span_gets_the_same_headers_in_a_dict_of_its_
 
     from gym_autoinstr.advice import egress
 
-    parent = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.DEFAULT))
+    parent = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.DEFAULT),
+    )
     seen: list[dict] = []
 
     def gyms_request(method, url, **kwargs):  # writes into the headers it was given
@@ -201,8 +213,9 @@ def test_every_call_under_a_dropped_span_gets_the_same_headers_in_a_dict_of_its_
     callers = [None, None, {"x-caller": "yes"}, None]
     with trace.use_span(NonRecordingSpan(parent)):
         for headers in callers:
-            egress.request_advice(gyms_request, None, ("POST", "http://127.0.0.1:9/x"),
-                                  {} if headers is None else {"headers": headers})
+            egress.request_advice(
+                gyms_request, None, ("POST", "http://127.0.0.1:9/x"), {} if headers is None else {"headers": headers}
+            )
     expected = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
     assert [h.get("traceparent") for h in seen] == [expected] * 4
     assert all("x-written-by-the-callee" not in h for h in seen)
@@ -216,15 +229,14 @@ def test_every_call_under_a_dropped_span_gets_the_same_headers_in_a_dict_of_its_
 @pytest.fixture
 def lean(monkeypatch):
     """The lean shape on, and ``fleet(base)`` makes ``base`` a Gym server of the fleet."""
-    from gym_autoinstr.advice import egress
-    from gym_autoinstr.advice import pool
+    from gym_autoinstr.advice import egress, pool
 
     monkeypatch.setattr(egress._LEAN, "on", True)
     names: dict[str, str] = {}
     monkeypatch.setattr(pool._state, "names", names)
 
     def fleet(base: str) -> None:
-        names[base[len("http://"):]] = "resources"
+        names[base[len("http://") :]] = "resources"
 
     return fleet
 
@@ -326,8 +338,9 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
 
     # the SDK's span (an instance attribute) and a lean span (a slot that starts as None)
     sdk_span = trace.get_tracer("test").start_span("call")
-    lean_span = lean.LeanSpan(type("T", (), {})(), "call", sdk_span.get_span_context(), None,
-                              trace.SpanKind.CLIENT, {}, (), 1)
+    lean_span = lean.LeanSpan(
+        type("T", (), {})(), "call", sdk_span.get_span_context(), None, trace.SpanKind.CLIENT, {}, (), 1
+    )
     assert lean_span.gym_attempts is None
     for span in (sdk_span, lean_span):
         token = propagation.enter(span)

@@ -40,7 +40,10 @@ HOSTILE = {
     "all-zero": [("traceparent", "00-00000000000000000000000000000000-0000000000000000-01")],
     "future-version-garbage": [("traceparent", "ff-" + GOOD_TRACE + "-b7ad6b7169203331-01")],
     "huge-tracestate": [("traceparent", GOOD), ("tracestate", ",".join(f"k{i}=v{i}" for i in range(600)))],
-    "secret-baggage": [("traceparent", GOOD), ("baggage", "user=SECRET-CANARY-b4g," + ",".join(f"x{i}={'y' * 100}" for i in range(300)))],
+    "secret-baggage": [
+        ("traceparent", GOOD),
+        ("baggage", "user=SECRET-CANARY-b4g," + ",".join(f"x{i}={'y' * 100}" for i in range(300))),
+    ],
 }
 
 
@@ -70,7 +73,7 @@ def test_two_conflicting_traceparents_start_a_new_trace(instrumented, spans):
     with serve(app) as base:
         import http.client
 
-        host, port = base[len("http://"):].split(":")
+        host, port = base[len("http://") :].split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=10)
         connection.putrequest("GET", "/echo")
         connection.putheader("traceparent", GOOD)

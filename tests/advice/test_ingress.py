@@ -5,7 +5,6 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-
 from fastapi import FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -72,7 +71,9 @@ def test_one_server_span_adopting_the_callers_context(instrumented, spans):
     assert span.attributes["url.path"] == "/run"
     assert not any("SECRET" in str(v) for v in span.attributes.values())
     # no ASGI send/receive children (this server's one-off start-up span may be there)
-    assert [s.name for s in spans.get_finished_spans() if s.parent is not None and s.parent.span_id == span.context.span_id] == []
+    assert [
+        s.name for s in spans.get_finished_spans() if s.parent is not None and s.parent.span_id == span.context.span_id
+    ] == []
     assert {s.name for s in spans.get_finished_spans() if s.kind != SpanKind.SERVER} <= {"gym.server.startup"}
 
 
@@ -156,7 +157,7 @@ def test_route_found_behind_gyms_rollout_prefix_middleware(instrumented, spans):
         async def __call__(self, scope, receive, send):
             path = scope.get("path", "")
             if scope.get("type") == "http" and path.startswith("/ng-rollout/"):
-                rest = "/" + path[len("/ng-rollout/"):].partition("/")[2]
+                rest = "/" + path[len("/ng-rollout/") :].partition("/")[2]
                 scope = {**scope, "path": rest, "raw_path": rest.encode()}
             await self.app(scope, receive, send)
 
@@ -218,9 +219,15 @@ def test_the_middleware_changes_no_context_until_its_coroutine_runs(instrumented
         sent.append(message["type"])
 
     middleware = GymServerMiddleware(app, server_name="context_server")
-    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/run",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())],
+    }
 
     async def caller():
         before = otel_context.get_current()
@@ -238,7 +245,8 @@ def test_the_middleware_changes_no_context_until_its_coroutine_runs(instrumented
 
 
 def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the_moment_decides(
-        instrumented, spans, monkeypatch):
+    instrumented, spans, monkeypatch
+):
     """Every request of a rollout the sampler dropped carries the same traceparent: the
     second one reuses the context read for the first (no span either time), a tracestate
     beside it is still read, and a sampler that records children of unsampled callers,
@@ -260,8 +268,15 @@ def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the
     traceparent = (b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())
 
     def request(*headers):
-        scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
-                 "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000"), *headers]}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/verify",
+            "scheme": "http",
+            "http_version": "1.1",
+            "server": ("127.0.0.1", 8000),
+            "headers": [(b"host", b"127.0.0.1:8000"), *headers],
+        }
         asyncio.run(middleware(scope, receive, send))
         return seen[-1]
 
@@ -281,7 +296,8 @@ def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the
 
 
 def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_context_as_it_was(
-        instrumented, spans, monkeypatch):
+    instrumented, spans, monkeypatch
+):
     """A request with no caller (an agent's ``/run``) that the sampler drops: the handler
     runs under the SDK's non-recording span (its ids go on to the next hops), nothing is
     exported, and the request's context is gone once it is served."""
@@ -302,8 +318,15 @@ def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_con
         sent.append(message.get("status"))
 
     middleware = GymServerMiddleware(app, server_name="root_server")
-    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
-             "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/run",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1:8000")],
+    }
 
     async def caller():
         before = otel_context.get_current()
@@ -337,8 +360,15 @@ def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrume
     host = (b"host", b"127.0.0.1:8000")
 
     def request(headers):
-        scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
-                 "server": ("127.0.0.1", 8000), "headers": headers}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/run",
+            "scheme": "http",
+            "http_version": "1.1",
+            "server": ("127.0.0.1", 8000),
+            "headers": headers,
+        }
         asyncio.run(middleware(scope, receive, send))
         return seen[-1]
 
@@ -385,8 +415,11 @@ def _lean_tracer(monkeypatch, sampler):
             pass
 
     provider = TracerProvider(sampler=sampler)
-    provider.add_span_processor(batching.EncodingSpanProcessor(
-        Discard(), max_queue_size=4096, schedule_delay_millis=60_000, max_export_batch_size=512))
+    provider.add_span_processor(
+        batching.EncodingSpanProcessor(
+            Discard(), max_queue_size=4096, schedule_delay_millis=60_000, max_export_batch_size=512
+        )
+    )
     lean_tracer = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
     assert lean_tracer is not None
     monkeypatch.setattr(ingress, "tracer", lambda: lean_tracer)
@@ -451,12 +484,19 @@ def test_a_dropped_rollouts_first_request_leaves_the_headers_of_its_calls_ready(
     from gym_autoinstr.telemetry.spans import tracer
 
     middleware, seen, receive, send = _calls_seeing_middleware(
-        monkeypatch, ParentBased(TraceIdRatioBased(0.5)), "first_request_server")
+        monkeypatch, ParentBased(TraceIdRatioBased(0.5)), "first_request_server"
+    )
 
     def request(header: str):
-        scope = {"type": "http", "method": "POST", "path": "/verify", "scheme": "http", "http_version": "1.1",
-                 "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000"),
-                                                           (b"traceparent", header.encode())]}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/verify",
+            "scheme": "http",
+            "http_version": "1.1",
+            "server": ("127.0.0.1", 8000),
+            "headers": [(b"host", b"127.0.0.1:8000"), (b"traceparent", header.encode())],
+        }
         asyncio.run(middleware(scope, receive, send))
         return seen[-1]
 
@@ -489,10 +529,18 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
 
     from gym_autoinstr.telemetry import sampling
 
-    middleware, seen, receive, send = _calls_seeing_middleware(monkeypatch, ParentBased(TraceIdRatioBased(0.0)),
-                                                               "root_server", lean_tracer)
-    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
-             "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
+    middleware, seen, receive, send = _calls_seeing_middleware(
+        monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "root_server", lean_tracer
+    )
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/run",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1:8000")],
+    }
     for _ in range(2):
         asyncio.run(middleware(dict(scope), receive, send))
     for context, kept, (span, headers) in seen:
@@ -515,13 +563,19 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
     from gym_autoinstr.fastpath import propagation
-
     from gym_autoinstr.telemetry import sampling, spans
 
     def request(path, traceparent=None):
         headers = [(b"host", b"127.0.0.1:8000")] + ([(b"traceparent", traceparent.encode())] if traceparent else [])
-        return {"type": "http", "method": "POST", "path": path, "scheme": "http", "http_version": "1.1",
-                "server": ("127.0.0.1", 8000), "headers": headers}
+        return {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "scheme": "http",
+            "http_version": "1.1",
+            "server": ("127.0.0.1", 8000),
+            "headers": headers,
+        }
 
     async def call_itself(scope, receive, send):  # with what a call under /run carries
         if scope["path"] == "/run":
@@ -529,7 +583,8 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
             await middleware(request("/v1/responses", carried["traceparent"]), receive, send)
 
     middleware, seen, receive, send = _calls_seeing_middleware(
-        monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "agent_server", lean_tracer=True, then=call_itself)
+        monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "agent_server", lean_tracer=True, then=call_itself
+    )
     asyncio.run(middleware(request("/run"), receive, send))
     (root, kept, (_, carried)), (inner, kept_inner, (_, carried_inner)) = seen
     header = carried["traceparent"]
@@ -539,8 +594,11 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
     assert made.is_valid and not made.trace_flags.sampled and not made.is_remote
 
     # A sampler that records the children of unsampled callers: the header is read as usual.
-    monkeypatch.setattr(spans._tracer, "sampler", ParentBased(
-        TraceIdRatioBased(0.0), remote_parent_not_sampled=ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON))
+    monkeypatch.setattr(
+        spans._tracer,
+        "sampler",
+        ParentBased(TraceIdRatioBased(0.0), remote_parent_not_sampled=ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON),
+    )
     asyncio.run(middleware(request("/v1/responses", header), receive, send))
     read, kept_read, dropped_read = seen[-1]
     span = trace.get_current_span(read)
@@ -571,8 +629,15 @@ def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
         pass
 
     middleware = GymServerMiddleware(app, server_name="root_server")
-    scope = {"type": "http", "method": "POST", "path": "/run", "scheme": "http", "http_version": "1.1",
-             "server": ("127.0.0.1", 8000), "headers": [(b"host", b"127.0.0.1:8000")]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/run",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1:8000")],
+    }
 
     async def serve():
         for _ in range(400):

@@ -79,7 +79,11 @@ def test_each_rollout_is_a_root_linked_to_the_job_which_counts_them(instrumented
     attributes = dict(job_span.attributes)
     assert re.fullmatch(r"[0-9a-f]{32}", attributes.pop(job.JOB_ID))
     assert attributes == {
-        job.JOB_TRACE: "per_rollout", job.JOB_ENTRY: "run_from_config", job.NUM_REPEATS: 3, job.ROLLOUTS_SENT: 3, job.ROLLOUTS_FAILED: 1,
+        job.JOB_TRACE: "per_rollout",
+        job.JOB_ENTRY: "run_from_config",
+        job.NUM_REPEATS: 3,
+        job.ROLLOUTS_SENT: 3,
+        job.ROLLOUTS_FAILED: 1,
     }
     runs = _runs(finished)
     assert len(runs) == 3 and len({r.context.trace_id for r in runs}) == 3
@@ -252,7 +256,9 @@ def test_an_error_from_gyms_iterator_marks_and_ends_the_job(instrumented, spans,
     assert job_span.status.status_code.name == "ERROR" and job_span.attributes["error.type"] == "KeyError"
 
 
-def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_awaited_rollout(instrumented, spans, monkeypatch):
+def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_awaited_rollout(
+    instrumented, spans, monkeypatch
+):
     monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     closed, kept = [], []
     with serve(_agent_app()) as base:

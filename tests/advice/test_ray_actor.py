@@ -95,11 +95,15 @@ def run_as(tmp_path, ray_script: str, **env: str) -> dict:
     script = tmp_path / "site-packages" / "ray" / ray_script
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(SCRIPT)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "NEMO_GYM_", "RAY_"))}
-    environ.update({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-                    "CASE_PORT": str(free_ports(1)[0]), **env})
-    result = subprocess.run([sys.executable, str(script)], env=environ, capture_output=True, text=True,
-                            timeout=180, cwd=tmp_path)
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "NEMO_GYM_", "RAY_"))
+    }
+    environ.update(
+        {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "CASE_PORT": str(free_ports(1)[0]), **env}
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], env=environ, capture_output=True, text=True, timeout=180, cwd=tmp_path
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("CASE ")]
     assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(lines[-1][5:])
@@ -107,7 +111,9 @@ def run_as(tmp_path, ray_script: str, **env: str) -> dict:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    return run_as(tmp_path_factory.mktemp("worker"), "_private/workers/default_worker.py", GYM_AUTOINSTR_SHARD="shard-7")
+    return run_as(
+        tmp_path_factory.mktemp("worker"), "_private/workers/default_worker.py", GYM_AUTOINSTR_SHARD="shard-7"
+    )
 
 
 def test_a_ray_worker_is_silent_until_it_runs_gyms_orchestration(worker):

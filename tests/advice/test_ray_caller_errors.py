@@ -19,8 +19,7 @@ def local_ray(instrumented):
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     temp_dir = tempfile.mkdtemp(prefix="rayc")  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
-             _node_ip_address="127.0.0.1")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir, _node_ip_address="127.0.0.1")
     try:
         yield ray
     finally:
@@ -57,16 +56,21 @@ def test_ray_get_marks_the_callers_span_with_the_tasks_error_type(local_ray, spa
     fails, answers = _tasks(ray)
     tracer = trace.get_tracer("tests")
     received = {}
-    for label, call in (("one", lambda: ray.get(fails.remote("secret-canary"))),
-                        ("list", lambda: ray.get([answers.remote(1), fails.remote("secret-canary")])),
-                        ("ok", lambda: ray.get(answers.remote(1)))):
+    for label, call in (
+        ("one", lambda: ray.get(fails.remote("secret-canary"))),
+        ("list", lambda: ray.get([answers.remote(1), fails.remote("secret-canary")])),
+        ("ok", lambda: ray.get(answers.remote(1))),
+    ):
         with tracer.start_as_current_span(f"caller.{label}"):
             try:
                 received[label] = call()
             except TaskFailed as error:  # Ray's RayTaskError(TaskFailed): still the caller's class
                 received[label] = (type(error).__name__, isinstance(error, ray.exceptions.RayTaskError))
-    assert received == {"one": ("RayTaskError(LookupError)", True), "list": ("RayTaskError(LookupError)", True),
-                        "ok": 2}
+    assert received == {
+        "one": ("RayTaskError(LookupError)", True),
+        "list": ("RayTaskError(LookupError)", True),
+        "ok": 2,
+    }
     by_name = _caller_spans(spans)
     expected_type = "LookupError"  # the task's own class, not Ray's RayTaskError(LookupError)
     for label in ("one", "list"):
@@ -87,8 +91,11 @@ def test_await_ref_marks_the_awaiting_coroutines_span(local_ray, spans):
         results = {}
         ready = fails.remote("secret-canary")
         ray.wait([ready], timeout=120)  # already failed when awaited
-        for label, ref in (("await", fails.remote("secret-canary")), ("await_ok", answers.remote(2)),
-                           ("await_ready", ready)):
+        for label, ref in (
+            ("await", fails.remote("secret-canary")),
+            ("await_ok", answers.remote(2)),
+            ("await_ready", ready),
+        ):
             with tracer.start_as_current_span(f"caller.{label}"):
                 try:
                     results[label] = await ref

@@ -73,7 +73,9 @@ def test_the_wrapper_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(t
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(SHADOW)
-    result = subprocess.run([sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[[1], ['k']] [[3], []]"
     assert result.stderr.count("cannot import gym_autoinstr") == 1
@@ -126,8 +128,9 @@ def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_importe
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(SHADOW)
-    result = subprocess.run([sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "41 40 42"
     assert result.stderr.count("cannot import gym_autoinstr") == 1
@@ -168,8 +171,10 @@ def test_a_remote_function_of_an_unknown_shape_is_left_alone_and_said_once(ray_o
     del remote_function.__dict__["_last_export_cluster_and_job"]
     seen: list = []
     for value in (1, 2):
-        assert ray_tasks.remote_function_advice(_recorder(seen), remote_function, (),
-                                                {"args": (value,), "kwargs": {}}) == "ref"
+        assert (
+            ray_tasks.remote_function_advice(_recorder(seen), remote_function, (), {"args": (value,), "kwargs": {}})
+            == "ref"
+        )
     assert [kwargs for _, kwargs in seen] == [{"args": (1,), "kwargs": {}}, {"args": (2,), "kwargs": {}}]
     assert remote_function._function is plain  # what Ray pickles is untouched
     assert remote_function.__dict__[ray_tasks.INSTALLED] is False
@@ -192,7 +197,8 @@ def test_doctor_names_an_unknown_ray_shape_and_an_untested_ray_version(ray_on, m
     # the shape checks out: active, and the version named as untested
     assert section == {"ray_version": "9.9.0", "active": True, "reason": None}
     assert [(p.severity, p.problem) for p in problems] == [
-        ("info", f"Ray 9.9.0 is not the release tested ({TESTED_RAY}); its shape checks out")]
+        ("info", f"Ray 9.9.0 is not the release tested ({TESTED_RAY}); its shape checks out")
+    ]
 
     original = RemoteFunction.__init__
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, GymTrio
 from tests.harness.traces import expected_services, otel_env, rollout_traces, service_of
+from tests.harness.trio import AGENT, GymTrio
 
 pytestmark = pytest.mark.realgym
 
@@ -71,7 +71,9 @@ def test_one_trace_and_no_duplicate_hops_beside_the_generic_stack(selection, tmp
         assert len(hops) == 6  # seed_session, agent /v1/responses, 2 model calls, tool, verify
         # exactly one SERVER span per inbound request, each the child of its hop's CLIENT span
         assert len(servers) == len(hops) + 1
-        assert Counter(s["parent_span_id"] for s in servers if s["parent_span_id"]) == Counter(s["span_id"] for s in hops)
+        assert Counter(s["parent_span_id"] for s in servers if s["parent_span_id"]) == Counter(
+            s["span_id"] for s in hops
+        )
         for span in servers:
             if span["parent_span_id"]:
                 assert by_id[span["parent_span_id"]]["kind"] == "CLIENT"

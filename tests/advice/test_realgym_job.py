@@ -72,8 +72,16 @@ class Fleet:
         self.version, self.trio, self.collector, self.workdir = version, trio, collector, workdir
         self.runs = 0
 
-    def collect(self, *, rows: int, repeats: int, parallel: int, env: "dict[str, str] | None" = None,
-                driver: "str | None" = None, drop_env: tuple[str, ...] = ()) -> tuple[int, str]:
+    def collect(
+        self,
+        *,
+        rows: int,
+        repeats: int,
+        parallel: int,
+        env: dict[str, str] | None = None,
+        driver: str | None = None,
+        drop_env: tuple[str, ...] = (),
+    ) -> tuple[int, str]:
         """One instrumented collection run; returns its start time and its output file."""
         self.runs += 1
         run_dir = self.workdir / f"run{self.runs}"
@@ -104,7 +112,11 @@ class Fleet:
         start_ns = time.time_ns()
         done = subprocess.run(
             [str(venv / "bin" / "opentelemetry-instrument"), *command],
-            cwd=run_dir, env=environment, capture_output=True, text=True, timeout=600,
+            cwd=run_dir,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "Error in sitecustomize" not in done.stderr
@@ -113,8 +125,10 @@ class Fleet:
     def wait_for_rollouts(self, start_ns: int, count: int, timeout: float = 60) -> list[dict]:
         """This run's spans, once ``count`` rollouts (their verify call) have arrived."""
         self.collector.sink.wait_for(
-            lambda spans: sum(s["name"] == "POST /verify" for s in spans_since(spans, start_ns)) >= count
-            and job_spans(spans_since(spans, start_ns)),
+            lambda spans: (
+                sum(s["name"] == "POST /verify" for s in spans_since(spans, start_ns)) >= count
+                and job_spans(spans_since(spans, start_ns))
+            ),
             timeout=timeout,
         )
         time.sleep(1.5)  # the last batch of each server (batch delay 200 ms)
@@ -138,8 +152,9 @@ def fleets(tmp_path_factory, policy_model):
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
             }
-            trio = GymTrio(gym_venv(version), version, workdir / "gym", policy_url=policy_model.url,
-                           instrument=True, env=env)
+            trio = GymTrio(
+                gym_venv(version), version, workdir / "gym", policy_url=policy_model.url, instrument=True, env=env
+            )
             trio.start(timeout=300)
             stack.append(trio)
             started[version] = Fleet(version, trio, collector, workdir)
@@ -193,8 +208,13 @@ def test_opt_in_nests_the_job_in_one_trace(fleets):
     assert job["parent_span_id"] is None and job["attributes"]["nemo.gym.job.trace"] == "single"
     assert job["attributes"]["nemo.gym.job.rollouts.sent"] == 2
     assert {s["trace_id"] for s in spans} == {job["trace_id"]}  # one trace id for the whole job
-    runs = [s for s in spans if s["kind"] == "CLIENT" and s["attributes"].get("url.full", "").endswith("/run")
-            and service_of(s) == service_of(job)]
+    runs = [
+        s
+        for s in spans
+        if s["kind"] == "CLIENT"
+        and s["attributes"].get("url.full", "").endswith("/run")
+        and service_of(s) == service_of(job)
+    ]
     assert len(runs) == 2
     assert all(s["parent_span_id"] == job["span_id"] and not s["links"] for s in runs)
     assert sum(s["name"] == "gym.rollout" for s in spans) == 2
@@ -204,7 +224,9 @@ def test_ratio_sampler_keeps_each_rollout_whole_or_not_at_all_and_always_the_job
     fleet = fleets("0.4.0")
     n = 40
     start_ns, output = fleet.collect(
-        rows=1, repeats=n, parallel=8,
+        rows=1,
+        repeats=n,
+        parallel=8,
         env={"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
     )
     assert len(open(output).read().splitlines()) == n  # sampling changes nothing in Gym
@@ -259,15 +281,27 @@ def test_view_groups_rollout_traces_under_their_job(fleets):
     reads its run directory back, a job line above the rollouts linked to it."""
     fleet = fleets("0.4.0")
     run_dir = fleet.workdir / "view-run"
-    fleet.collect(rows=1, repeats=2, parallel=2, drop_env=("OTEL_EXPORTER_OTLP_ENDPOINT",),
-                  env={"GYM_AUTOINSTR_OUTPUT_DIR": str(run_dir)})
-    shown = subprocess.run([str(fleet.trio.venv / "bin" / "gym-autoinstr"), "view", str(run_dir)],
-                           capture_output=True, text=True, timeout=60)
+    fleet.collect(
+        rows=1,
+        repeats=2,
+        parallel=2,
+        drop_env=("OTEL_EXPORTER_OTLP_ENDPOINT",),
+        env={"GYM_AUTOINSTR_OUTPUT_DIR": str(run_dir)},
+    )
+    shown = subprocess.run(
+        [str(fleet.trio.venv / "bin" / "gym-autoinstr"), "view", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     blocks = shown.stdout.strip().split("\n\n")
     job_line = blocks[0]
-    match = re.fullmatch(r"job ([0-9a-f]{32})  \S+  [\d.]+ ms  sent=2 failed=0 repeats=2  \| 2 linked rollout traces below "
-                         r"\(job trace ([0-9a-f]{32})\)", job_line)
+    match = re.fullmatch(
+        r"job ([0-9a-f]{32})  \S+  [\d.]+ ms  sent=2 failed=0 repeats=2  \| 2 linked rollout traces below "
+        r"\(job trace ([0-9a-f]{32})\)",
+        job_line,
+    )
     assert match, job_line
     from gym_autoinstr.setup.files import read_path
 

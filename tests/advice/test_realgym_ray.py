@@ -53,13 +53,24 @@ def _run_probe(venv: pathlib.Path, cluster: RayCluster, env: dict, workdir: path
     penv.update(env)
     penv.update({"NEMO_GYM_CONFIG_PATH": SERVER, "RAY_AUTH_MODE": "disabled", "OTEL_BSP_SCHEDULE_DELAY": "60000"})
     result = subprocess.run(
-        [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(PROBE / "probe.py"),
-         cluster.address, str(PROBE / "shadow")],
-        env=penv, capture_output=True, text=True, timeout=600, cwd=workdir,
+        [
+            str(venv / "bin" / "opentelemetry-instrument"),
+            str(venv / "bin" / "python"),
+            str(PROBE / "probe.py"),
+            cluster.address,
+            str(PROBE / "shadow"),
+        ],
+        env=penv,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=workdir,
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
-    assert result.returncode == 0 and lines, f"probe failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return json.loads(lines[-1][len("PROBE-RESULT "):]), result.stderr
+    assert result.returncode == 0 and lines, (
+        f"probe failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1][len("PROBE-RESULT ") :]), result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +91,14 @@ def cluster(venv, module_collector, tmp_path_factory):
     tests/fixtures/ray_scorer from the cluster's PYTHONPATH (client mode ships no code)."""
     workdir = tmp_path_factory.mktemp("ray")
     env = dict(otel_env(module_collector, "http/protobuf"), PYTHONPATH=str(SCORER_SOURCE))
-    cluster = RayCluster(venv, workdir, env, num_cpus=1, client_server=True, raylet_env={
-        "RAY_num_workers_soft_limit": "0", "RAY_idle_worker_killing_time_threshold_ms": "300"})
+    cluster = RayCluster(
+        venv,
+        workdir,
+        env,
+        num_cpus=1,
+        client_server=True,
+        raylet_env={"RAY_num_workers_soft_limit": "0", "RAY_idle_worker_killing_time_threshold_ms": "300"},
+    )
     with cluster.start(nodes=2):
         yield cluster
 
@@ -104,12 +121,24 @@ def ray_run(venv, module_collector, cluster):
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in worker_pids):
         time.sleep(1)
     reaped = not any(psutil.pid_exists(pid) for pid in worker_pids)
-    collector.sink.wait_for(lambda spans: len(_probe_spans(spans, "ray.execute")) >= 14
-                            and len(_probe_spans(spans, "probe.burst")) >= results["burst"]["value"], timeout=60)
+    collector.sink.wait_for(
+        lambda spans: (
+            len(_probe_spans(spans, "ray.execute")) >= 14
+            and len(_probe_spans(spans, "probe.burst")) >= results["burst"]["value"]
+        ),
+        timeout=60,
+    )
     return {
-        "results": results, "stderr": stderr, "spans": [s for s in collector.sink.spans() if SERVER in service_of(s)],
-        "all_spans": collector.sink.spans(), "daemons": daemons, "worker_logs": worker_logs,
-        "dead_results": dead_results, "dead_worker_logs": dead_worker_logs, "reaped": reaped, "bodies": collector.sink.raw_bodies(),
+        "results": results,
+        "stderr": stderr,
+        "spans": [s for s in collector.sink.spans() if SERVER in service_of(s)],
+        "all_spans": collector.sink.spans(),
+        "daemons": daemons,
+        "worker_logs": worker_logs,
+        "dead_results": dead_results,
+        "dead_worker_logs": dead_worker_logs,
+        "reaped": reaped,
+        "bodies": collector.sink.raw_bodies(),
         "seconds": time.monotonic() - started,
     }
 
@@ -124,8 +153,10 @@ def _is_worker(process: psutil.Process) -> bool:
         cmdline = process.cmdline()
     except psutil.Error:
         return False
-    return bool(cmdline) and (cmdline[0].startswith("ray::")
-                              or any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in cmdline[:4]))
+    return bool(cmdline) and (
+        cmdline[0].startswith("ray::")
+        or any(arg.endswith("/ray/_private/workers/default_worker.py") for arg in cmdline[:4])
+    )
 
 
 def _named(spans: list[dict], prefix: str, function: str) -> list[dict]:
@@ -166,7 +197,8 @@ def test_code_gen_shaped_tasks_are_traced_although_their_runtime_env_replaces_py
     executes = _named(spans, "ray.execute", "check_correctness")
     assert len(executes) == 4
     assert {(s["attributes"]["process.pid"], s["attributes"]["ray.node.id"]) for s in executes} == {
-        (r["pid"], r["node"]) for r in results["spread"]}
+        (r["pid"], r["node"]) for r in results["spread"]
+    }
     assert len({s["trace_id"] for s in executes}) == 4
 
 
@@ -182,13 +214,18 @@ def test_a_task_error_marks_the_callers_span_where_it_surfaces(ray_run):
     # what the caller received is Ray's own: RayTaskError(<cause>), still the cause's class
     assert caught == {"get": True, "await": ["KeyError", True], "await_ok": "again"}
     by_name = {s["name"]: s for s in spans if s["name"].startswith("probe.")}
-    for label, submitted, error_type in (("get", "raises", "ValueError"), ("actor_get", "Counter.fail", "KeyError"),
-                                         ("await", "Counter.fail", "KeyError")):
+    for label, submitted, error_type in (
+        ("get", "raises", "ValueError"),
+        ("actor_get", "Counter.fail", "KeyError"),
+        ("await", "Counter.fail", "KeyError"),
+    ):
         span = by_name[f"probe.{label}"]
         assert span["status"] == "ERROR" and span["attributes"]["error.type"] == error_type, label
         assert service_of(span) == SUBMITTER
         # the caller's span is its task's submit span's parent; the worker's span is marked too
-        (submit,) = [s for s in spans if s["parent_span_id"] == span["span_id"] and s["name"] == f"ray.submit {submitted}"]
+        (submit,) = [
+            s for s in spans if s["parent_span_id"] == span["span_id"] and s["name"] == f"ray.submit {submitted}"
+        ]
         (execute,) = [s for s in spans if s["parent_span_id"] == submit["span_id"]]
         assert execute["status"] == "ERROR" and execute["trace_id"] == span["trace_id"]
     for label, submitted in (("get_ok", "double"), ("await_ok", "AsyncEcho.echo")):
@@ -214,8 +251,11 @@ def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
     assert [r["value"] for r in results["actor"]] == [11, 15]
     assert results["actor_raises"] == "KeyError" and results["actor_static"] == 1
     assert results["async_actor"]["value"] == "hi"
-    for method, count, pid in (("Counter.add", 2, results["actor"][0]["pid"]), ("Counter.fail", 2, results["actor"][0]["pid"]),
-                               ("AsyncEcho.echo", 2, results["async_actor"]["pid"])):
+    for method, count, pid in (
+        ("Counter.add", 2, results["actor"][0]["pid"]),
+        ("Counter.fail", 2, results["actor"][0]["pid"]),
+        ("AsyncEcho.echo", 2, results["async_actor"]["pid"]),
+    ):
         submits, executes = _named(spans, "ray.submit", method), _named(spans, "ray.execute", method)
         assert len(submits) == len(executes) == count, method
         for execute in executes:
@@ -238,7 +278,9 @@ def test_actor_method_calls_run_in_the_actor_under_their_submit_span(ray_run):
     assert results["burst"]["value"] == 5000 and results["burst"]["pid"] == results["async_actor"]["pid"]
     assert sorted(s["attributes"]["probe.index"] for s in bursts) == list(range(5000))
     assert {s["parent_span_id"] for s in bursts} == {burst_execute["span_id"]}
-    assert {s["trace_id"] for s in bursts} == {burst_execute["trace_id"]} and {service_of(s) for s in bursts} == {WORKER}
+    assert {s["trace_id"] for s in bursts} == {burst_execute["trace_id"]} and {service_of(s) for s in bursts} == {
+        WORKER
+    }
 
 
 def test_a_worker_without_gym_autoinstr_runs_the_task_untraced_and_says_so(ray_run):
@@ -271,7 +313,13 @@ def test_ray_daemons_export_nothing(ray_run):
 
 def test_a_dead_collector_changes_no_answer(ray_run):
     def strip(results):
-        return {k: v for k, v in json.loads(json.dumps(results, sort_keys=True).replace('"pid"', '"_p"').replace('"node"', '"_n"')).items() if k != "driver_pid"}
+        return {
+            k: v
+            for k, v in json.loads(
+                json.dumps(results, sort_keys=True).replace('"pid"', '"_p"').replace('"node"', '"_n"')
+            ).items()
+            if k != "driver_pid"
+        }
 
     def values(results):
         out = strip(results)
@@ -299,9 +347,16 @@ def code_gen_run(venv, module_collector, cluster, tmp_path_factory):
     started = time.monotonic()
     workdir = tmp_path_factory.mktemp("code_gen")
     with PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
-        trio = GymTrio(venv, "0.4.0", workdir, policy.url, env=otel_env(module_collector, "http/protobuf"),
-                       instrument=True, resources="code_gen",
-                       extra_config={"ray_head_node_address": cluster.address})
+        trio = GymTrio(
+            venv,
+            "0.4.0",
+            workdir,
+            policy.url,
+            env=otel_env(module_collector, "http/protobuf"),
+            instrument=True,
+            resources="code_gen",
+            extra_config={"ray_head_node_address": cluster.address},
+        )
         with trio:
             results = trio.rollouts(4, concurrency=2)
 
@@ -358,17 +413,29 @@ def code_gen_07_run(tmp_path_factory):
     started = time.monotonic()
     workdir = tmp_path_factory.mktemp("code_gen_07")
     with Collector(log_dir=workdir / "collector") as collector, PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
-        trio = GymTrio(venv, "0.7.0", workdir, policy.url, env=otel_env(collector, "http/protobuf"),
-                       instrument=True, resources="code_gen")
+        trio = GymTrio(
+            venv,
+            "0.7.0",
+            workdir,
+            policy.url,
+            env=otel_env(collector, "http/protobuf"),
+            instrument=True,
+            resources="code_gen",
+        )
         with trio:
             results = trio.rollouts(4, concurrency=2)
             collector.sink.wait_for(
                 lambda spans: len([s for s in spans if s["name"] == "ray.execute check_correctness_remote"]) >= 4,
-                timeout=120)
+                timeout=120,
+            )
             time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
             processes = {p.pid: " ".join(p.cmdline()[:3]) for p in trio.processes() if _alive_cmdline(p)}
-        return {"results": results, "spans": collector.sink.spans(), "processes": processes,
-                "seconds": time.monotonic() - started}
+        return {
+            "results": results,
+            "spans": collector.sink.spans(),
+            "processes": processes,
+            "seconds": time.monotonic() - started,
+        }
 
 
 def _alive_cmdline(process: psutil.Process) -> bool:
@@ -381,8 +448,11 @@ def _alive_cmdline(process: psutil.Process) -> bool:
 def test_code_gen_07_rollouts_continue_into_the_ray_worker_gym_started(code_gen_07_run):
     _assert_rollouts_continue_into_the_ray_worker(code_gen_07_run, f"nemo-gym/{ENVIRONMENT}")
     # Ray's daemons (started by Gym, under opentelemetry-instrument) export nothing
-    daemons = {pid for pid, cmdline in code_gen_07_run["processes"].items()
-               if "/ray/" in cmdline and "default_worker.py" not in cmdline}
+    daemons = {
+        pid
+        for pid, cmdline in code_gen_07_run["processes"].items()
+        if "/ray/" in cmdline and "default_worker.py" not in cmdline
+    }
     assert daemons
     spans = code_gen_07_run["spans"]
     assert not {s["resource"].get("process.pid") for s in spans} & daemons
@@ -409,9 +479,13 @@ def _scorer_rows(first: int, count: int) -> list[dict]:
     from tests.harness.trio import RAY_SCORER_ROW
 
     # odd rows also call a method that raises: awaited (index 1 mod 4) or ray.get (3 mod 4)
-    return [dict(RAY_SCORER_ROW, verifier_metadata={"fail": ("", "await", "", "get")[index % 4],
-                                                    "secret": f"secret-canary-{index}"})
-            for index in range(first, first + count)]
+    return [
+        dict(
+            RAY_SCORER_ROW,
+            verifier_metadata={"fail": ("", "await", "", "get")[index % 4], "secret": f"secret-canary-{index}"},
+        )
+        for index in range(first, first + count)
+    ]
 
 
 def _scorer_executes(spans: list[dict]) -> list[dict]:
@@ -431,28 +505,44 @@ def scorer_run(venv, module_collector, cluster, tmp_path_factory):
     first, second = _scorer_rows(0, 4), _scorer_rows(4, 4)
     env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
     with PolicyModel() as policy:
-        trio = GymTrio(venv, "0.4.0", workdir, policy.url, env=env, instrument=True, resources=SCORER,
-                       extra_config={"ray_head_node_address": cluster.address})
+        trio = GymTrio(
+            venv,
+            "0.4.0",
+            workdir,
+            policy.url,
+            env=env,
+            instrument=True,
+            resources=SCORER,
+            extra_config={"ray_head_node_address": cluster.address},
+        )
         with trio, concurrent.futures.ThreadPoolExecutor(4) as pool:
             server_pid = trio.server_processes()[SCORER].pid
 
             def send(rows: list[dict], offset: int) -> list[dict]:
-                return list(pool.map(lambda item: trio.rollout(item[1], rollout_index=offset + item[0]),
-                                     enumerate(rows)))
+                return list(
+                    pool.map(lambda item: trio.rollout(item[1], rollout_index=offset + item[0]), enumerate(rows))
+                )
 
             results = send(first, 0)
-            actor_pids = {name: {call["pid"] for r in results for call in _calls(r, name)}
-                          for name in ("plain", "threaded", "async")}
+            actor_pids = {
+                name: {call["pid"] for r in results for call in _calls(r, name)}
+                for name in ("plain", "threaded", "async")
+            }
             arrived_while_running = collector.sink.wait_for(
-                lambda spans: len(_scorer_executes(spans)) >= _expected_executes(first), timeout=60)
+                lambda spans: len(_scorer_executes(spans)) >= _expected_executes(first), timeout=60
+            )
             alive_then = all(psutil.pid_exists(pid) for pids in actor_pids.values() for pid in pids)
             results += send(second, len(first))
         # Gym's shutdown: the server exits, Ray kills the actors it owned
         total = _expected_executes(first + second)
         collector.sink.wait_for(lambda spans: len(_scorer_executes(spans)) >= total, timeout=60)
         collector.sink.wait_for(
-            lambda spans: len([s for s in spans if s["name"] == "POST /verify" and service_of(s) == SCORER_SERVICE])
-            >= len(results), timeout=60)
+            lambda spans: (
+                len([s for s in spans if s["name"] == "POST /verify" and service_of(s) == SCORER_SERVICE])
+                >= len(results)
+            ),
+            timeout=60,
+        )
     deadline = time.monotonic() + 60
     all_pids = {pid for pids in actor_pids.values() for pid in pids}
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in all_pids):
@@ -460,11 +550,16 @@ def scorer_run(venv, module_collector, cluster, tmp_path_factory):
     spans = collector.sink.spans()
     scorer_traces = {s["trace_id"] for s in spans if service_of(s) == SCORER_SERVICE}
     return {
-        "results": results, "rows": first + second, "server_pid": server_pid, "actor_pids": actor_pids,
-        "arrived_while_running": arrived_while_running, "alive_then": alive_then,
+        "results": results,
+        "rows": first + second,
+        "server_pid": server_pid,
+        "actor_pids": actor_pids,
+        "arrived_while_running": arrived_while_running,
+        "alive_then": alive_then,
         "killed": not any(psutil.pid_exists(pid) for pid in all_pids),
         "traces": {t: ss for t, ss in rollout_traces(spans, f"nemo-gym/{AGENT}").items() if t in scorer_traces},
-        "executes": _scorer_executes(spans), "bodies": collector.sink.raw_bodies(),
+        "executes": _scorer_executes(spans),
+        "bodies": collector.sink.raw_bodies(),
         "seconds": time.monotonic() - started,
     }
 
@@ -502,7 +597,11 @@ def test_every_rollout_continues_from_the_servers_verify_into_its_long_lived_act
                 assert execute["resource"]["nemo.gym.server.name"] == SCORER
                 assert execute["resource"]["nemo.gym.process.role"] == "ray_worker"
                 assert execute["resource"]["ray.node.id"] == execute["attributes"]["ray.node.id"]
-                assert execute["resource"]["process.pid"] == execute["attributes"]["process.pid"] != scorer_run["server_pid"]
+                assert (
+                    execute["resource"]["process.pid"]
+                    == execute["attributes"]["process.pid"]
+                    != scorer_run["server_pid"]
+                )
                 assert execute["attributes"]["ray.task.id"] == submit["attributes"]["ray.task.id"]
                 assert execute["attributes"]["ray.task.wait.duration"] >= 0
                 assert execute["attributes"]["ray.task.function"] == f"scorer_actors.{method}"
@@ -510,8 +609,11 @@ def test_every_rollout_continues_from_the_servers_verify_into_its_long_lived_act
                     assert "ray.actor.id" not in submit["attributes"] and "ray.actor.id" not in execute["attributes"]
                     continue
                 assert execute["attributes"]["ray.actor.id"] == submit["attributes"]["ray.actor.id"]
-                where = (execute["attributes"]["ray.actor.id"], execute["attributes"]["process.pid"],
-                         execute["attributes"]["ray.node.id"])
+                where = (
+                    execute["attributes"]["ray.actor.id"],
+                    execute["attributes"]["process.pid"],
+                    execute["attributes"]["ray.node.id"],
+                )
                 assert actor_of.setdefault(method.split(".")[0], where) == where
     # three actors, each in a process of its own, where each says it ran
     assert len({pid for _, pid, _ in actor_of.values()}) == 3
@@ -535,7 +637,9 @@ def test_concurrent_calls_in_one_actor_process_each_run_under_their_own_context(
             span = executes[call["span_id"]]
             assert span["trace_id"] == call["trace_id"] and span["attributes"]["process.pid"] == call["pid"]
             seen.add(call["span_id"])
-    assert len(seen) == sum(len(_calls(r, name)) for r in scorer_run["results"] for name in ("plain", "threaded", "async"))
+    assert len(seen) == sum(
+        len(_calls(r, name)) for r in scorer_run["results"] for name in ("plain", "threaded", "async")
+    )
     assert len({r["calls"]["plain"]["trace_id"] for r in scorer_run["results"]}) == 8
 
 
@@ -592,9 +696,16 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
     with PolicyModel() as policy:
         attempts = 3
         for attempt in range(attempts):
-            trio = GymTrio(venv, "0.4.0", workdir / f"gym{attempt}", policy.url, env=otel_env(collector, "http/protobuf"),
-                           instrument=True, resources=SCORER,
-                           extra_config={"ray_head_node_address": cluster.client_address})
+            trio = GymTrio(
+                venv,
+                "0.4.0",
+                workdir / f"gym{attempt}",
+                policy.url,
+                env=otel_env(collector, "http/protobuf"),
+                instrument=True,
+                resources=SCORER,
+                extra_config={"ray_head_node_address": cluster.client_address},
+            )
             try:
                 trio.start()
                 break
@@ -618,14 +729,23 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
             log = trio.log_text()
             # Ray's daemons, the client server and its per-client drivers among them
             daemons = {p.pid: " ".join(_cmdline(p)) for p in cluster.processes() if not _is_worker(p)}
-            collector.sink.wait_for(lambda spans: len(_scorer_executes(this_run(spans))) >= _expected_executes(rows),
-                                    timeout=60)
-            collector.sink.wait_for(lambda spans: len(rollout_traces(this_run(spans), f"nemo-gym/{AGENT}")) >= 4,
-                                    timeout=30)
+            collector.sink.wait_for(
+                lambda spans: len(_scorer_executes(this_run(spans))) >= _expected_executes(rows), timeout=60
+            )
+            collector.sink.wait_for(
+                lambda spans: len(rollout_traces(this_run(spans), f"nemo-gym/{AGENT}")) >= 4, timeout=30
+            )
             time.sleep(2)  # the last batch of the servers' spans (1 s schedule)
     spans = this_run(collector.sink.spans())
-    return {"results": results, "rows": rows, "log": log, "seconds": time.monotonic() - started,
-            "traces": rollout_traces(spans, f"nemo-gym/{AGENT}"), "spans": spans, "daemons": daemons}
+    return {
+        "results": results,
+        "rows": rows,
+        "log": log,
+        "seconds": time.monotonic() - started,
+        "traces": rollout_traces(spans, f"nemo-gym/{AGENT}"),
+        "spans": spans,
+        "daemons": daemons,
+    }
 
 
 def test_in_ray_client_mode_gym_works_and_actor_calls_are_traced_into_the_actor(client_mode_run):
@@ -651,12 +771,14 @@ def test_in_ray_client_mode_gym_works_and_actor_calls_are_traced_into_the_actor(
             assert execute["attributes"].get("ray.actor.id") == submit["attributes"].get("ray.actor.id")
             # the client learns a task's id from the client server later: the submit span
             # has it only when it was there already (never waited for)
-            assert submit["attributes"].get("ray.task.id", execute["attributes"]["ray.task.id"]) == \
-                execute["attributes"]["ray.task.id"]
+            assert (
+                submit["attributes"].get("ray.task.id", execute["attributes"]["ray.task.id"])
+                == execute["attributes"]["ray.task.id"]
+            )
             assert execute["attributes"]["ray.task.wait.duration"] >= 0
         assert sorted(s["name"] for s in executes if s["name"] != "ray.execute Scorer.fail") == [
-            "ray.execute AsyncScorer.meet"] * 2 + ["ray.execute Scorer.score"] + ["ray.execute ThreadedScorer.meet"] * 2 + [
-            "ray.execute length"]
+            "ray.execute AsyncScorer.meet"
+        ] * 2 + ["ray.execute Scorer.score"] + ["ray.execute ThreadedScorer.meet"] * 2 + ["ray.execute length"]
         fails = [s for s in executes if s["name"] == "ray.execute Scorer.fail"]
         for execute in fails:
             assert execute["status"] == "ERROR" and execute["attributes"]["error.type"] == "KeyError"

@@ -83,57 +83,101 @@ def run(request, tmp_path_factory):
             shards = []
             replaced = root / "replaced-pythonpath"
             replaced.mkdir()
-            for index, (name, embedder, runs, runtime_env) in enumerate((
-                ("shard-a", False, [{"n": N, "carrier": False}, {"n": N, "carrier": True},
-                                    {"n": N, "carrier": False, "span": True}],
-                 {"env_vars": {"PYTHONPATH": str(replaced)}}),
-                ("shard-b", True, [{"n": N, "carrier": True}], None),
-            )):
+            for index, (name, embedder, runs, runtime_env) in enumerate(
+                (
+                    (
+                        "shard-a",
+                        False,
+                        [
+                            {"n": N, "carrier": False},
+                            {"n": N, "carrier": True},
+                            {"n": N, "carrier": False, "span": True},
+                        ],
+                        {"env_vars": {"PYTHONPATH": str(replaced)}},
+                    ),
+                    ("shard-b", True, [{"n": N, "carrier": True}], None),
+                )
+            ):
                 trio = GymTrio(venv, version, root / name, policy.url)
                 trio.prepare()
                 config = trio.build_config()
-                config.update({
-                    "skip_venv_if_present": True,
-                    "ray_head_node_address": cluster.address,
-                    "global_aiohttp_connector_limit_per_host": 16384,
-                    "global_aiohttp_connector_limit": 16384,
-                })
+                config.update(
+                    {
+                        "skip_venv_if_present": True,
+                        "ray_head_node_address": cluster.address,
+                        "global_aiohttp_connector_limit_per_host": 16384,
+                        "global_aiohttp_connector_limit": 16384,
+                    }
+                )
                 row = dict(trio.default_row(), agent_ref={"type": "responses_api_agents", "name": AGENT})
-                shards.append({"name": name, "node": f"node{index}", "workdir": str(trio.workdir),
-                               "config": config, "embedder": embedder, "aiohttp": aiohttp, "runs": runs,
-                               "rows": [row] * N, "runtime_env": runtime_env})
+                shards.append(
+                    {
+                        "name": name,
+                        "node": f"node{index}",
+                        "workdir": str(trio.workdir),
+                        "config": config,
+                        "embedder": embedder,
+                        "aiohttp": aiohttp,
+                        "runs": runs,
+                        "rows": [row] * N,
+                        "runtime_env": runtime_env,
+                    }
+                )
             spec = root / "spec.json"
             spec.write_text(json.dumps({"shards": shards}))
-            denv = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_", "VIRTUAL_ENV", "PYTHON"))}
+            denv = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_", "VIRTUAL_ENV", "PYTHON"))
+            }
             denv.update(env)
             denv.update({"RAY_AUTH_MODE": "disabled", "PATH": f"{venv / 'bin'}{os.pathsep}{denv.get('PATH', '')}"})
             result = subprocess.run(
-                [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(DRIVER),
-                 cluster.address, str(spec)],
-                env=denv, capture_output=True, text=True, timeout=900, cwd=root,
+                [
+                    str(venv / "bin" / "opentelemetry-instrument"),
+                    str(venv / "bin" / "python"),
+                    str(DRIVER),
+                    cluster.address,
+                    str(spec),
+                ],
+                env=denv,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                cwd=root,
             )
             lines = [line for line in result.stdout.splitlines() if line.startswith("DRIVER-RESULT ")]
             spawned = set()
             if lines:
-                out = json.loads(lines[-1][len("DRIVER-RESULT "):])
+                out = json.loads(lines[-1][len("DRIVER-RESULT ") :])
                 spawned = {pid for shard in out["shards"].values() for pid in shard["where"]["servers"]}
             try:
                 assert result.returncode == 0 and lines, (
                     f"driver failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}\n"
-                    + cluster.log_tail())
+                    + cluster.log_tail()
+                )
                 expected = 3 * N + N  # every rollout, both shards
                 collector.sink.wait_for(
-                    lambda spans: len([s for s in spans if s["name"] == "POST /run" and s["kind"] == "SERVER"]) >= expected,
-                    timeout=120)
+                    lambda spans: (
+                        len([s for s in spans if s["name"] == "POST /run" and s["kind"] == "SERVER"]) >= expected
+                    ),
+                    timeout=120,
+                )
                 time.sleep(3)  # the servers' last batches (500 ms schedule)
                 daemons = {p.pid for p in cluster.processes() if not _is_worker(p)}
             finally:
                 _kill_tree(spawned)
-    return {"out": out, "spans": collector.sink.spans(), "daemons": daemons, "version": version, "aiohttp": aiohttp,
-            "replaced": str(replaced),
-            "entry": f"nemo-gym/{ENVIRONMENT if version >= '0.7' else AGENT}", "servers": gym_services(version),
-            "seconds": time.monotonic() - started}
+    return {
+        "out": out,
+        "spans": collector.sink.spans(),
+        "daemons": daemons,
+        "version": version,
+        "aiohttp": aiohttp,
+        "replaced": str(replaced),
+        "entry": f"nemo-gym/{ENVIRONMENT if version >= '0.7' else AGENT}",
+        "servers": gym_services(version),
+        "seconds": time.monotonic() - started,
+    }
 
 
 def _is_worker(process: psutil.Process) -> bool:
@@ -157,8 +201,16 @@ def _kill_tree(pids: set) -> None:
 def _runs(run: dict, shard: str) -> list[dict]:
     """The actor's CLIENT spans for ``/run``: one per rollout it dispatched, in start order."""
     pid = run["out"]["shards"][shard]["where"]["pid"]
-    return sorted((s for s in run["spans"] if s["kind"] == "CLIENT" and s["attributes"]["url.full"].endswith("/run")
-                   and s["resource"].get("process.pid") == pid), key=lambda s: s["start_ns"])
+    return sorted(
+        (
+            s
+            for s in run["spans"]
+            if s["kind"] == "CLIENT"
+            and s["attributes"]["url.full"].endswith("/run")
+            and s["resource"].get("process.pid") == pid
+        ),
+        key=lambda s: s["start_ns"],
+    )
 
 
 def _assert_whole(run: dict, client: dict) -> None:
@@ -310,8 +362,11 @@ def test_two_shards_on_two_nodes_are_two_fleets_told_apart(run):
     assert client_a["resource"]["ray.node.id"] == a["node"] and client_b["resource"]["ray.node.id"] == b["node"]
     assert client_a["resource"]["nemo.gym.run.id"] != client_b["resource"]["nemo.gym.run.id"]
     for shard in ("shard-a", "shard-b"):
-        servers = {service_of(s) for s in run["spans"] if s["resource"].get("nemo.gym.shard") == shard
-                   and s["resource"].get("nemo.gym.process.role") == "server"}
+        servers = {
+            service_of(s)
+            for s in run["spans"]
+            if s["resource"].get("nemo.gym.shard") == shard and s["resource"].get("nemo.gym.process.role") == "server"
+        }
         assert servers == run["servers"], shard
 
 

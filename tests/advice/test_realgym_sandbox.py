@@ -57,7 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def _answer(self, status: int, body: "dict | None" = None) -> None:
+    def _answer(self, status: int, body: dict | None = None) -> None:
         data = json.dumps(body).encode() if body is not None else b""
         head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
         self.wfile.write(head.encode() + data)  # one write: no Nagle delay
@@ -73,8 +73,15 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "POST" and path.endswith("/sandboxes"):
             if creates <= self.server.failures:
                 return self._answer(503, {"code": "UNAVAILABLE", "message": "no capacity yet"})
-            return self._answer(202, {"id": "sbx-retried", "status": {"state": "Running"},
-                                      "createdAt": "2026-01-01T00:00:00Z", "entrypoint": ["tail", "-f", "/dev/null"]})
+            return self._answer(
+                202,
+                {
+                    "id": "sbx-retried",
+                    "status": {"state": "Running"},
+                    "createdAt": "2026-01-01T00:00:00Z",
+                    "entrypoint": ["tail", "-f", "/dev/null"],
+                },
+            )
         endpoint = re.search(r"/sandboxes/([^/]+)/endpoints/(\d+)$", path)
         if self.command == "GET" and endpoint:
             return self._answer(200, {"endpoint": f"127.0.0.1:{self.server.port}/proxy/{endpoint.group(2)}"})
@@ -95,14 +102,23 @@ def sandbox_run(tmp_path_factory):
     threading.Thread(target=api.serve_forever, daemon=True).start()
     try:
         with Collector(log_dir=tmp / "collector") as collector:
-            env = {**os.environ, **otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500",
-                                            OTEL_SERVICE_NAME="sandbox-driver"),
-                   "NEMO_GYM_CONFIG_DICT": "{}", "SANDBOX_API_PORT": str(api.port),
-                   "SANDBOX_CREATE_RETRIES": str(FAILED_CREATES + 1)}
+            env = {
+                **os.environ,
+                **otel_env(
+                    collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500", OTEL_SERVICE_NAME="sandbox-driver"
+                ),
+                "NEMO_GYM_CONFIG_DICT": "{}",
+                "SANDBOX_API_PORT": str(api.port),
+                "SANDBOX_CREATE_RETRIES": str(FAILED_CREATES + 1),
+            }
             env.pop("PYTHONPATH", None)
             run = subprocess.run(
                 [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(DRIVER)],
-                cwd=tmp, env=env, capture_output=True, text=True, timeout=120,
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert run.returncode == 0, run.stderr[-3000:]
             result = json.loads(run.stdout.strip().splitlines()[-1])

@@ -64,12 +64,14 @@ def _collect(trio: GymTrio, tmp_path, num_repeats: int) -> None:
         f"+num_repeats={num_repeats}",
         "+upload_rollouts_to_wandb=false",
     ]
-    done = subprocess.run(command, cwd=trio.workdir, env=trio.environment(), capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        command, cwd=trio.workdir, env=trio.environment(), capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Error in sitecustomize" not in done.stderr
 
 
-def _group_of(span: dict) -> "str | None":
+def _group_of(span: dict) -> str | None:
     name, kind = span["name"], span["kind"]
     if kind == "SERVER":
         return "server"
@@ -106,7 +108,7 @@ SEAM_PARENTS = {
 }
 
 
-def _assert_rollout_seams(trace: list[dict], rollout_result: "dict | None", version: str, rollout_id: "str | None") -> None:
+def _assert_rollout_seams(trace: list[dict], rollout_result: dict | None, version: str, rollout_id: str | None) -> None:
     seams = [s for s in trace if s["name"].startswith("gym.") and s["name"] != "gym.job"]
     names = sorted(s["name"] for s in seams)
     # one rollout of the example: /run, one agent /v1/responses (a tool loop of two model calls), one verify
@@ -159,14 +161,22 @@ def _extra_config(version: str, tmp_path) -> dict:
 @pytest.mark.parametrize("version", ["0.4.0", "0.5.1", "0.7.0"])
 def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_path, policy_model):
     with Collector(log_dir=tmp_path / "collector") as collector:
-        trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                       env=_otel_env(collector, "all"), extra_config=_extra_config(version, tmp_path))
+        trio = GymTrio(
+            gym_venv(version),
+            version,
+            tmp_path / "gym",
+            policy_url=policy_model.url,
+            instrument=True,
+            env=_otel_env(collector, "all"),
+            extra_config=_extra_config(version, tmp_path),
+        )
         with trio:
             results = [trio.rollout(rollout_index=index) for index in (0, 1)]
             _collect(trio, tmp_path, num_repeats=2)
             assert collector.sink.wait_for(
-                lambda spans: sum(s["name"] == "gym.rollout" for s in spans) >= 4
-                and any(s["name"] == "gym.job" for s in spans),
+                lambda spans: (
+                    sum(s["name"] == "gym.rollout" for s in spans) >= 4 and any(s["name"] == "gym.job" for s in spans)
+                ),
                 timeout=30,
             ), sorted({(_service(s), s["name"]) for s in collector.sink.spans()})
         spans = collector.sink.spans()
@@ -174,8 +184,12 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
     traces = _by_trace(spans)
     run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
     direct = {
-        s["trace_id"]: s for s in spans
-        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["parent_span_id"] is None and _service(s) == run_service
+        s["trace_id"]: s
+        for s in spans
+        if s["kind"] == "SERVER"
+        and s["name"] == "POST /run"
+        and s["parent_span_id"] is None
+        and _service(s) == run_service
     }
     assert len(direct) == 2
     ids = {}
@@ -193,8 +207,11 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
     # CLIENT span is the root of that rollout's trace, linked to the job
     (job,) = [s for s in spans if s["name"] == "gym.job"]
     assert (job["kind"], job["parent_span_id"], _service(job)) == ("INTERNAL", None, COLLECT_SERVICE)
-    run_clients = [s for s in spans if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE
-                   and s["attributes"]["url.full"].endswith("/run")]
+    run_clients = [
+        s
+        for s in spans
+        if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE and s["attributes"]["url.full"].endswith("/run")
+    ]
     assert len(run_clients) == 2
     assert all(s["parent_span_id"] is None for s in run_clients)
     assert all(s["links"] == [{"trace_id": job["trace_id"], "span_id": job["span_id"]}] for s in run_clients)
@@ -206,7 +223,12 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
     # content-free: no prompt or completion text in any attribute
     prompt = json.dumps(trio.default_row()["responses_create_params"]["input"])
     words = {w for w in prompt.replace('"', " ").split() if len(w) > 6}
-    leaked = [(s["name"], k) for s in spans for k, v in s["attributes"].items() if isinstance(v, str) and any(w in v for w in words)]
+    leaked = [
+        (s["name"], k)
+        for s in spans
+        for k, v in s["attributes"].items()
+        if isinstance(v, str) and any(w in v for w in words)
+    ]
     assert not leaked
 
 
@@ -215,8 +237,14 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
 def test_span_groups_select_exactly_their_spans(spec, tmp_path, policy_model):
     version = "0.4.0"
     with Collector(log_dir=tmp_path / "collector") as collector:
-        trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                       env=_otel_env(collector, spec))
+        trio = GymTrio(
+            gym_venv(version),
+            version,
+            tmp_path / "gym",
+            policy_url=policy_model.url,
+            instrument=True,
+            env=_otel_env(collector, spec),
+        )
         with trio:
             assert trio.rollout()["reward"] == 1.0
             _collect(trio, tmp_path, num_repeats=1)

@@ -16,8 +16,8 @@ import subprocess
 import pytest
 
 from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
 from tests.harness.traces import assert_one_connected_trace, otel_env, rollout_traces, service_of
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
 
 pytestmark = pytest.mark.realgym
 
@@ -27,16 +27,24 @@ VERSION = "0.4.0"
 def _pins(venv: pathlib.Path) -> list[str]:
     """The requirements the orchestrator's venv derives (run there, as Gym's parser does)."""
     code = "import json; from gym_autoinstr.advice import venvs; print(json.dumps(venvs.server_requirements()))"
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True,
-                         cwd="/")
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True, cwd="/"
+    )
     return json.loads(out.stdout)
 
 
 def _missing_in(orchestrator_venv: pathlib.Path, server_venv: pathlib.Path) -> list[str]:
-    code = ("import json, pathlib, sys; from gym_autoinstr.advice import venvs; "
-            "print(json.dumps(venvs.missing_in(pathlib.Path(sys.argv[1]))))")
-    out = subprocess.run([str(orchestrator_venv / "bin" / "python"), "-c", code, str(server_venv)],
-                         capture_output=True, text=True, check=True, cwd="/")
+    code = (
+        "import json, pathlib, sys; from gym_autoinstr.advice import venvs; "
+        "print(json.dumps(venvs.missing_in(pathlib.Path(sys.argv[1]))))"
+    )
+    out = subprocess.run(
+        [str(orchestrator_venv / "bin" / "python"), "-c", code, str(server_venv)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
     return json.loads(out.stdout)
 
 
@@ -47,12 +55,13 @@ def _disk_bytes(path: pathlib.Path) -> int:
 
 
 def _apparent_bytes(path: pathlib.Path) -> int:
-    out = subprocess.run(["du", "-s", "--apparent-size", "--block-size=1", "-l", str(path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["du", "-s", "--apparent-size", "--block-size=1", "-l", str(path)], capture_output=True, text=True, check=True
+    )
     return int(out.stdout.split()[0])
 
 
-def _sitecustomize_dir(environ: dict[str, str]) -> "str | None":
+def _sitecustomize_dir(environ: dict[str, str]) -> str | None:
     for entry in environ.get("PYTHONPATH", "").split(os.pathsep):
         if (pathlib.Path(entry) / "sitecustomize.py").exists() and "opentelemetry" in entry:
             return entry
@@ -61,27 +70,38 @@ def _sitecustomize_dir(environ: dict[str, str]) -> "str | None":
 
 def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_model, collector):
     venv = gym_venv(VERSION, extra=["uv"])
-    trio = GymTrio(venv, VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                   build_venvs=True, env=otel_env(collector, "http/protobuf"))
+    trio = GymTrio(
+        venv,
+        VERSION,
+        tmp_path / "gym",
+        policy_url=policy_model.url,
+        instrument=True,
+        build_venvs=True,
+        env=otel_env(collector, "http/protobuf"),
+    )
     with trio.start(timeout=900):
         results = trio.rollouts(3, concurrency=1)
         assert all(r["reward"] == 1.0 for r in results)
-        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, f"nemo-gym/{AGENT}")) >= 3,
-                                       timeout=30), trio.log_tail(40)
+        assert collector.sink.wait_for(
+            lambda spans: len(rollout_traces(spans, f"nemo-gym/{AGENT}")) >= 3, timeout=30
+        ), trio.log_tail(40)
         servers = trio.server_processes()
         descendants = {name: p.children(recursive=True) for name, p in servers.items()}
         environs = {name: p.environ() for name, p in servers.items()}
         # A grandchild started by a server (a uvicorn worker, a Ray worker) inherits the
         # server's environment: started that way with the server's interpreter, it runs
         # the sitecustomize, and our configurator, from the server's own venv.
-        probe = ("import sys; from gym_autoinstr.setup.configurator import STATE; "
-                 "print(STATE.configured_by, sys.modules['sitecustomize'].__file__)")
+        probe = (
+            "import sys; from gym_autoinstr.setup.configurator import STATE; "
+            "print(STATE.configured_by, sys.modules['sitecustomize'].__file__)"
+        )
         grandchildren = {}
         for name, process in servers.items():
             environ = dict(environs[name], OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
             python = str(trio.server_venv(name) / "bin" / "python")
-            grandchildren[name] = subprocess.run([python, "-c", probe], env=environ, cwd=process.cwd(),
-                                                 capture_output=True, text=True, timeout=60)
+            grandchildren[name] = subprocess.run(
+                [python, "-c", probe], env=environ, cwd=process.cwd(), capture_output=True, text=True, timeout=60
+            )
     log = trio.log_text()
     assert "Error in sitecustomize" not in log
     assert "Failed to auto initialize" not in log
@@ -114,7 +134,11 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
     for name in (RESOURCES, AGENT, MODEL):
         (inside,) = [s for s in spans if s["name"] == "gym.server.startup" and service_of(s) == f"nemo-gym/{name}"]
         assert inside["trace_id"] == root["trace_id"]
-        (stage,) = [s for s in spans if s["name"] == "gym.server.startup.venv_setup" and s["parent_span_id"] == inside["span_id"]]
+        (stage,) = [
+            s
+            for s in spans
+            if s["name"] == "gym.server.startup.venv_setup" and s["parent_span_id"] == inside["span_id"]
+        ]
         created = (trio.server_venv(name) / "pyvenv.cfg").stat().st_mtime_ns
         assert stage["start_ns"] <= created <= stage["end_ns"], (name, stage["start_ns"], created, stage["end_ns"])
 
@@ -134,8 +158,13 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
             assert _sitecustomize_dir(child_environ) == sitecustomize
 
     # what it cost, per server venv (printed for the README; -s shows it)
-    costs = {name: {"disk_bytes": _disk_bytes(trio.server_venv(name)),
-                    "apparent_bytes": _apparent_bytes(trio.server_venv(name))} for name in (RESOURCES, AGENT, MODEL)}
+    costs = {
+        name: {
+            "disk_bytes": _disk_bytes(trio.server_venv(name)),
+            "apparent_bytes": _apparent_bytes(trio.server_venv(name)),
+        }
+        for name in (RESOURCES, AGENT, MODEL)
+    }
     print(f"\nstart-up with venv builds: {trio.startup_seconds:.1f}s; per server venv: {json.dumps(costs)}")
 
 
@@ -144,13 +173,21 @@ def test_a_reused_venv_without_our_packages_is_named_and_gym_still_serves(tmp_pa
     without this project (nor OpenTelemetry's SDK)."""
     venv = gym_venv(VERSION)
     stale = gym_venv(VERSION, with_project=False)
-    trio = GymTrio(venv, VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True,
-                   server_venvs={RESOURCES: stale}, env=otel_env(collector, "http/protobuf"))
+    trio = GymTrio(
+        venv,
+        VERSION,
+        tmp_path / "gym",
+        policy_url=policy_model.url,
+        instrument=True,
+        server_venvs={RESOURCES: stale},
+        env=otel_env(collector, "http/protobuf"),
+    )
     with trio:
         result = trio.rollout()
         assert result["reward"] == 1.0  # Gym still serves, that server untraced
-        assert collector.sink.wait_for(lambda spans: any(service_of(s) == f"nemo-gym/{AGENT}" for s in spans),
-                                       timeout=30)
+        assert collector.sink.wait_for(
+            lambda spans: any(service_of(s) == f"nemo-gym/{AGENT}" for s in spans), timeout=30
+        )
     log = trio.log_text()
     stale_venv = trio.server_venv(RESOURCES)
     messages = [line for line in log.splitlines() if "reuses the venv" in line]

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
-from gym_autoinstr.telemetry import groups
 from gym_autoinstr.advice.ingress import instrument_app
+from gym_autoinstr.telemetry import groups
 from tests.harness.servers import run_async, serve
 
 SECRET = "SECRET_PROMPT_TEXT"
@@ -26,14 +26,16 @@ SECRET = "SECRET_PROMPT_TEXT"
 
 class Ask(BaseModel):
     question: str
-    model: "str | None" = None
+    model: str | None = None
 
 
 def _client():
     from nemo_gym.config_types import BaseServerConfig
     from nemo_gym.server_utils import ServerClient
 
-    return ServerClient(head_server_config=BaseServerConfig(host="127.0.0.1", port=1), global_config_dict=OmegaConf.create({}))
+    return ServerClient(
+        head_server_config=BaseServerConfig(host="127.0.0.1", port=1), global_config_dict=OmegaConf.create({})
+    )
 
 
 def _config(config_cls, name: str):
@@ -93,7 +95,11 @@ def _model(name: str = "my_model"):
                     Model.stream_finished_at = time.time_ns()
 
                 return StreamingResponse(chunks(), media_type="text/event-stream")
-            return {"model": "served-responses", "output": [{"text": SECRET}], "usage": {"input_tokens": 5, "output_tokens": 3}}
+            return {
+                "model": "served-responses",
+                "output": [{"text": SECRET}],
+                "usage": {"input_tokens": 5, "output_tokens": 3},
+            }
 
     return Model(config=_config(BaseResponsesAPIModelConfig, name), server_client=_client()), Model
 
@@ -362,7 +368,9 @@ def test_a_request_the_sampler_dropped_gets_no_seam_span(instrumented, spans):
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{}"
     with serve(app) as base:
         for flags in ("00", "01"):
-            request = urllib.request.Request(base + "/verify", data=json.dumps({"question": "q"}).encode(), method="POST")
+            request = urllib.request.Request(
+                base + "/verify", data=json.dumps({"question": "q"}).encode(), method="POST"
+            )
             request.add_header("Content-Type", "application/json")
             request.add_header("traceparent", traceparent.format(flags))
             with urllib.request.urlopen(request, timeout=30) as response:

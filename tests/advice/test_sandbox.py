@@ -88,7 +88,13 @@ def test_start_exec_stop_spans_with_ids_and_return_codes(instrumented, spans):
     ok, failed, timed_out = run_async(_session())
     assert SECRET in ok.stdout and failed.return_code == 3  # the sandbox works as before
     names = [s.name for s in _sandbox_spans(spans)]
-    assert names == ["gym.sandbox.start", "gym.sandbox.exec", "gym.sandbox.exec", "gym.sandbox.exec", "gym.sandbox.stop"]
+    assert names == [
+        "gym.sandbox.start",
+        "gym.sandbox.exec",
+        "gym.sandbox.exec",
+        "gym.sandbox.exec",
+        "gym.sandbox.stop",
+    ]
     start, exec_ok, exec_failed, exec_timeout, stop = _sandbox_spans(spans)
     sandbox_id = start.attributes["nemo.gym.sandbox.id"]
     assert sandbox_id.startswith("local-")

@@ -42,7 +42,12 @@ def test_a_server_reports_its_startup_under_the_orchestrators_span(spans, fresh_
     assert inside.attributes["nemo.gym.server.name"] == "my_server"
     assert inside.start_time == spawned
     ordered = sorted(finished.values(), key=lambda s: s.start_time)
-    assert [s.name.rsplit(".", 1)[1] for s in ordered] == ["venv_setup", "interpreter_start", "imports", "uvicorn_startup"]
+    assert [s.name.rsplit(".", 1)[1] for s in ordered] == [
+        "venv_setup",
+        "interpreter_start",
+        "imports",
+        "uvicorn_startup",
+    ]
     assert all(s.parent.span_id == inside.context.span_id for s in ordered)
     assert ordered[0].start_time == spawned and ordered[-1].end_time == inside.end_time
     for before, after in zip(ordered, ordered[1:]):

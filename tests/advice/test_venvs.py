@@ -27,7 +27,7 @@ from gym_autoinstr.advice import venvs
 
 # A complete PEP 517 + PEP 660 backend: enough for pip to install a directory, an
 # editable and a wheel without touching an index.
-BACKEND = textwrap.dedent('''
+BACKEND = textwrap.dedent("""
     import base64, hashlib, json, os, zipfile
 
     def _project():
@@ -67,7 +67,7 @@ BACKEND = textwrap.dedent('''
 
     def build_sdist(sdist_directory, config_settings=None):
         raise NotImplementedError
-''')
+""")
 
 
 def _tiny_project(directory: pathlib.Path, name: str, version: str, requires=()) -> pathlib.Path:
@@ -86,8 +86,9 @@ def _tiny_project(directory: pathlib.Path, name: str, version: str, requires=())
 def _build_wheel(project: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     out.mkdir(parents=True, exist_ok=True)
     code = "import sys, tiny_backend; print(tiny_backend.build_wheel(sys.argv[1]))"
-    name = subprocess.run([sys.executable, "-c", code, str(out)], cwd=project, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    name = subprocess.run(
+        [sys.executable, "-c", code, str(out)], cwd=project, capture_output=True, text=True, check=True
+    ).stdout.strip()
     return out / name
 
 
@@ -157,11 +158,15 @@ def test_a_vcs_install_is_pinned_to_its_commit(tmp_path):
     dist_info.mkdir(parents=True)
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-vcs\nVersion: 0.3.0+g1234\n")
     commit = "0123456789abcdef0123456789abcdef01234567"
-    (dist_info / "direct_url.json").write_text(json.dumps({
-        "url": "https://github.com/example/tiny-vcs.git",
-        "vcs_info": {"vcs": "git", "requested_revision": "main", "commit_id": commit},
-        "subdirectory": "python",
-    }))
+    (dist_info / "direct_url.json").write_text(
+        json.dumps(
+            {
+                "url": "https://github.com/example/tiny-vcs.git",
+                "vcs_info": {"vcs": "git", "requested_revision": "main", "commit_id": commit},
+                "subdirectory": "python",
+            }
+        )
+    )
     requirement = venvs.pinned_requirement(_distribution(site, "tiny-vcs"))
     assert requirement.kind == "vcs"
     assert requirement.arguments == (
@@ -192,8 +197,14 @@ def test_the_closure_follows_markers_and_extras_and_pins_only_the_wire_path(tmp_
         lines += [f"Requires-Dist: {r}" for r in requires]
         (directory / "METADATA").write_text("\n".join(lines) + "\n")
 
-    dist("gym-autoinstr", "9.0", "opentelemetry-sdk>=1", "helper[wire]", "opentelemetry-never; python_version < '3'",
-         "typing-extensions")
+    dist(
+        "gym-autoinstr",
+        "9.0",
+        "opentelemetry-sdk>=1",
+        "helper[wire]",
+        "opentelemetry-never; python_version < '3'",
+        "typing-extensions",
+    )
     dist("opentelemetry-sdk", "1.5", "opentelemetry-api==1.5", "typing-extensions")
     dist("opentelemetry-api", "1.5")
     dist("opentelemetry-never", "1.0")
@@ -203,15 +214,29 @@ def test_the_closure_follows_markers_and_extras_and_pins_only_the_wire_path(tmp_
     dist("typing-extensions", "4.0")
     pinned = venvs.pinned_requirements(path=[str(site)])
     assert [r.shell() for r in pinned] == [
-        "gym-autoinstr==9.0", "opentelemetry-api==1.5", "opentelemetry-sdk==1.5", "protobuf==6.1",
+        "gym-autoinstr==9.0",
+        "opentelemetry-api==1.5",
+        "opentelemetry-sdk==1.5",
+        "protobuf==6.1",
     ]
 
 
 def test_this_venv_pins_our_opentelemetry_stack_at_the_installed_versions():
     pinned = {r.name: r for r in venvs.pinned_requirements()}
-    for name in ("gym-autoinstr", "wrapt", "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-instrumentation",
-                 "opentelemetry-exporter-otlp-proto-http", "opentelemetry-exporter-otlp-proto-grpc",
-                 "opentelemetry-proto", "protobuf", "grpcio", "requests", "googleapis-common-protos"):
+    for name in (
+        "gym-autoinstr",
+        "wrapt",
+        "opentelemetry-api",
+        "opentelemetry-sdk",
+        "opentelemetry-instrumentation",
+        "opentelemetry-exporter-otlp-proto-http",
+        "opentelemetry-exporter-otlp-proto-grpc",
+        "opentelemetry-proto",
+        "protobuf",
+        "grpcio",
+        "requests",
+        "googleapis-common-protos",
+    ):
         assert name in pinned, name
         assert pinned[name].version == metadata.version(name)
     assert not {"typing-extensions", "urllib3", "packaging", "certifi"} & set(pinned)
@@ -281,10 +306,15 @@ def _setup_env_command(tmp_path, venv_root: pathlib.Path, skip: bool) -> str:
     server_dir = tmp_path / "pkg" / "resources_servers" / "tiny"
     server_dir.mkdir(parents=True, exist_ok=True)
     (server_dir / "requirements.txt").write_text("")
-    config = OmegaConf.create({
-        "head_server_deps": ["openai==1"], "uv_venv_dir": str(venv_root), "python_version": "3.12",
-        "skip_venv_if_present": skip, "uv_cache_dir": str(tmp_path / "uv"),
-    })
+    config = OmegaConf.create(
+        {
+            "head_server_deps": ["openai==1"],
+            "uv_venv_dir": str(venv_root),
+            "python_version": "3.12",
+            "skip_venv_if_present": skip,
+            "uv_cache_dir": str(tmp_path / "uv"),
+        }
+    )
     return venvs.setup_env_command_advice(setup_env_command, None, (server_dir, config, "tiny_server"), {})
 
 
@@ -328,9 +358,15 @@ def test_a_reused_venv_with_our_packages_or_a_fresh_build_says_nothing(tmp_path,
 
 def test_local_installs_name_their_path_and_index_installs_none(installed):
     assert venvs.pinned_requirement(metadata.distribution("wrapt")).local_path is None
-    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-wheel")).local_path == str(installed["wheel"])
-    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-dir")).local_path == str(installed["directory"])
-    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-edit")).local_path == str(installed["editable"])
+    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-wheel")).local_path == str(
+        installed["wheel"]
+    )
+    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-dir")).local_path == str(
+        installed["directory"]
+    )
+    assert venvs.pinned_requirement(_distribution(installed["site"], "tiny-edit")).local_path == str(
+        installed["editable"]
+    )
 
 
 @pytest.fixture
@@ -351,8 +387,13 @@ def test_a_local_gym_autoinstr_is_said_once_with_the_fix(tmp_path, orchestrator,
     assert "gym-autoinstr (" in messages[0] and venvs.SERVER_REQUIREMENT_VARIABLE in messages[0]
 
 
-def test_the_setting_names_the_requirement_server_venvs_install(tmp_path, orchestrator, said, fresh_requirements, monkeypatch):
-    monkeypatch.setenv(venvs.SERVER_REQUIREMENT_VARIABLE, "gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl")
+def test_the_setting_names_the_requirement_server_venvs_install(
+    tmp_path, orchestrator, said, fresh_requirements, monkeypatch
+):
+    monkeypatch.setenv(
+        venvs.SERVER_REQUIREMENT_VARIABLE,
+        "gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl",
+    )
     deps = list(_parsed(tmp_path)["head_server_deps"])
     ours = [d for d in deps if "gym" in d and "autoinstr" in d]
     assert ours == ["'gym-autoinstr @ https://example.invalid/gym_autoinstr-0.1.0-py3-none-any.whl'"]
@@ -364,6 +405,8 @@ def test_the_setting_names_the_requirement_server_venvs_install(tmp_path, orches
 def test_a_setting_that_is_not_one_requirement_is_named_and_ignored(said, fresh_requirements, monkeypatch):
     monkeypatch.setenv(venvs.SERVER_REQUIREMENT_VARIABLE, "--index-url http://x gym-autoinstr")
     assert venvs.requirement_override() is None
-    assert any(venvs.SERVER_REQUIREMENT_VARIABLE in r.getMessage() and "not one requirement" in r.getMessage() for r in said)
+    assert any(
+        venvs.SERVER_REQUIREMENT_VARIABLE in r.getMessage() and "not one requirement" in r.getMessage() for r in said
+    )
     (ours,) = [r for r in venvs.pinned_requirements() if r.name == "gym-autoinstr"]
     assert ours.shell() in venvs.server_requirements()

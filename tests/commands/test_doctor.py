@@ -38,7 +38,9 @@ sys.meta_path.insert(0, _Blocked())
 """
 
 
-def doctor(tmp_path, *, prelude: str = "", env: "dict[str, str] | None" = None, pythonpath: str = "", as_json: bool = True):
+def doctor(
+    tmp_path, *, prelude: str = "", env: dict[str, str] | None = None, pythonpath: str = "", as_json: bool = True
+):
     """Run ``gym-autoinstr doctor --offline`` after ``prelude``; return (exit code, JSON or text, stderr).
     Offline: these cases are about the install; the live endpoint check has its own tests
     (test_doctor_pipeline.py)."""
@@ -49,13 +51,17 @@ def doctor(tmp_path, *, prelude: str = "", env: "dict[str, str] | None" = None, 
         environ["PYTHONPATH"] = pythonpath
     workdir = tmp_path / "cwd"
     workdir.mkdir(exist_ok=True)
-    result = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=environ, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir, env=environ, capture_output=True, text=True, timeout=120
+    )
     if not as_json:
         return result.returncode, result.stdout, result.stderr
     try:
         report = json.loads(result.stdout)
     except ValueError:
-        pytest.fail(f"doctor printed no JSON (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"doctor printed no JSON (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        )
     return result.returncode, report, result.stderr
 
 
@@ -86,13 +92,20 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     # No exporter configured: the embedded default writes files beside the orchestrator.
     assert [(e["name"], e["writable"]) for e in report["exporters"]] == [("files", True)]
     assert problems(report, "info", "exporter")[0]["fix"].startswith("read them with `gym-autoinstr view")
-    assert report["span_groups"] == {"variable": None, "spec": None, "enabled": ["http_client", "job", "ray", "rollout", "server", "startup"], "unknown": []}
+    assert report["span_groups"] == {
+        "variable": None,
+        "spec": None,
+        "enabled": ["http_client", "job", "ray", "rollout", "server", "startup"],
+        "unknown": [],
+    }
     assert report["native_telemetry"]["present"] is False
     assert report["ray"]["active"] is True and report["ray"]["ray_version"]
     # gym env start would pin our packages into every server venv it builds
     venvs = report["server_venvs"]
     assert venvs["will_install"] is True
-    assert any(r.startswith("-e ") or r.startswith("gym-autoinstr") or "gym-autoinstr" in r for r in venvs["requirements"])
+    assert any(
+        r.startswith("-e ") or r.startswith("gym-autoinstr") or "gym-autoinstr" in r for r in venvs["requirements"]
+    )
     assert any(r.startswith("opentelemetry-sdk==") for r in venvs["requirements"])
     assert not problems(report, "error") and not problems(report, "warning")
     # this checkout is installed editable: a path servers on other hosts cannot install
@@ -113,7 +126,9 @@ def test_the_process_wide_patches_are_listed_after_the_pointcuts(tmp_path):
         row.name: (True, 0) for row in PROCESS_PATCHES
     }
     assert rows["asyncio.wrap_future"]["pointcut"] == "ray.await_error"
-    _, text, _ = doctor(tmp_path, prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, pythonpath=here, as_json=False)
+    _, text, _ = doctor(
+        tmp_path, prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, pythonpath=here, as_json=False
+    )
     listed = text.split("\nprocess-wide patches", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     names = [line.split()[0] for line in listed if not line.startswith("    ")]
     assert names == [row.name for row in PROCESS_PATCHES]
@@ -127,7 +142,9 @@ def test_the_process_wide_patches_are_listed_after_the_pointcuts(tmp_path):
 def test_a_configured_collector_is_reached_over_the_otlp_exporter(tmp_path):
     code, report, _ = doctor(tmp_path, env=COLLECTOR)
     assert code == 0 and report["ok"]
-    assert [(e["name"], e["protocol"], e["importable"]) for e in report["exporters"]] == [("otlp", "http/protobuf", True)]
+    assert [(e["name"], e["protocol"], e["importable"]) for e in report["exporters"]] == [
+        ("otlp", "http/protobuf", True)
+    ]
     assert not problems(report, subject="exporter")
 
 
@@ -135,10 +152,16 @@ def test_metric_and_log_exporters_are_reported_beside_the_span_exporter(tmp_path
     _, report, _ = doctor(tmp_path)  # the embedded default: metrics to the run directory, logs off
     assert [(e["name"], e["used"]) for e in report["metric_exporters"]] == [("files", "files")]
     assert report["log_exporters"] == []
-    _, report, _ = doctor(tmp_path, env={**COLLECTOR, "NEMO_GYM_OTEL_LOGS_ENABLED": "true", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    _, report, _ = doctor(
+        tmp_path, env={**COLLECTOR, "NEMO_GYM_OTEL_LOGS_ENABLED": "true", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    )
     assert [(e["name"], e["used"]) for e in report["metric_exporters"]] == [("otlp", "grpc")]
     assert [(e["name"], e["used"]) for e in report["log_exporters"]] == [("otlp", "grpc")]
-    _, text, _ = doctor(tmp_path, env={**COLLECTOR, "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_LOGS_EXPORTER": "console"}, as_json=False)
+    _, text, _ = doctor(
+        tmp_path,
+        env={**COLLECTOR, "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_LOGS_EXPORTER": "console"},
+        as_json=False,
+    )
     assert "metrics       prometheus  (NOT importable)" in text and "logs          console  (importable)" in text
     assert "OTEL_METRICS_EXPORTER names 'prometheus'" in text
 
@@ -173,7 +196,9 @@ def test_a_missing_exporter_package_falls_back_to_the_other_protocol(tmp_path):
 
 
 def test_no_importable_exporter_means_tracing_would_not_work(tmp_path):
-    code, report, _ = doctor(tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}, {GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, env=COLLECTOR)
+    code, report, _ = doctor(
+        tmp_path, prelude=f"BLOCKED = [{HTTP_EXPORTER!r}, {GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, env=COLLECTOR
+    )
     assert code == 1 and not report["ok"]
     (error,) = problems(report, "error")
     assert error["subject"] == "exporter" and "never exported" in error["problem"]
@@ -207,10 +232,14 @@ def test_an_unknown_gym_version_is_named_and_still_checked(tmp_path):
     assert code == 0 and report["ok"]
     # Optional pointcuts the table promises for 0.9.0, which this Gym lacks, are warnings.
     promised = {
-        p.name for p in POINTCUTS if p.optional and version_applies(p.versions, "0.9.0") and not version_applies(p.versions, "0.4.0")
+        p.name
+        for p in POINTCUTS
+        if p.optional and version_applies(p.versions, "0.9.0") and not version_applies(p.versions, "0.4.0")
     }
     assert promised >= {"coexistence"}
-    assert {p["subject"] for p in problems(report, "warning")} == {"nemo-gym"} | {f"pointcut {name}" for name in promised}
+    assert {p["subject"] for p in problems(report, "warning")} == {"nemo-gym"} | {
+        f"pointcut {name}" for name in promised
+    }
 
 
 def test_a_pointcut_gone_from_gym_is_an_error_with_a_fix(tmp_path):
@@ -286,14 +315,48 @@ def test_opentelemetry_distro_found_first_changes_the_defaults(tmp_path):
 
 # (report key, variable, value, mode, warned, the fix's suggestion, text line label, text for the mode)
 SETTINGS = [
-    ("job_trace", "GYM_AUTOINSTR_JOB_TRACE", None, "per_rollout", False, "", "job traces", "each rollout its own trace"),
+    (
+        "job_trace",
+        "GYM_AUTOINSTR_JOB_TRACE",
+        None,
+        "per_rollout",
+        False,
+        "",
+        "job traces",
+        "each rollout its own trace",
+    ),
     ("job_trace", "GYM_AUTOINSTR_JOB_TRACE", " Single", "single", False, "", "job traces", "one trace per job"),
-    ("job_trace", "GYM_AUTOINSTR_JOB_TRACE", "one", "per_rollout", True, "GYM_AUTOINSTR_JOB_TRACE=single", "job traces",
-     "each rollout its own trace"),
+    (
+        "job_trace",
+        "GYM_AUTOINSTR_JOB_TRACE",
+        "one",
+        "per_rollout",
+        True,
+        "GYM_AUTOINSTR_JOB_TRACE=single",
+        "job traces",
+        "each rollout its own trace",
+    ),
     ("client_spans", "GYM_AUTOINSTR_CLIENT_SPANS", None, "all", False, "", "client spans", "one per call"),
-    ("client_spans", "GYM_AUTOINSTR_CLIENT_SPANS", " Failures", "failures", False, "", "client spans", "only for failed calls"),
-    ("client_spans", "GYM_AUTOINSTR_CLIENT_SPANS", "lean", "all", True, "GYM_AUTOINSTR_CLIENT_SPANS=failures",
-     "client spans", "one per call"),
+    (
+        "client_spans",
+        "GYM_AUTOINSTR_CLIENT_SPANS",
+        " Failures",
+        "failures",
+        False,
+        "",
+        "client spans",
+        "only for failed calls",
+    ),
+    (
+        "client_spans",
+        "GYM_AUTOINSTR_CLIENT_SPANS",
+        "lean",
+        "all",
+        True,
+        "GYM_AUTOINSTR_CLIENT_SPANS=failures",
+        "client spans",
+        "one per call",
+    ),
 ]
 
 

@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 import threading
-from urllib.parse import urlsplit
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -49,7 +49,9 @@ class _Answering:
 
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                owner.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+                owner.requests.append(
+                    {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+                )
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -107,7 +109,9 @@ def test_the_collector_http_port_accepts_an_empty_export(rotel):
 
 
 def test_the_collector_grpc_port_accepts_an_empty_export(rotel):
-    section, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPC_ROW)
+    section, problems = check(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPC_ROW
+    )
     assert not errors(problems), problems
     (target,) = section["targets"]
     assert target["accepted"] and target["status"] == "OK" and target["tls"] is False
@@ -127,7 +131,10 @@ def test_the_signal_specific_endpoint_is_used_as_is_and_wins(rotel):
     section, problems = check(env)
     assert not errors(problems), problems
     (target,) = section["targets"]
-    assert target["variable"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" and target["url"] == rotel.http_endpoint + "/v1/traces"
+    assert (
+        target["variable"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        and target["url"] == rotel.http_endpoint + "/v1/traces"
+    )
 
 
 def test_an_ipv6_literal_works_when_bracketed(rotel):
@@ -174,14 +181,22 @@ def test_an_unresolvable_host_is_named():
 def test_http_protobuf_to_the_grpc_port_names_the_protocol_and_port(rotel):
     _, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.grpc_endpoint})
     error = the_error(problems)
-    assert error.problem == f"127.0.0.1:{rotel.grpc_port} speaks HTTP/2 only, as a gRPC receiver does, and OTLP is set to http/protobuf"
+    assert (
+        error.problem
+        == f"127.0.0.1:{rotel.grpc_port} speaks HTTP/2 only, as a gRPC receiver does, and OTLP is set to http/protobuf"
+    )
     assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in error.fix and "4318" in error.fix
 
 
 def test_grpc_to_the_http_port_names_the_protocol_and_port(rotel):
-    _, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPC_ROW)
+    _, problems = check(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPC_ROW
+    )
     error = the_error(problems)
-    assert error.problem == f"127.0.0.1:{rotel.http_port} answers HTTP/1.1, as an OTLP/HTTP receiver does, and OTLP is set to grpc"
+    assert (
+        error.problem
+        == f"127.0.0.1:{rotel.http_port} answers HTTP/1.1, as an OTLP/HTTP receiver does, and OTLP is set to grpc"
+    )
     assert "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in error.fix and "4317" in error.fix
 
 
@@ -193,7 +208,10 @@ def test_https_to_a_plain_port_is_a_tls_mismatch(rotel):
 
 
 def test_grpc_over_tls_to_a_plain_port_is_a_tls_mismatch(rotel):
-    _, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{rotel.grpc_port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPC_ROW)
+    _, problems = check(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{rotel.grpc_port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+        GRPC_ROW,
+    )
     error = the_error(problems)
     assert "TLS handshake" in error.problem and "OTEL_EXPORTER_OTLP_INSECURE=true" in error.fix
 
@@ -246,19 +264,26 @@ def test_a_grpc_scheme_is_named_for_http_and_means_tls_for_grpc(rotel):
     _, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": f"grpc://127.0.0.1:{rotel.grpc_port}"})
     error = the_error(problems)
     assert "grpc:// is no URL scheme" in error.problem and "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in error.problem
-    section, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": f"grpc://127.0.0.1:{rotel.grpc_port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, GRPC_ROW)
+    section, problems = check(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"grpc://127.0.0.1:{rotel.grpc_port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+        GRPC_ROW,
+    )
     assert section["targets"][0]["tls"] is True  # as the SDK's gRPC exporter does
     assert any("connects with TLS" in p.problem for p in problems if p.severity == "info")
     assert "TLS handshake" in the_error(problems).problem
     # the same with the insecure switch: accepted
     section, problems = check(
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"grpc://127.0.0.1:{rotel.grpc_port}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}, GRPC_ROW
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"grpc://127.0.0.1:{rotel.grpc_port}", "OTEL_EXPORTER_OTLP_INSECURE": "true"},
+        GRPC_ROW,
     )
     assert not errors(problems) and section["targets"][0]["accepted"]
 
 
 def test_headers_with_odd_encodings_are_named_without_their_values(rotel):
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint, "OTEL_EXPORTER_OTLP_HEADERS": "novalue,ok=1,tok=s%C3%A9cret-canary"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint,
+        "OTEL_EXPORTER_OTLP_HEADERS": "novalue,ok=1,tok=s%C3%A9cret-canary",
+    }
     section, problems = check(env)
     (warning,) = [p for p in problems if p.severity == "warning"]
     assert "entry 1 is not name=value" in warning.problem and "'tok' is not printable ASCII" in warning.problem
@@ -296,7 +321,11 @@ def test_resolution_matches_the_sdk_exporters(monkeypatch):
         {},
     ]
     for env in cases:
-        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_INSECURE"):
+        for name in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_INSECURE",
+        ):
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
@@ -319,15 +348,24 @@ def doctor(tmp_path, env, *extra):
     code = "import sys\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     workdir = tmp_path / "cwd"
     workdir.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-c", code, "doctor", *extra], cwd=workdir, env=clean_environment(**env),
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-c", code, "doctor", *extra],
+        cwd=workdir,
+        env=clean_environment(**env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_the_command_exits_non_zero_when_spans_cannot_arrive_and_offline_skips(tmp_path):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_EXPORTER_OTLP_PROTOCOL": "bogus"}
     result = doctor(tmp_path, env)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "pipeline      http/protobuf to http://127.0.0.1:" in result.stdout and "spans could NOT arrive" in result.stdout
+    assert (
+        "pipeline      http/protobuf to http://127.0.0.1:" in result.stdout
+        and "spans could NOT arrive" in result.stdout
+    )
     assert "WARNING: exporter: OTEL_EXPORTER_OTLP_PROTOCOL='bogus' is not an OTLP protocol" in result.stdout
     assert "ERROR: pipeline: nothing listens at" in result.stdout
     assert result.stdout.rstrip().endswith("tracing would NOT work")
@@ -339,7 +377,9 @@ def test_the_command_exits_non_zero_when_spans_cannot_arrive_and_offline_skips(t
 
 
 def test_the_command_passes_against_a_real_collector(tmp_path, rotel):
-    result = doctor(tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "--json")
+    result = doctor(
+        tmp_path, {"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "--json"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     (target,) = report["pipeline"]["targets"]

@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "demo.py"), "--rollouts", "3", "--workdir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
@@ -24,7 +26,7 @@ def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
     assert "rewards: [1.0, 1.0, 1.0]" in out
     # three servers, and the orchestrator's start-up spans (group startup, in the default preset)
     assert "3 rollouts -> 3 traces, 4 trace files (one per process)" in out
-    waterfall = out[out.index("$ gym-autoinstr view"):]
+    waterfall = out[out.index("$ gym-autoinstr view") :]
     for service in ("example_single_tool_call_simple_agent", "example_single_tool_call ", "policy_model"):
         assert f"nemo-gym/{service}" in waterfall
     for name in ("POST /run", "gym.rollout", "HTTP POST", "POST /v1/responses", "POST /verify"):

@@ -45,8 +45,14 @@ def real_run(tmp_path_factory) -> Path:
     version = "0.4.0"
     workdir = tmp_path_factory.mktemp("view-gym")
     with PolicyModel() as model:
-        trio = GymTrio(gym_venv(version), version, workdir, policy_url=model.url, instrument=True,
-                       env={"GYM_AUTOINSTR_SPAN_GROUPS": "all"})
+        trio = GymTrio(
+            gym_venv(version),
+            version,
+            workdir,
+            policy_url=model.url,
+            instrument=True,
+            env={"GYM_AUTOINSTR_SPAN_GROUPS": "all"},
+        )
         with trio:
             results = trio.rollouts(N_ROLLOUTS, concurrency=1)  # sequential: trace order is rollout order
     assert [r["reward"] for r in results] == [1.0] * N_ROLLOUTS
@@ -66,8 +72,11 @@ def real_rollouts(real_spans) -> list:
     from tests.harness.trio import AGENT
 
     traces = [
-        t for t in build_traces(real_spans)
-        if any(r.depth == 0 and r.span["name"] == "POST /run" and _service(r.span) == f"nemo-gym/{AGENT}" for r in t.rows)
+        t
+        for t in build_traces(real_spans)
+        if any(
+            r.depth == 0 and r.span["name"] == "POST /run" and _service(r.span) == f"nemo-gym/{AGENT}" for r in t.rows
+        )
     ]
     assert len(traces) == N_ROLLOUTS
     return traces
@@ -119,7 +128,8 @@ def test_real_run_summary_counts_the_callees_server_spans(real_rollouts):
 
     def server_ms(trace, service, name=None):
         return sum(
-            (s["end_ns"] - s["start_ns"]) / 1e6 for s in trace.spans
+            (s["end_ns"] - s["start_ns"]) / 1e6
+            for s in trace.spans
             if s["kind"] == "SERVER" and _service(s) == f"nemo-gym/{service}" and (name is None or s["name"] == name)
         )
 
@@ -208,7 +218,9 @@ def test_why_is_it_slow_summary_of_the_real_run(real_run):
     assert {f"nemo-gym/{n}" for n in (AGENT, MODEL, RESOURCES)} <= set(blocks)
 
     def row(service: str, section: str, label: str) -> list[str]:
-        found = [line.split() for line in blocks[f"nemo-gym/{service}"] if line.strip().startswith(section) and label in line]
+        found = [
+            line.split() for line in blocks[f"nemo-gym/{service}"] if line.strip().startswith(section) and label in line
+        ]
         assert len(found) == 1, (section, label, blocks[f"nemo-gym/{service}"])
         return found[0]
 
@@ -228,4 +240,4 @@ def test_html_page_of_the_real_run_has_the_summary(real_run, tmp_path):
     assert _cli("view", str(real_run), "--html", str(page)).returncode == 0
     text = page.read_text()
     assert text.count('<section class="why-slow"') == 1
-    assert "Why is it slow" in text and "nemo-gym/" in text[text.index('<section class="why-slow"'):]
+    assert "Why is it slow" in text and "nemo-gym/" in text[text.index('<section class="why-slow"') :]

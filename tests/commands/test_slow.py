@@ -14,10 +14,13 @@ from gym_autoinstr.telemetry.metrics import DURATION_BOUNDARIES_MS
 
 def _process(run_dir, service: str, values: list[float]) -> None:
     exporter = files.metric_exporter(run_dir, service)
-    provider = MeterProvider(resource=Resource.create({"service.name": service}),
-                             metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)])
+    provider = MeterProvider(
+        resource=Resource.create({"service.name": service}),
+        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)],
+    )
     histogram = provider.get_meter("t").create_histogram(
-        "gym.rollout.duration_ms", unit="ms", explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS))
+        "gym.rollout.duration_ms", unit="ms", explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS)
+    )
     for value in values:
         histogram.record(value, {"nemo.gym.rollout.outcome": "success"})
     provider.force_flush()
@@ -48,13 +51,19 @@ def test_no_metrics_files_gives_no_summary(tmp_path):
 
 def test_waits_for_gyms_semaphores_and_sandbox_times_are_summarised(tmp_path):
     exporter = files.metric_exporter(tmp_path, "nemo-gym/model")
-    provider = MeterProvider(resource=Resource.create({"service.name": "nemo-gym/model"}),
-                             metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)])
+    provider = MeterProvider(
+        resource=Resource.create({"service.name": "nemo-gym/model"}),
+        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)],
+    )
     meter = provider.get_meter("t")
     waits = meter.create_histogram("gym.concurrency.queue_wait_duration_ms", unit="ms")
     for value in (5.0, 50.0, 500.0):
-        waits.record(value, {"nemo.gym.concurrency.site": "SimpleModelServer._semaphore", "nemo.gym.server.name": "model"})
-    meter.create_histogram("gym.sandbox.exec_duration_ms", unit="ms").record(1200.0, {"nemo.gym.sandbox.provider": "docker"})
+        waits.record(
+            value, {"nemo.gym.concurrency.site": "SimpleModelServer._semaphore", "nemo.gym.server.name": "model"}
+        )
+    meter.create_histogram("gym.sandbox.exec_duration_ms", unit="ms").record(
+        1200.0, {"nemo.gym.sandbox.provider": "docker"}
+    )
     provider.shutdown()
     lines = slow.render_text(slow.summarise(slow.read_run(tmp_path))).splitlines()
     (wait,) = [line for line in lines if "waits for a Gym limit" in line]

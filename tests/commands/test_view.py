@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 from gym_autoinstr.commands.view import build_traces, select, summary
+from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 BASE_NS = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -44,7 +44,7 @@ def _service(span: dict) -> str:
     return span["resource"].get("service.name", "")
 
 
-def _cli(*args: str, stdin: "str | None" = None) -> subprocess.CompletedProcess:
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     """The installed ``gym-autoinstr`` command (the console script), as a user runs it."""
     script = Path(sys.executable).parent / "gym-autoinstr"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
@@ -101,7 +101,7 @@ def _assert_text_matches_rows(block: list[str], trace) -> None:
     service_width = max(len(_service(r.span)) for r in trace.rows)
     for line, row in zip(lines, trace.rows):
         assert line[2:].split()[0] == _service(row.span)
-        name_field = line[2 + service_width + 2:]
+        name_field = line[2 + service_width + 2 :]
         indent = len(name_field) - len(name_field.lstrip(" "))
         assert indent == 2 * row.depth, (line, row.depth)
         assert name_field.lstrip(" ").startswith(row.span["name"])
@@ -140,8 +140,9 @@ def handbuilt_run(tmp_path) -> dict:
 
     def span(tracer, name, kind, start_ms, end_ms, parent, **attributes):
         context = trace.set_span_in_context(parent) if parent is not None else Context()
-        started = tracer.start_span(name, context=context, kind=kind, start_time=BASE_NS + int(start_ms * MS),
-                                    attributes=attributes)
+        started = tracer.start_span(
+            name, context=context, kind=kind, start_time=BASE_NS + int(start_ms * MS), attributes=attributes
+        )
         ids.setdefault(name, []).append(format(started.get_span_context().span_id, "016x"))
         return started
 
@@ -153,10 +154,18 @@ def handbuilt_run(tmp_path) -> dict:
         total, model_ms, tool_ms, verify_ms, fails = HANDBUILT[index]
         t0 = index * 1000
         rollout_id = f"7-{index}"
-        run = span(agent, "POST /run", SpanKind.SERVER, t0, t0 + total, None,
-                   **{"http.route": "/run", "nemo.gym.rollout.id": rollout_id})
-        seam = span(agent, "gym.rollout", SpanKind.INTERNAL, t0 + 1, t0 + total - 1, run,
-                    **{"nemo.gym.rollout.id": rollout_id})
+        run = span(
+            agent,
+            "POST /run",
+            SpanKind.SERVER,
+            t0,
+            t0 + total,
+            None,
+            **{"http.route": "/run", "nemo.gym.rollout.id": rollout_id},
+        )
+        seam = span(
+            agent, "gym.rollout", SpanKind.INTERNAL, t0 + 1, t0 + total - 1, run, **{"nemo.gym.rollout.id": rollout_id}
+        )
         calls = [
             (model, "POST /v1/responses", "/v1/responses", model_ms, False),
             (resources, "POST /get_weather", "/get_weather", tool_ms, fails),
@@ -164,10 +173,24 @@ def handbuilt_run(tmp_path) -> dict:
         ]
         at = t0 + 2
         for tracer, name, route, duration, error in calls:
-            client = span(agent, "HTTP POST", SpanKind.CLIENT, at, at + duration + 2, seam,
-                          **{"http.request.method": "POST", "url.full": f"http://127.0.0.1:1{route}"})
-            server = span(tracer, name, SpanKind.SERVER, at + 1, at + 1 + duration, client,
-                          **{"http.route": route, "note": "<b>not markup</b>"})
+            client = span(
+                agent,
+                "HTTP POST",
+                SpanKind.CLIENT,
+                at,
+                at + duration + 2,
+                seam,
+                **{"http.request.method": "POST", "url.full": f"http://127.0.0.1:1{route}"},
+            )
+            server = span(
+                tracer,
+                name,
+                SpanKind.SERVER,
+                at + 1,
+                at + 1 + duration,
+                client,
+                **{"http.route": route, "note": "<b>not markup</b>"},
+            )
             if error:
                 server.set_attribute("error.type", "TimeoutError")
                 server.set_status(Status(StatusCode.ERROR))
@@ -196,7 +219,9 @@ def test_handbuilt_traces_are_shown_in_start_order_not_file_order(handbuilt_run)
 def test_handbuilt_summary_numbers(handbuilt_run):
     traces = build_traces(read_path(handbuilt_run["dir"]))
     for trace, (total, model_ms, tool_ms, verify_ms, _fails) in zip(traces, HANDBUILT.values()):
-        assert summary(trace) == pytest.approx({"total": total, "model": model_ms, "tools": tool_ms, "verify": verify_ms})
+        assert summary(trace) == pytest.approx(
+            {"total": total, "model": model_ms, "tools": tool_ms, "verify": verify_ms}
+        )
 
 
 def test_trace_filter_selects_exactly_that_trace(handbuilt_run):
@@ -280,9 +305,16 @@ def test_stdin_reads_a_single_file_the_same_as_the_directory(handbuilt_run):
 # ------------------------------------------------------------------------- the page in Chromium
 
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--hide-scrollbars", "--window-size=1400,1000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--window-size=1400,1000",
 )
 
 # Added to a copy of the page only: measures what the browser laid out.
@@ -307,8 +339,10 @@ def _chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    message = ("Chromium is not installed: the HTML page of `gym-autoinstr view` is checked in headless Chromium "
-               "(apt-get install -y chromium; .ci/run installs it)")
+    message = (
+        "Chromium is not installed: the HTML page of `gym-autoinstr view` is checked in headless Chromium "
+        "(apt-get install -y chromium; .ci/run installs it)"
+    )
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
@@ -324,7 +358,7 @@ def _run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 class _Element:
-    def __init__(self, tag: str, attrs: dict, parent: "_Element | None") -> None:
+    def __init__(self, tag: str, attrs: dict, parent: _Element | None) -> None:
         self.tag, self.attrs, self.parent, self.children, self.text = tag, attrs, parent, [], ""
 
     @property
@@ -336,7 +370,7 @@ class _Element:
         for child in self.children:
             yield from child.walk()
 
-    def find(self, tag: str, cls: "str | None" = None) -> list["_Element"]:
+    def find(self, tag: str, cls: str | None = None) -> list[_Element]:
         return [e for e in self.walk() if e.tag == tag and (cls is None or cls in e.classes)]
 
     def all_text(self) -> str:
@@ -418,7 +452,9 @@ def _probe_layout(tmp_path: Path, page: Path, traces) -> None:
         for m, row in zip(measured, trace.rows):
             (bar_left, bar_width), (cell_left, cell_width) = m["bar"], m["cell"]
             assert m["height"] > 5 and cell_width > 200
-            assert bar_width >= 1 and cell_left - 0.5 <= bar_left and bar_left + bar_width <= cell_left + cell_width + 0.5
+            assert (
+                bar_width >= 1 and cell_left - 0.5 <= bar_left and bar_left + bar_width <= cell_left + cell_width + 0.5
+            )
             share = (row.span["end_ns"] - row.span["start_ns"]) / total
             assert bar_width == pytest.approx(max(share, 0.003) * cell_width, abs=1.5)
             offset = (row.span["start_ns"] - trace.start_ns) / total
@@ -474,13 +510,23 @@ def test_a_ray_worker_span_is_drawn_under_its_submit_span_with_its_wait(tmp_path
     directory = tmp_path / "ray-run"
     server = _tracer(directory, "nemo-gym/code_gen", "resources_servers")
     worker = _tracer(directory, "nemo-gym/code_gen/ray", "")
-    verify = server.start_span("POST /verify", kind=SpanKind.SERVER, start_time=BASE_NS, attributes={"http.route": "/verify"})
-    submit = server.start_span("ray.submit check_correctness_remote", context=trace.set_span_in_context(verify),
-                               kind=SpanKind.PRODUCER, start_time=BASE_NS + 1 * MS)
+    verify = server.start_span(
+        "POST /verify", kind=SpanKind.SERVER, start_time=BASE_NS, attributes={"http.route": "/verify"}
+    )
+    submit = server.start_span(
+        "ray.submit check_correctness_remote",
+        context=trace.set_span_in_context(verify),
+        kind=SpanKind.PRODUCER,
+        start_time=BASE_NS + 1 * MS,
+    )
     submit.end(end_time=BASE_NS + 2 * MS)
-    execute = worker.start_span("ray.execute check_correctness_remote", context=trace.set_span_in_context(submit),
-                                kind=SpanKind.CONSUMER, start_time=BASE_NS + 40 * MS,
-                                attributes={"ray.task.wait.duration": 0.0385, "ray.node.id": "8f182d92ab1af534b665"})
+    execute = worker.start_span(
+        "ray.execute check_correctness_remote",
+        context=trace.set_span_in_context(submit),
+        kind=SpanKind.CONSUMER,
+        start_time=BASE_NS + 40 * MS,
+        attributes={"ray.task.wait.duration": 0.0385, "ray.node.id": "8f182d92ab1af534b665"},
+    )
     execute.end(end_time=BASE_NS + 90 * MS)
     verify.end(end_time=BASE_NS + 95 * MS)
     result = _cli("view", str(directory))
@@ -491,5 +537,9 @@ def test_a_ray_worker_span_is_drawn_under_its_submit_span_with_its_wait(tmp_path
     assert execute_line.startswith("  nemo-gym/code_gen/ray")
     # indented one level below the submit span, which is one below POST /verify
     (verify_line,) = [line for line in lines if "POST /verify" in line]
-    assert execute_line.index("ray.execute") == submit_line.index("ray.submit") + 2 == verify_line.index("POST /verify") + 4
+    assert (
+        execute_line.index("ray.execute")
+        == submit_line.index("ray.submit") + 2
+        == verify_line.index("POST /verify") + 4
+    )
     assert "wait=38.5ms" in execute_line and "node=8f182d92" in execute_line

@@ -29,9 +29,13 @@ def _write_run(directory: Path) -> dict:
             pass
         rollouts = []
         for index in range(2):
-            with tracer.start_as_current_span("HTTP POST", context=root, kind=SpanKind.CLIENT,
-                                              links=[Link(job.get_span_context())],
-                                              attributes={"nemo.gym.rollout.id": f"0-{index}"}) as rollout:
+            with tracer.start_as_current_span(
+                "HTTP POST",
+                context=root,
+                kind=SpanKind.CLIENT,
+                links=[Link(job.get_span_context())],
+                attributes={"nemo.gym.rollout.id": f"0-{index}"},
+            ) as rollout:
                 with tracer.start_as_current_span("gym.rollout", attributes={"nemo.gym.rollout.id": f"0-{index}"}):
                     pass
             rollouts.append(rollout)
@@ -58,7 +62,13 @@ def test_rollout_traces_are_grouped_under_their_jobs_line(tmp_path):
     # the page: the job heading, then the job's traces in order, then the unrelated trace
     page = render_html(items)
     order = re.findall(r'<h2 class="job" data-job-id="(\w+)"|<section class="trace" data-trace-id="(\w+)"', page)
-    assert order == [("j" * 32, ""), ("", ids["job"]), ("", ids["rollouts"][0]), ("", ids["rollouts"][1]), ("", ids["alone"])]
+    assert order == [
+        ("j" * 32, ""),
+        ("", ids["job"]),
+        ("", ids["rollouts"][0]),
+        ("", ids["rollouts"][1]),
+        ("", ids["alone"]),
+    ]
 
 
 def test_the_command_prints_the_job_line_first(tmp_path):
@@ -69,6 +79,7 @@ def test_the_command_prints_the_job_line_first(tmp_path):
     blocks = shown.stdout.strip().split("\n\n")
     assert re.fullmatch(
         r"job j{32}  nemo-gym/orchestrator  [\d.]+ ms  sent=2 failed=0  \| 2 linked rollout traces below "
-        rf"\(job trace {ids['job']}\)", blocks[0]
+        rf"\(job trace {ids['job']}\)",
+        blocks[0],
     ), blocks[0]
     assert [re.match(r"trace (\w+)", b).group(1) for b in blocks[1:]] == [ids["job"], *ids["rollouts"], ids["alone"]]

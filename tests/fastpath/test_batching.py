@@ -41,8 +41,9 @@ def test_spans_reach_a_real_collector_whole(protocol, collector):
     theirs = provider.get_tracer("someone.else")
     expected = {}
     for n in range(150):  # more than two batches
-        with ours.start_as_current_span(f"parent {n}", kind=SpanKind.SERVER,
-                                        attributes={"n": n, "http.route": "/run"}) as parent:
+        with ours.start_as_current_span(
+            f"parent {n}", kind=SpanKind.SERVER, attributes={"n": n, "http.route": "/run"}
+        ) as parent:
             with theirs.start_as_current_span("child", attributes={"ok": n % 2 == 0}) as child:
                 if n == 7:
                     child.set_status(Status(StatusCode.ERROR, "builtins.KeyError"))
@@ -104,8 +105,10 @@ def test_a_waiting_span_is_bytes_the_garbage_collector_does_not_track(collector)
     assert provider.force_flush()
     assert collector.sink.wait_for(lambda spans: len(spans) >= 6, timeout=20)
     got = {s["name"]: (s["scope"], s["resource"]["service.name"]) for s in collector.sink.spans()}
-    assert got == {**{f"ours {n}": ("gym_autoinstr", "usual") for n in range(3)},
-                   **{f"theirs {n}": ("someone.else", "usual") for n in range(3)}}
+    assert got == {
+        **{f"ours {n}": ("gym_autoinstr", "usual") for n in range(3)},
+        **{f"theirs {n}": ("someone.else", "usual") for n in range(3)},
+    }
     provider.shutdown()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -14,8 +15,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     PeriodicExportingMetricReader,
 )
-
-from opentelemetry.metrics import Observation
 
 from gym_autoinstr.fastpath import histograms
 
@@ -78,8 +77,11 @@ def _unbind():
 def test_the_same_values_export_as_the_sdks_histogram_would():
     # more values than a point holds before it folds them; negative and non-finite values
     # (dropped by both) after each set's first value; ints beside floats
-    values = [0, 0.5, 5, 5.0001, 10, 24.9, 25, 250, 250.1, 10_000, -1, -0.5, 7, 25.0] + [
-        random.uniform(0, 400) for _ in range(3 * histograms.FOLD_AT + 7)] + [float("inf"), -3, float("nan")]
+    values = (
+        [0, 0.5, 5, 5.0001, 10, 24.9, 25, 250, 250.1, 10_000, -1, -0.5, 7, 25.0]
+        + [random.uniform(0, 400) for _ in range(3 * histograms.FOLD_AT + 7)]
+        + [float("inf"), -3, float("nan")]
+    )
     attribute_sets = [{"outcome": "success"}, {"outcome": "failure", "server": "a"}, {}]
     exported = {}
     for fast in (False, True):
@@ -98,7 +100,11 @@ def test_the_same_values_export_as_the_sdks_histogram_would():
     (sdk_scope, sdk_metric), (our_scope, our_metric) = sdk["gym.test.duration_ms"], ours["gym.test.duration_ms"]
     assert our_scope == sdk_scope == "gym_autoinstr"
     assert (our_metric.unit, our_metric.description) == (sdk_metric.unit, sdk_metric.description)
-    assert our_metric.data.aggregation_temporality == sdk_metric.data.aggregation_temporality == AggregationTemporality.CUMULATIVE
+    assert (
+        our_metric.data.aggregation_temporality
+        == sdk_metric.data.aggregation_temporality
+        == AggregationTemporality.CUMULATIVE
+    )
     sdk_points, our_points = _points(sdk_metric), _points(our_metric)
     assert set(sdk_points) == set(our_points)
     for key, (count, total, low, high, buckets, bounds) in sdk_points.items():
@@ -147,16 +153,22 @@ def test_a_dict_seen_before_lands_on_its_point_and_the_memory_of_dicts_is_bounde
     provider.force_flush()
     points = _points(_by_name(inner.batches[0])["gym.test.duration_ms"][1])
     assert {key: value[:2] for key, value in points.items()} == {
-        frozenset({("k", "kept")}): (40, 60.0), frozenset({("k", "other")}): (20, 60.0), frozenset(): (2, 8.0)}
+        frozenset({("k", "kept")}): (40, 60.0),
+        frozenset({("k", "other")}): (20, 60.0),
+        frozenset(): (2, 8.0),
+    }
     provider.shutdown()
 
 
-@pytest.mark.parametrize("env", [
-    {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"},
-    {"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "base2_exponential_bucket_histogram"},
-    {"OTEL_METRICS_EXEMPLAR_FILTER": "trace_based"},
-    {histograms.ENV: "0"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"},
+        {"OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "base2_exponential_bucket_histogram"},
+        {"OTEL_METRICS_EXEMPLAR_FILTER": "trace_based"},
+        {histograms.ENV: "0"},
+    ],
+)
 def test_the_sdks_histograms_whenever_ours_could_not_match(monkeypatch, env):
     monkeypatch.delenv(histograms.ENV, raising=False)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -170,8 +182,7 @@ def test_the_sdks_histograms_whenever_ours_could_not_match(monkeypatch, env):
 def test_a_provider_not_bound_gets_the_sdks_histogram():
     inner = Keep()
     reader = PeriodicExportingMetricReader(inner, export_interval_millis=10**9)
-    provider = MeterProvider(metric_readers=[reader],
-                             shutdown_on_exit=False)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     # not every reader merges: not bound
     assert not histograms.bind(provider, [reader])
     made = histograms.histogram(provider.get_meter("m"), provider, "h", "ms", "d", BOUNDS)
@@ -206,6 +217,7 @@ def test_values_recorded_from_many_threads_while_exports_run_are_each_counted_on
     expected = [(i + n) % 300 for n in range(threads) for i in range(per_thread)]
     assert count == len(expected) == sum(buckets)
     assert (total, low, high) == (sum(expected), 0, 299)
-    assert buckets == [sum(1 for v in expected if lo < v <= hi) for lo, hi in
-                       zip((float("-inf"),) + BOUNDS, BOUNDS + (float("inf"),))]
+    assert buckets == [
+        sum(1 for v in expected if lo < v <= hi) for lo, hi in zip((float("-inf"),) + BOUNDS, BOUNDS + (float("inf"),))
+    ]
     provider.shutdown()

@@ -40,8 +40,9 @@ class Capture:
 
 def _pipeline(**provider_args):
     capture = Capture()
-    processor = batching.EncodingSpanProcessor(capture, max_queue_size=100, schedule_delay_millis=60_000,
-                                               max_export_batch_size=100)
+    processor = batching.EncodingSpanProcessor(
+        capture, max_queue_size=100, schedule_delay_millis=60_000, max_export_batch_size=100
+    )
     provider = TracerProvider(resource=Resource.create({"service.name": "lean"}), **provider_args)
     provider.add_span_processor(processor)
     return provider, processor
@@ -50,8 +51,12 @@ def _pipeline(**provider_args):
 def _script(tracer):
     """What our advice does with spans, and a bit more."""
     parent_ctx = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))
-    with tracer.start_as_current_span("POST", context=trace.set_span_in_context(trace.NonRecordingSpan(parent_ctx)),
-                                      kind=SpanKind.SERVER, attributes={"http.request.method": "POST", "n": 1}) as server:
+    with tracer.start_as_current_span(
+        "POST",
+        context=trace.set_span_in_context(trace.NonRecordingSpan(parent_ctx)),
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": "POST", "n": 1},
+    ) as server:
         server.update_name("POST /run")
         server.set_attribute("http.route", "/run")
         server.set_attributes({"list": ["a", "b"], "f": 0.5, "b": True})
@@ -170,8 +175,10 @@ class _Ids:
 
 
 @pytest.mark.parametrize("decided_first", [False, True], ids=["start_span", "decide_root first"])
-@pytest.mark.parametrize("sampler", ["ratio", "job-keeping ratio", "always off", "job-keeping always off",
-                                     "always on", "ratio, not parent-based"])
+@pytest.mark.parametrize(
+    "sampler",
+    ["ratio", "job-keeping ratio", "always off", "job-keeping always off", "always on", "ratio, not parent-based"],
+)
 def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_first):
     """Also when the ingress decides a root before starting it (``decide_root``, then
     ``start_span(root_id=)`` for one it keeps): each root is decided once, so a ratio keeps
@@ -181,8 +188,12 @@ def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_fir
     from gym_autoinstr.telemetry import sampling
 
     def make():
-        base = {"ratio": ParentBased(TraceIdRatioBased(0.3)), "always off": ParentBased(ALWAYS_OFF),
-                "always on": ParentBased(ALWAYS_ON), "ratio, not parent-based": TraceIdRatioBased(0.3)}
+        base = {
+            "ratio": ParentBased(TraceIdRatioBased(0.3)),
+            "always off": ParentBased(ALWAYS_OFF),
+            "always on": ParentBased(ALWAYS_ON),
+            "ratio, not parent-based": TraceIdRatioBased(0.3),
+        }
         name = sampler.removeprefix("job-keeping ")
         return sampling.JobKeepingSampler(base[name]) if sampler.startswith("job-keeping") else base[name]
 
@@ -230,8 +241,17 @@ class _DropsNamed(ParentBased):
         return super().should_sample(parent_context, trace_id, name, *args, **kwargs)
 
 
-@pytest.mark.parametrize("sampler", ["always on", "ratio", "job-keeping ratio", "remote sampled parents dropped",
-                                     "own should_sample", "always on, not parent-based"])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        "always on",
+        "ratio",
+        "job-keeping ratio",
+        "remote sampled parents dropped",
+        "own should_sample",
+        "always on, not parent-based",
+    ],
+)
 def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them(sampler):
     """The lean tracer answers for a sampler that keeps every child of a sampled parent
     (the stock ``ParentBased`` with the SDK's defaults for such parents) without asking
@@ -243,9 +263,13 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
     from gym_autoinstr.telemetry import sampling
 
     def make():
-        base = {"always on": lambda: ParentBased(ALWAYS_ON), "ratio": lambda: ParentBased(TraceIdRatioBased(0.3)),
-                "remote sampled parents dropped": lambda: ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF),
-                "own should_sample": lambda: _DropsNamed(ALWAYS_ON), "always on, not parent-based": lambda: StaticSampler(Decision.RECORD_AND_SAMPLE)}
+        base = {
+            "always on": lambda: ParentBased(ALWAYS_ON),
+            "ratio": lambda: ParentBased(TraceIdRatioBased(0.3)),
+            "remote sampled parents dropped": lambda: ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF),
+            "own should_sample": lambda: _DropsNamed(ALWAYS_ON),
+            "always on, not parent-based": lambda: StaticSampler(Decision.RECORD_AND_SAMPLE),
+        }
         name = sampler.removeprefix("job-keeping ")
         return sampling.JobKeepingSampler(base[name]()) if sampler.startswith("job-keeping") else base[name]()
 
@@ -256,9 +280,11 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
     ask = ours.sampler.should_sample
     ours.sampler.should_sample = lambda *args, **kwargs: asked.append(args[2]) or ask(*args, **kwargs)
     state = TraceState([("vendor", "x1")])
-    parents = [SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=state),
-               SpanContext(0xABD, 0xDF0, is_remote=False, trace_flags=TraceFlags(3)),
-               SpanContext(0xABE, 0xDF1, is_remote=True, trace_flags=TraceFlags(3), trace_state=state)]
+    parents = [
+        SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=state),
+        SpanContext(0xABD, 0xDF0, is_remote=False, trace_flags=TraceFlags(3)),
+        SpanContext(0xABE, 0xDF1, is_remote=True, trace_flags=TraceFlags(3), trace_state=state),
+    ]
     names = ["gym.verify", "drop me", "gym.job"]
     started = 0
     for parent in parents:
@@ -268,10 +294,12 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
                 token = otel_context.attach(context) if current else None
                 try:
                     attributes = {"gym.server.name": "s", "n": 1}
-                    a = ours.start_span(name, None if current else context, kind=SpanKind.INTERNAL,
-                                        attributes=attributes)
-                    b = theirs.start_span(name, None if current else context, kind=SpanKind.INTERNAL,
-                                          attributes=dict(attributes))
+                    a = ours.start_span(
+                        name, None if current else context, kind=SpanKind.INTERNAL, attributes=attributes
+                    )
+                    b = theirs.start_span(
+                        name, None if current else context, kind=SpanKind.INTERNAL, attributes=dict(attributes)
+                    )
                 finally:
                     if token is not None:
                         otel_context.detach(token)

@@ -32,8 +32,14 @@ CARRIERS = [
 
 def _seen(ctx):
     span_context = trace.get_current_span(ctx).get_span_context()
-    return (span_context.trace_id, span_context.span_id, span_context.is_remote, int(span_context.trace_flags),
-            span_context.trace_state.to_header() if span_context.trace_state else "", dict(baggage.get_all(ctx)))
+    return (
+        span_context.trace_id,
+        span_context.span_id,
+        span_context.is_remote,
+        int(span_context.trace_flags),
+        span_context.trace_state.to_header() if span_context.trace_state else "",
+        dict(baggage.get_all(ctx)),
+    )
 
 
 @pytest.mark.parametrize("carrier", CARRIERS, ids=[str(i) for i in range(len(CARRIERS))])
@@ -44,7 +50,9 @@ def test_extract_matches_the_global_propagator(carrier):
 
 @pytest.mark.parametrize("flags,state", [(1, None), (0, None), (3, TraceState([("v", "1")]))])
 def test_inject_matches_the_global_propagator(flags, state):
-    span = NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state))
+    span = NonRecordingSpan(
+        SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state)
+    )
     ours: dict = {}
     propagation.inject_span(span, ours)
     theirs: dict = {}
@@ -101,11 +109,14 @@ def test_an_unsampled_parent_is_written_the_same_every_time():
         assert ours == theirs
 
 
-@pytest.mark.parametrize("header", [
-    TP.replace("-01", "-00"),  # as received, forwarded as received
-    " " + TP.replace("-01", "-00") + "\t",  # padded: forwarded as the SDK writes it
-    TP.replace("-01", "-02"),  # other flags, unsampled
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        TP.replace("-01", "-00"),  # as received, forwarded as received
+        " " + TP.replace("-01", "-00") + "\t",  # padded: forwarded as the SDK writes it
+        TP.replace("-01", "-02"),  # other flags, unsampled
+    ],
+)
 def test_an_unsampled_callers_context_is_forwarded_as_the_sdk_would_write_it(header):
     """The dropped path sends its caller's context on: what an extracted unsampled context
     is written as (taken from the header it came in, when that already is the canonical
@@ -127,13 +138,16 @@ def _random_headers(count: int, flags: str = "00") -> list[str]:
     return [f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-{flags}" for _ in range(count)]
 
 
-@pytest.mark.parametrize("header", [
-    *_random_headers(20),
-    *_random_headers(10, flags="02"),  # a random trace id: how the SDK writes every root it makes
-    f"00-{1:032x}-{1:016x}-00",  # the smallest ids
-    f"00-{'f' * 32}-{'f' * 16}-00",  # the largest
-    f"00-{'f' * 32}-{'f' * 16}-02",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        *_random_headers(20),
+        *_random_headers(10, flags="02"),  # a random trace id: how the SDK writes every root it makes
+        f"00-{1:032x}-{1:016x}-00",  # the smallest ids
+        f"00-{'f' * 32}-{'f' * 16}-00",  # the largest
+        f"00-{'f' * 32}-{'f' * 16}-02",
+    ],
+)
 def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_it(header):
     """A dropped rollout's first request at each server: its traceparent, read on the
     short path, gives the context the SDK's propagator gives, kept for the next request."""
@@ -147,35 +161,41 @@ def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_
     assert propagation.extract({"traceparent": header}) is read
 
 
-@pytest.mark.parametrize("header", [
-    *_random_headers(3, flags="01"),  # sampled
-    TP.replace("-01", "-03"),  # sampled, random trace id
-    TP.replace("-01", "-04"),  # other flags
-    TP.replace("-01", "-20"),
-    TP.replace("-01", "-00").upper(),  # upper-case hex
-    " " + TP.replace("-01", "-00"),  # padded
-    TP.replace("-01", "-00") + "-extra",
-    "01" + TP.replace("-01", "-00")[2:],  # another version
-    "00-" + "0" * 32 + "-b7ad6b7169203331-00",  # all-zero ids
-    "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-00",
-    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333g-00",  # not hex
-    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0",  # short
-    "garbage",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        *_random_headers(3, flags="01"),  # sampled
+        TP.replace("-01", "-03"),  # sampled, random trace id
+        TP.replace("-01", "-04"),  # other flags
+        TP.replace("-01", "-20"),
+        TP.replace("-01", "-00").upper(),  # upper-case hex
+        " " + TP.replace("-01", "-00"),  # padded
+        TP.replace("-01", "-00") + "-extra",
+        "01" + TP.replace("-01", "-00")[2:],  # another version
+        "00-" + "0" * 32 + "-b7ad6b7169203331-00",  # all-zero ids
+        "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-00",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333g-00",  # not hex
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0",  # short
+        "garbage",
+    ],
+)
 def test_any_other_traceparent_is_left_to_the_general_path(header):
     assert propagation.unsampled_lone(header) is None
     assert _seen(propagation.extract({"traceparent": header})) == _seen(propagate.extract({"traceparent": header}))
 
 
-@pytest.mark.parametrize("trace_id,span_id,is_remote,flags,state", [
-    (0xABC, 0xDEF, True, 0, None),
-    (0xABC, 0xDEF, False, 1, TraceState([("v", "1")])),
-    (0, 0xDEF, False, 1, None),  # invalid ids: made, and not valid
-    (0xABC, 0, True, 0, None),
-    ((1 << 128) - 1, (1 << 64) - 1, False, 3, None),  # the largest valid ids
-    (1 << 128, 5, False, 1, None),  # out of range: not valid
-    (5, 1 << 64, False, 1, None),
-])
+@pytest.mark.parametrize(
+    "trace_id,span_id,is_remote,flags,state",
+    [
+        (0xABC, 0xDEF, True, 0, None),
+        (0xABC, 0xDEF, False, 1, TraceState([("v", "1")])),
+        (0, 0xDEF, False, 1, None),  # invalid ids: made, and not valid
+        (0xABC, 0, True, 0, None),
+        ((1 << 128) - 1, (1 << 64) - 1, False, 3, None),  # the largest valid ids
+        (1 << 128, 5, False, 1, None),  # out of range: not valid
+        (5, 1 << 64, False, 1, None),
+    ],
+)
 def test_span_contexts_are_made_as_the_api_makes_them(trace_id, span_id, is_remote, flags, state):
     ours = propagation.span_context(trace_id, span_id, is_remote, TraceFlags(flags), state)
     theirs = SpanContext(trace_id, span_id, is_remote=is_remote, trace_flags=TraceFlags(flags), trace_state=state)
@@ -184,10 +204,17 @@ def test_span_contexts_are_made_as_the_api_makes_them(trace_id, span_id, is_remo
     assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
 
 
-@pytest.mark.parametrize("trace_id,span_id,flags", [
-    (0xABC, 0xDEF, 0), (0xABC, 0xDEF, 1), (0xABC, 0xDEF, 2), (0xABC, 0xDEF, 0xFF),
-    ((1 << 128) - 1, (1 << 64) - 1, 1), (1, 1, 0),
-])
+@pytest.mark.parametrize(
+    "trace_id,span_id,flags",
+    [
+        (0xABC, 0xDEF, 0),
+        (0xABC, 0xDEF, 1),
+        (0xABC, 0xDEF, 2),
+        (0xABC, 0xDEF, 0xFF),
+        ((1 << 128) - 1, (1 << 64) - 1, 1),
+        (1, 1, 0),
+    ],
+)
 def test_traceparent_is_written_as_the_sdk_writes_it(trace_id, span_id, flags):
     span_context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))
     theirs: dict = {}
@@ -243,9 +270,16 @@ def test_every_flags_byte_reads_as_the_propagator_reads_it_into_one_shared_value
     each value one TraceFlags shared by every context read with it, not one per request."""
     for value in range(256):
         header = f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{value:02x}"
-        ours = [trace.get_current_span(propagation.extract({"traceparent": header, "tracestate": "k=v"}))
-                .get_span_context().trace_flags for _ in range(2)]
-        theirs = trace.get_current_span(propagate.extract({"traceparent": header, "tracestate": "k=v"})) \
-            .get_span_context().trace_flags
+        ours = [
+            trace.get_current_span(propagation.extract({"traceparent": header, "tracestate": "k=v"}))
+            .get_span_context()
+            .trace_flags
+            for _ in range(2)
+        ]
+        theirs = (
+            trace.get_current_span(propagate.extract({"traceparent": header, "tracestate": "k=v"}))
+            .get_span_context()
+            .trace_flags
+        )
         assert ours[0] == theirs == value and ours[0].sampled == theirs.sampled == bool(value & 1)
         assert type(ours[0]) is TraceFlags and ours[0] is ours[1]

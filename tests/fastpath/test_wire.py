@@ -37,21 +37,38 @@ def _provider(resource: dict, schema_url: str = "") -> tuple[TracerProvider, InM
 
 
 REMOTE = SpanContext(
-    0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
-    trace_flags=TraceFlags(1), trace_state=TraceState([("vendor", "v1"), ("other", "x=y")]),
+    0x0AF7651916CD43DD8448EB211C80319C,
+    0xB7AD6B7169203331,
+    is_remote=True,
+    trace_flags=TraceFlags(1),
+    trace_state=TraceState([("vendor", "v1"), ("other", "x=y")]),
 )
 
 
 def _spans() -> list:
     provider, exporter = _provider({"service.name": "nemo-gym/agent", "nemo.gym.run.id": "r1", "n": 3})
     tracer = provider.get_tracer("gym_autoinstr", "1.0")
-    other = provider.get_tracer("other.lib", None, schema_url="https://opentelemetry.io/schemas/1.26.0",
-                                attributes={"scope.attr": True})
+    other = provider.get_tracer(
+        "other.lib", None, schema_url="https://opentelemetry.io/schemas/1.26.0", attributes={"scope.attr": True}
+    )
     attributes = {
-        "http.request.method": "POST", "url.full": "http://127.0.0.1:8000/run", "server.port": 8000,
-        "ratio": 0.25, "nan": math.nan, "neg": -7, "big": (1 << 63) - 1, "small": -(1 << 63),
-        "flag": False, "yes": True, "empty": "", "zero": 0, "ints": [1, -2, 3], "strs": ["a", "", "é"],
-        "bools": [True, False], "floats": [0.0, -1.5], "unicode": "ünïcödé ✓ \U0001F600",
+        "http.request.method": "POST",
+        "url.full": "http://127.0.0.1:8000/run",
+        "server.port": 8000,
+        "ratio": 0.25,
+        "nan": math.nan,
+        "neg": -7,
+        "big": (1 << 63) - 1,
+        "small": -(1 << 63),
+        "flag": False,
+        "yes": True,
+        "empty": "",
+        "zero": 0,
+        "ints": [1, -2, 3],
+        "strs": ["a", "", "é"],
+        "bools": [True, False],
+        "floats": [0.0, -1.5],
+        "unicode": "ünïcödé ✓ \U0001f600",
         "long": "x" * 300,
     }
     with tracer.start_as_current_span("HTTP POST", kind=SpanKind.CLIENT, attributes=attributes) as span:
@@ -61,7 +78,9 @@ def _spans() -> list:
         with other.start_as_current_span("inner") as inner:
             inner.set_status(Status(StatusCode.OK))
     with tracer.start_as_current_span(
-        "POST /run", context=set_span_in_context(NonRecordingSpan(REMOTE)), kind=SpanKind.SERVER,
+        "POST /run",
+        context=set_span_in_context(NonRecordingSpan(REMOTE)),
+        kind=SpanKind.SERVER,
         links=[Link(REMOTE, {"nemo.gym.job.id": "j"}), Link(SpanContext(5, 6, is_remote=False))],
     ):
         pass
@@ -99,7 +118,8 @@ def test_resource_schema_url_is_written():
     span = exporter.get_finished_spans()[0]
     scope = span.instrumentation_scope
     payload = wire.export_request(
-        wire.resource(span.resource), span.resource.schema_url,
+        wire.resource(span.resource),
+        span.resource.schema_url,
         [wire.scope_spans(wire.scope(scope), scope.schema_url, [wire.span(span)])],
     )
     assert payload == encode_spans([span]).SerializeToString()
@@ -139,7 +159,8 @@ def test_the_same_attribute_under_different_fields_is_not_confused():
     for _ in range(2):
         scope = finished.instrumentation_scope
         payload = wire.export_request(
-            wire.resource(finished.resource), finished.resource.schema_url,
+            wire.resource(finished.resource),
+            finished.resource.schema_url,
             [wire.scope_spans(wire.scope(scope), scope.schema_url, [wire.span(finished)])],
         )
         assert payload == encode_spans([finished]).SerializeToString()

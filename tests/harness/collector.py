@@ -19,14 +19,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sysconfig
 import sys
+import sysconfig
 import threading
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 from tests.harness.ports import reserve_port
 
@@ -73,7 +74,7 @@ def _any_value(value: Any) -> Any:
     return getattr(value, which)
 
 
-def _attrs(key_values: Sequence[Any]) -> Dict[str, Any]:
+def _attrs(key_values: Sequence[Any]) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in key_values}
 
 
@@ -88,9 +89,9 @@ def _decompress(body: bytes, encoding: str) -> bytes:
     raise ValueError(f"unsupported Content-Encoding: {encoding!r}")
 
 
-def flatten_trace_request(request: Any) -> List[Dict[str, Any]]:
+def flatten_trace_request(request: Any) -> list[dict[str, Any]]:
     """Flatten an ``ExportTraceServiceRequest`` into a list of span dicts."""
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for resource_spans in request.resource_spans:
         resource = _attrs(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
@@ -112,8 +113,7 @@ def flatten_trace_request(request: Any) -> List[Dict[str, Any]]:
                         "end_ns": span.end_time_unix_nano,
                         "events": [e.name for e in span.events],
                         "links": [
-                            {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()}
-                            for link in span.links
+                            {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in span.links
                         ],
                     }
                 )
@@ -151,13 +151,13 @@ class OtlpSink:
             ),
         }
         self._lock = threading.Lock()
-        self._spans: List[Dict[str, Any]] = []
-        self._raw: List[bytes] = []
-        self._requests: List[Dict[str, Any]] = []  # {"path", "headers", "body"}
-        self._metrics: List[Any] = []
-        self._logs: List[Any] = []
-        self._errors: List[str] = []
-        self._fail_next: List[int] = []  # status codes to answer with, FIFO
+        self._spans: list[dict[str, Any]] = []
+        self._raw: list[bytes] = []
+        self._requests: list[dict[str, Any]] = []  # {"path", "headers", "body"}
+        self._metrics: list[Any] = []
+        self._logs: list[Any] = []
+        self._errors: list[str] = []
+        self._fail_next: list[int] = []  # status codes to answer with, FIFO
 
         sink = self
 
@@ -198,7 +198,7 @@ class OtlpSink:
 
     # ---- request handling (runs on server threads) ----
 
-    def _handle(self, path: str, headers: Dict[str, str], raw: bytes) -> tuple:
+    def _handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple:
         lower = {k.lower(): v for k, v in headers.items()}
         try:
             body = _decompress(raw, lower.get("content-encoding", ""))
@@ -245,16 +245,16 @@ class OtlpSink:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def spans(self) -> List[Dict[str, Any]]:
+    def spans(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._spans)
 
-    def metrics_requests(self) -> List[Any]:
+    def metrics_requests(self) -> list[Any]:
         """Decoded ``ExportMetricsServiceRequest`` messages, in arrival order."""
         with self._lock:
             return list(self._metrics)
 
-    def metric_names(self) -> List[str]:
+    def metric_names(self) -> list[str]:
         names = []
         for req in self.metrics_requests():
             for rm in req.resource_metrics:
@@ -262,21 +262,21 @@ class OtlpSink:
                     names.extend(m.name for m in sm.metrics)
         return names
 
-    def logs_requests(self) -> List[Any]:
+    def logs_requests(self) -> list[Any]:
         with self._lock:
             return list(self._logs)
 
-    def raw_bodies(self) -> List[bytes]:
+    def raw_bodies(self) -> list[bytes]:
         """Every request body received (decompressed), any signal, arrival order."""
         with self._lock:
             return list(self._raw)
 
-    def requests(self) -> List[Dict[str, Any]]:
+    def requests(self) -> list[dict[str, Any]]:
         """Every request: ``{"path", "headers" (lower-cased), "body"}``."""
         with self._lock:
             return [dict(r) for r in self._requests]
 
-    def errors(self) -> List[str]:
+    def errors(self) -> list[str]:
         with self._lock:
             return list(self._errors)
 
@@ -287,7 +287,7 @@ class OtlpSink:
 
     def wait_for(
         self,
-        predicate: Callable[[List[Dict[str, Any]]], bool],
+        predicate: Callable[[list[dict[str, Any]]], bool],
         timeout: float = 30,
         interval: float = 0.2,
     ) -> bool:
@@ -317,7 +317,7 @@ class OtlpSink:
         self._server.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "OtlpSink":
+    def __enter__(self) -> OtlpSink:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -340,7 +340,7 @@ def find_rotel_agent() -> str:
     inside the installed ``rotel`` package (where the PyPI wheel puts it).
     """
     override = os.environ.get("GYM_AUTOINSTR_ROTEL_AGENT")
-    candidates: List[Optional[str]] = [override, shutil.which("rotel-agent")]
+    candidates: list[str | None] = [override, shutil.which("rotel-agent")]
     candidates.append(str(Path(sys.executable).parent / "rotel-agent"))
     try:
         spec = importlib.util.find_spec("rotel")
@@ -364,15 +364,15 @@ class Collector:
     def __init__(
         self,
         log_dir: os.PathLike | str,
-        sink: Optional[OtlpSink] = None,
+        sink: OtlpSink | None = None,
         batch_timeout: str = "100ms",
         retry_initial_backoff: str = "200ms",
         retry_max_backoff: str = "1s",
         retry_max_elapsed: str = "30s",
         extra_args: Sequence[str] = (),
         start_timeout: float = 20.0,
-        forward_to: Optional[str] = None,
-        forward_headers: Optional[str] = None,
+        forward_to: str | None = None,
+        forward_headers: str | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -394,7 +394,7 @@ class Collector:
         self.forward_headers = forward_headers
         self.start_timeout = start_timeout
         self.log_path = self.log_dir / "rotel-agent.log"
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
         self._log_file = None
         self._starts = 0
         try:
@@ -415,32 +415,44 @@ class Collector:
         return f"http://127.0.0.1:{self.grpc_port}"
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def command(self) -> List[str]:
+    def command(self) -> list[str]:
         return [
             self.binary,
             "start",
             # receivers
-            "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
-            "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
+            "--otlp-grpc-endpoint",
+            f"127.0.0.1:{self.grpc_port}",
+            "--otlp-http-endpoint",
+            f"127.0.0.1:{self.http_port}",
             # one OTLP exporter, over HTTP/protobuf, to the sink (base URL; rotel
             # appends /v1/traces, /v1/metrics, /v1/logs)
-            "--exporter", "otlp",
-            "--otlp-exporter-endpoint", self.forward_to or self.sink.url,
-            "--otlp-exporter-protocol", "http",
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            self.forward_to or self.sink.url,
+            "--otlp-exporter-protocol",
+            "http",
             *(["--otlp-exporter-custom-headers", self.forward_headers] if self.forward_headers else []),
             # flush quickly so tests see spans within ~1 s
-            "--batch-timeout", self.batch_timeout,
+            "--batch-timeout",
+            self.batch_timeout,
             # short retries so fault tests recover quickly
-            "--otlp-exporter-retry-initial-backoff", self.retry_initial_backoff,
-            "--otlp-exporter-retry-max-backoff", self.retry_max_backoff,
-            "--otlp-exporter-retry-max-elapsed-time", self.retry_max_elapsed,
-            "--otlp-exporter-request-timeout", "5s",
+            "--otlp-exporter-retry-initial-backoff",
+            self.retry_initial_backoff,
+            "--otlp-exporter-retry-max-backoff",
+            self.retry_max_backoff,
+            "--otlp-exporter-retry-max-elapsed-time",
+            self.retry_max_elapsed,
+            "--otlp-exporter-request-timeout",
+            "5s",
             # keep its files out of the shared /tmp defaults
-            "--pid-file", str(self.log_dir / "rotel-agent.pid"),
-            "--log-file", str(self.log_dir / "rotel-agent.daemon.log"),
+            "--pid-file",
+            str(self.log_dir / "rotel-agent.pid"),
+            "--log-file",
+            str(self.log_dir / "rotel-agent.daemon.log"),
             *self.extra_args,
         ]
 
@@ -482,9 +494,7 @@ class Collector:
             code = self._proc.poll()
             if code is not None:
                 self._close_log()
-                raise CollectorError(
-                    f"rotel-agent exited with {code} during start-up; log tail:\n{self.log_tail()}"
-                )
+                raise CollectorError(f"rotel-agent exited with {code} during start-up; log tail:\n{self.log_tail()}")
             if _port_open("127.0.0.1", self.grpc_port) and _port_open("127.0.0.1", self.http_port):
                 return
             if time.monotonic() >= deadline:
@@ -500,7 +510,7 @@ class Collector:
             self._log_file.close()
             self._log_file = None
 
-    def _terminate(self, kill: bool, timeout: float = 10.0) -> Optional[int]:
+    def _terminate(self, kill: bool, timeout: float = 10.0) -> int | None:
         proc = self._proc
         if proc is None:
             return None
@@ -544,7 +554,7 @@ class Collector:
 
     close = stop
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self
 
     def __exit__(self, *exc: Any) -> None:

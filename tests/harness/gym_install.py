@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -97,8 +97,7 @@ def python_minor_for(version: str) -> str:
 
 def _runs(python: str) -> bool:
     try:
-        r = subprocess.run([python, "-c", "import sys; print(sys.version)"],
-                           capture_output=True, timeout=30)
+        r = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -118,16 +117,20 @@ def find_python(minor: str) -> str:
         roots.append(os.environ["PYENV_ROOT"])
     if pyenv:
         try:
-            roots.append(subprocess.run([pyenv, "root"], capture_output=True, text=True,
-                                        timeout=30, check=True).stdout.strip())
+            roots.append(
+                subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+            )
         except (OSError, subprocess.SubprocessError):
             pass
     for root in roots:
         vdir = pathlib.Path(root) / "versions"
         if not vdir.is_dir():
             continue
-        found = sorted((p for p in vdir.iterdir() if re.fullmatch(re.escape(minor) + r"\.\d+", p.name)),
-                       key=lambda p: _vtuple(p.name), reverse=True)
+        found = sorted(
+            (p for p in vdir.iterdir() if re.fullmatch(re.escape(minor) + r"\.\d+", p.name)),
+            key=lambda p: _vtuple(p.name),
+            reverse=True,
+        )
         for p in found:
             exe = p / "bin" / "python3"
             if exe.exists() and _runs(str(exe)):
@@ -207,8 +210,7 @@ def _norm(name: str) -> str:
 
 def gym_requirements(python: str) -> dict[str, str]:
     """``{normalized name: specifier}`` of the installed nemo-gym's base requirements."""
-    code = ("import json, importlib.metadata as m;"
-            "print(json.dumps(m.requires('nemo-gym') or []))")
+    code = "import json, importlib.metadata as m;print(json.dumps(m.requires('nemo-gym') or []))"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
     reqs: dict[str, str] = {}
     for line in json.loads(out):
@@ -231,8 +233,7 @@ def _requirements_for(python: str, names: Iterable[str]) -> list[str]:
     return out
 
 
-def _build(venv: pathlib.Path, version: str, with_project: bool, extra: Sequence[str],
-           python: str) -> None:
+def _build(venv: pathlib.Path, version: str, with_project: bool, extra: Sequence[str], python: str) -> None:
     t0 = time.monotonic()
     if venv.exists():
         shutil.rmtree(venv)
@@ -290,8 +291,7 @@ def gym_venv(version: str, *, with_project: bool = True, extra: Sequence[str] = 
     return venv
 
 
-def tool_venv(name: str, requirements: Sequence[str], *, python_minor: str = "3.12",
-              check: str = "") -> pathlib.Path:
+def tool_venv(name: str, requirements: Sequence[str], *, python_minor: str = "3.12", check: str = "") -> pathlib.Path:
     """A cached venv holding ``requirements`` alone (no Gym, no project): a backend such
     as MLflow runs from one, as its own process, as a user would install it.  Same cache,
     stamp and lock as ``gym_venv``; rebuilt when the requirements change.  ``check`` is

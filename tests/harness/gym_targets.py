@@ -49,8 +49,18 @@ def gym_target(version: str) -> pathlib.Path:
             return target
         if target.exists():
             subprocess.run(["rm", "-rf", str(target)], check=True)
-        command = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps",
-                   "--target", str(target), f"nemo-gym=={version}"]
+        command = [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--no-deps",
+            "--target",
+            str(target),
+            f"nemo-gym=={version}",
+        ]
         if gym_install.python_minor_for(version) != "3.12":
             command.append("--ignore-requires-python")
         gym_install._run(command)
@@ -58,7 +68,7 @@ def gym_target(version: str) -> pathlib.Path:
     return target
 
 
-def support_directory(version: str) -> "pathlib.Path | None":
+def support_directory(version: str) -> pathlib.Path | None:
     """Extra third-party packages the release's Python needs (installed once), or None."""
     minor = gym_install.python_minor_for(version)
     if not SUPPORT_DEPS.get(minor):
@@ -75,8 +85,19 @@ def support_directory(version: str) -> "pathlib.Path | None":
             return target
         if target.exists():
             subprocess.run(["rm", "-rf", str(target)], check=True)
-        gym_install._run([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                          "--target", str(target), *SUPPORT_DEPS[minor]])
+        gym_install._run(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--target",
+                str(target),
+                *SUPPORT_DEPS[minor],
+            ]
+        )
         stamp.write_text(want)
     return target
 
@@ -88,8 +109,9 @@ def clean_environment(**overrides: str) -> dict[str, str]:
     return environ
 
 
-def run_doctor(version: str, *, cwd: str, pythonpath: "list[str]" = (), env: "dict[str, str] | None" = None,
-               timeout: float = 180) -> subprocess.CompletedProcess:
+def run_doctor(
+    version: str, *, cwd: str, pythonpath: list[str] = (), env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
     """``gym-autoinstr doctor --json`` on the host venv's Python, with ``nemo-gym==version``
     (then ``pythonpath``) first on the path and the support directory last."""
     python = str(host_venv(version) / "bin" / "python")

@@ -20,13 +20,20 @@ def metric_points(sink) -> list[dict]:
                 for metric in scope_metrics.metrics:
                     kind = metric.WhichOneof("data")
                     for point in getattr(metric, kind).data_points:
-                        points.append({
-                            "name": metric.name, "unit": metric.unit, "kind": kind, "service": service, "instance": instance,
-                            "attributes": _attrs(point.attributes),
-                            "value": point.count if kind == "histogram" else (point.as_int or point.as_double),
-                            "sum": getattr(point, "sum", None), "max": getattr(point, "max", None),
-                            "time": point.time_unix_nano,
-                        })
+                        points.append(
+                            {
+                                "name": metric.name,
+                                "unit": metric.unit,
+                                "kind": kind,
+                                "service": service,
+                                "instance": instance,
+                                "attributes": _attrs(point.attributes),
+                                "value": point.count if kind == "histogram" else (point.as_int or point.as_double),
+                                "sum": getattr(point, "sum", None),
+                                "max": getattr(point, "max", None),
+                                "time": point.time_unix_nano,
+                            }
+                        )
     return points
 
 
@@ -46,6 +53,12 @@ def log_records(sink) -> list[dict]:
             service = _attrs(resource_logs.resource.attributes).get("service.name")
             for scope_logs in resource_logs.scope_logs:
                 for record in scope_logs.log_records:
-                    records.append({"service": service, "body": record.body.string_value,
-                                    "trace_id": record.trace_id.hex(), "span_id": record.span_id.hex()})
+                    records.append(
+                        {
+                            "service": service,
+                            "body": record.body.string_value,
+                            "trace_id": record.trace_id.hex(),
+                            "span_id": record.span_id.hex(),
+                        }
+                    )
     return records

@@ -65,14 +65,14 @@ class MlflowServer:
     """``mlflow server`` with a SQLite store on a free loopback port, started and stopped
     by pid (only the process group it started)."""
 
-    def __init__(self, workdir: "os.PathLike[str] | str", port: "int | None" = None, start_timeout: float = 240.0) -> None:
+    def __init__(self, workdir: os.PathLike[str] | str, port: int | None = None, start_timeout: float = 240.0) -> None:
         self.workdir = pathlib.Path(workdir).absolute()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.venv = mlflow_venv()
         self.port = port or free_port()
         self.start_timeout = start_timeout
         self.log_path = self.workdir / "mlflow-server.log"
-        self.proc: "subprocess.Popen | None" = None
+        self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -80,18 +80,33 @@ class MlflowServer:
 
     def command(self) -> list[str]:
         return [
-            str(self.venv / "bin" / "mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{self.workdir / 'mlflow.db'}",
-            "--default-artifact-root", str(self.workdir / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+            str(self.venv / "bin" / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.workdir / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(self.workdir / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
         ]
 
-    def start(self) -> "MlflowServer":
+    def start(self) -> MlflowServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_"))}
         env.pop("PYTHONPATH", None)  # no sitecustomize of ours: MLflow is not traced
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command(),
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
@@ -120,7 +135,7 @@ class MlflowServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
-    def __enter__(self) -> "MlflowServer":
+    def __enter__(self) -> MlflowServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -135,8 +150,9 @@ class MlflowServer:
     # ---- the REST API -----------------------------------------------------------------
 
     def _post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read() or b"{}")
 
@@ -163,8 +179,13 @@ class MlflowServer:
         with tempfile.TemporaryDirectory() as scratch:
             result = subprocess.run(
                 [str(self.venv / "bin" / "python"), "-c", _SEARCH, self.url, experiment_id, str(max_results)],
-                capture_output=True, text=True, timeout=120, cwd=scratch,
-                env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_")) and k != "PYTHONPATH"},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=scratch,
+                env={
+                    k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_")) and k != "PYTHONPATH"
+                },
             )
         if result.returncode != 0:
             raise RuntimeError(f"search_traces failed:\n{result.stderr[-3000:]}")

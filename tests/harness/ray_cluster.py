@@ -15,7 +15,7 @@ import pathlib
 import signal
 import subprocess
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import psutil
 
@@ -23,8 +23,16 @@ from tests.harness.trio import free_ports
 
 
 class RayCluster:
-    def __init__(self, venv: pathlib.Path, workdir: pathlib.Path, env: Mapping[str, str], *,
-                 raylet_env: Mapping[str, str] = (), num_cpus: int = 2, client_server: bool = False) -> None:
+    def __init__(
+        self,
+        venv: pathlib.Path,
+        workdir: pathlib.Path,
+        env: Mapping[str, str],
+        *,
+        raylet_env: Mapping[str, str] = (),
+        num_cpus: int = 2,
+        client_server: bool = False,
+    ) -> None:
         self.venv = pathlib.Path(venv)
         self.workdir = pathlib.Path(workdir)
         self.env = dict(env)
@@ -35,7 +43,7 @@ class RayCluster:
         self.client_server = client_server  # the head also runs Ray's client server (ray://)
         self.client_port = 0
         # A short temp dir: Ray's socket paths must fit in 107 bytes.
-        self.temp_root = pathlib.Path("/tmp") / f"gar-ray-{os.getpid()}-{id(self) & 0xffff:x}"
+        self.temp_root = pathlib.Path("/tmp") / f"gar-ray-{os.getpid()}-{id(self) & 0xFFFF:x}"
 
     @property
     def address(self) -> str:
@@ -47,7 +55,9 @@ class RayCluster:
         return f"ray://127.0.0.1:{self.client_port}"
 
     def _environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_"))}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYM_AUTOINSTR_", "RAY_", "NEMO_GYM_"))
+        }
         env.update(self.env)
         env.update(self.raylet_env)
         env["RAY_AUTH_MODE"] = "disabled"
@@ -73,13 +83,22 @@ class RayCluster:
         temp = self.temp_root / f"n{index}"
         temp.mkdir(parents=True, exist_ok=True)
         command = [
-            str(self.venv / "bin" / "opentelemetry-instrument"), str(self.venv / "bin" / "ray"), "start", "--block",
-            "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}", f"--resources={resources}",
-            f"--node-manager-port={ports[1]}", f"--object-manager-port={ports[2]}",
-            f"--runtime-env-agent-port={ports[3]}", f"--dashboard-agent-grpc-port={ports[4]}",
-            f"--dashboard-agent-listen-port={ports[5]}", f"--metrics-export-port={ports[6]}",
+            str(self.venv / "bin" / "opentelemetry-instrument"),
+            str(self.venv / "bin" / "ray"),
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={self.num_cpus}",
+            f"--resources={resources}",
+            f"--node-manager-port={ports[1]}",
+            f"--object-manager-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}",
+            f"--dashboard-agent-grpc-port={ports[4]}",
+            f"--dashboard-agent-listen-port={ports[5]}",
+            f"--metrics-export-port={ports[6]}",
             # (the client server's own per-client servers take ports from 23000-23999)
-            f"--min-worker-port={24000 if self.client_server else 20000}", "--max-worker-port=29999",
+            f"--min-worker-port={24000 if self.client_server else 20000}",
+            "--max-worker-port=29999",
             "--disable-usage-stats",
         ]
         if head:
@@ -91,11 +110,17 @@ class RayCluster:
         else:
             command += [f"--address={self.address}"]
         log = open(self.workdir / f"ray-node-{index}.log", "wb")
-        process = subprocess.Popen(command, env=self._environment(), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, cwd=self.workdir)
+        process = subprocess.Popen(
+            command,
+            env=self._environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.workdir,
+        )
         self.nodes.append(process)
 
-    def start(self, nodes: int = 1, timeout: float = 180) -> "RayCluster":
+    def start(self, nodes: int = 1, timeout: float = 180) -> RayCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_node(True, '{"node0": 1}')
@@ -121,8 +146,13 @@ class RayCluster:
                     raise RuntimeError(f"ray node exited ({process.returncode}):\n{self.log_tail()}")
             env = {k: v for k, v in self._environment().items() if k != "PYTHONPATH"}
             try:
-                result = subprocess.run([str(self.venv / "bin" / "python"), "-c", script, self.address], env=env,
-                                        capture_output=True, text=True, timeout=60)
+                result = subprocess.run(
+                    [str(self.venv / "bin" / "python"), "-c", script, self.address],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 last = result.stdout.strip() + result.stderr[-500:]
                 if result.returncode == 0 and int(result.stdout.strip().splitlines()[-1]) >= count:
                     return
@@ -169,7 +199,7 @@ class RayCluster:
 
         shutil.rmtree(self.temp_root, ignore_errors=True)
 
-    def __enter__(self) -> "RayCluster":
+    def __enter__(self) -> RayCluster:
         if not self.nodes:
             try:
                 self.start()
@@ -184,5 +214,6 @@ class RayCluster:
 
 def _tails(paths: list[pathlib.Path], lines: int) -> str:
     """The last ``lines`` lines of each file, each under its name."""
-    return "\n".join(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-                     for path in paths)
+    return "\n".join(
+        f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) for path in paths
+    )

@@ -7,8 +7,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from tests.harness.ports import reserve_port
 
@@ -52,7 +53,7 @@ def run_async(coroutine: Any) -> Any:
     return _loop.run_until_complete(coroutine)
 
 
-def post_json(url: str, body: dict, headers: "dict | None" = None) -> tuple[int, dict]:
+def post_json(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
     """POST a JSON body; the status and the decoded JSON answer ({} on an HTTP error)."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     request.add_header("Content-Type", "application/json")

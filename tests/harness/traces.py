@@ -30,14 +30,18 @@ def reset_upstream(policy_model: PolicyModel) -> None:
 
 def drop_upstream(policy_model: PolicyModel, count: int) -> None:
     """The policy model closes the connection of each of its next ``count`` model calls unanswered."""
-    request = urllib.request.Request(policy_model.base + "/_drop", data=json.dumps({"count": count}).encode(), method="POST")
+    request = urllib.request.Request(
+        policy_model.base + "/_drop", data=json.dumps({"count": count}).encode(), method="POST"
+    )
     urllib.request.urlopen(request, timeout=10).read()
 
 
 def strip_ids(value):
     """A rollout result without its run-specific ids and timestamps."""
     if isinstance(value, dict):
-        return {k: strip_ids(v) for k, v in value.items() if not (k == "id" or k.endswith("_id") or k.startswith("created"))}
+        return {
+            k: strip_ids(v) for k, v in value.items() if not (k == "id" or k.endswith("_id") or k.startswith("created"))
+        }
     if isinstance(value, list):
         return [strip_ids(v) for v in value]
     return value
@@ -50,8 +54,12 @@ def service_of(span: dict) -> str:
 def rollout_traces(spans: list[dict], run_service: str) -> dict[str, list[dict]]:
     """trace id -> spans, for every trace whose root is the ``POST /run`` the test sent."""
     roots = [
-        s for s in spans
-        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["parent_span_id"] is None and service_of(s) == run_service
+        s
+        for s in spans
+        if s["kind"] == "SERVER"
+        and s["name"] == "POST /run"
+        and s["parent_span_id"] is None
+        and service_of(s) == run_service
     ]
     return {root["trace_id"]: [s for s in spans if s["trace_id"] == root["trace_id"]] for root in roots}
 
@@ -85,7 +93,9 @@ def assert_one_connected_trace(trace: list[dict], trio: GymTrio, server_parents:
         assert isinstance(span["attributes"]["http.response.status_code"], int)
         assert "?" not in span["attributes"]["url.full"]
     # the agent->model->upstream chain: the model's CLIENT span to the policy model exists
-    assert any(service_of(s) == f"nemo-gym/{MODEL}" and s["attributes"]["url.full"].endswith("/responses") for s in clients)
+    assert any(
+        service_of(s) == f"nemo-gym/{MODEL}" and s["attributes"]["url.full"].endswith("/responses") for s in clients
+    )
     # one root per rollout
     assert sum(1 for s in trace if s["parent_span_id"] is None) == 1
 
@@ -112,7 +122,8 @@ def by_trace(spans: list[dict]) -> dict[str, list[dict]]:
 def linked_rollout_roots(spans: list[dict], job: dict) -> list[dict]:
     """Root spans (no parent) whose links point at ``job``: the rollouts of that job."""
     return [
-        s for s in spans
+        s
+        for s in spans
         if s["parent_span_id"] is None
         and {"trace_id": job["trace_id"], "span_id": job["span_id"]} in s.get("links", [])
     ]

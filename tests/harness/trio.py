@@ -42,7 +42,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import psutil
 
@@ -58,8 +59,14 @@ RESOURCES_CONFIGS: dict[str, dict[str, Any]] = {
     RESOURCES: {"domain": "agent", "verified": False, "description": "Basic single-step tool calling"},
     # Gym's competitive-coding verifier: runs the model's fenced python block against
     # the row's unit tests in a Ray task (SPREAD, runtime_env replacing PYTHONPATH).
-    "code_gen": {"domain": "coding", "verified": False, "description": "code_gen",
-                 "num_processes": 4, "unit_test_timeout_secs": 30, "debug": False},
+    "code_gen": {
+        "domain": "coding",
+        "verified": False,
+        "description": "code_gen",
+        "num_processes": 4,
+        "unit_test_timeout_secs": 30,
+        "debug": False,
+    },
     # A test server in the style of Gym's actor-based verifiers (tests/fixtures/ray_scorer): its
     # verify calls long-lived Ray actors (plain, threaded, async).
     "ray_scorer": {"domain": "other", "verified": False, "description": "ray_scorer"},
@@ -77,8 +84,11 @@ RAY_SCORER_ROW = {
 }
 # A code_gen task row the policy model's CODE_ANSWER solves.
 CODE_GEN_ROW = {
-    "responses_create_params": {"input": [{"role": "user", "content": "Read two integers and print their sum. "
-                                           "Answer with a ```python code block."}]},
+    "responses_create_params": {
+        "input": [
+            {"role": "user", "content": "Read two integers and print their sum. Answer with a ```python code block."}
+        ]
+    },
     "verifier_metadata": {"unit_tests": {"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12\n"], "fn_name": None}},
 }
 CODE_ANSWER = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -178,28 +188,52 @@ class GymTrio:
         h = self.host
         cfg: dict[str, Any] = {
             "head_server": {"host": h, "port": self.head_port},
-            self.resources: {"resources_servers": {self.resources: {
-                "entrypoint": "app.py", "host": h, "port": self.ports[self.resources],
-                **RESOURCES_CONFIGS[self.resources],
-            }}},
-            AGENT: {"responses_api_agents": {"simple_agent": {
-                "entrypoint": "app.py", "host": h, "port": self.ports[AGENT],
-                "resources_server": {"type": "resources_servers", "name": self.resources},
-                "model_server": {"type": "responses_api_models", "name": MODEL},
-            }}},
-            MODEL: {"responses_api_models": {"openai_model": {
-                "entrypoint": "app.py", "host": h, "port": self.ports[MODEL],
-                "openai_base_url": self.policy_url,
-                "openai_api_key": "dummy-key",
-                "openai_model": "policy",
-                "openai_default_headers": {},
-            }}},
+            self.resources: {
+                "resources_servers": {
+                    self.resources: {
+                        "entrypoint": "app.py",
+                        "host": h,
+                        "port": self.ports[self.resources],
+                        **RESOURCES_CONFIGS[self.resources],
+                    }
+                }
+            },
+            AGENT: {
+                "responses_api_agents": {
+                    "simple_agent": {
+                        "entrypoint": "app.py",
+                        "host": h,
+                        "port": self.ports[AGENT],
+                        "resources_server": {"type": "resources_servers", "name": self.resources},
+                        "model_server": {"type": "responses_api_models", "name": MODEL},
+                    }
+                }
+            },
+            MODEL: {
+                "responses_api_models": {
+                    "openai_model": {
+                        "entrypoint": "app.py",
+                        "host": h,
+                        "port": self.ports[MODEL],
+                        "openai_base_url": self.policy_url,
+                        "openai_api_key": "dummy-key",
+                        "openai_model": "policy",
+                        "openai_default_headers": {},
+                    }
+                }
+            },
         }
         if self.has_relay:
-            cfg[ENVIRONMENT] = {"environment_servers": {"legacy_agent": {
-                "entrypoint": "app.py", "host": h, "port": self.ports[ENVIRONMENT],
-                "agent_server": {"type": "responses_api_agents", "name": AGENT},
-            }}}
+            cfg[ENVIRONMENT] = {
+                "environment_servers": {
+                    "legacy_agent": {
+                        "entrypoint": "app.py",
+                        "host": h,
+                        "port": self.ports[ENVIRONMENT],
+                        "agent_server": {"type": "responses_api_agents", "name": AGENT},
+                    }
+                }
+            }
         # extra_config: a key naming one of our servers merges into that server's
         # inner block (e.g. {"policy_model": {"num_workers": 2}}); anything else
         # merges at the top level (e.g. {"telemetry": {...}}).
@@ -216,8 +250,8 @@ class GymTrio:
     def _server_dirs(self, cfg: dict) -> list[tuple[str, str]]:
         out = []
         for name in self.server_names:
-            (typ, inner), = cfg[name].items()
-            (impl, _), = inner.items()
+            ((typ, inner),) = cfg[name].items()
+            ((impl, _),) = inner.items()
             out.append((typ, impl))
         return out
 
@@ -228,8 +262,12 @@ class GymTrio:
         self.config_path.write_text(json.dumps(cfg, indent=1) + "\n")
         source = LOCAL_RESOURCES.get(self.resources)
         if source is not None:
-            shutil.copytree(source, self.workdir / "resources_servers" / self.resources, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+            shutil.copytree(
+                source,
+                self.workdir / "resources_servers" / self.resources,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("__pycache__", ".venv"),
+            )
         if self.build_venvs:
             return  # Gym creates <type>/<name>/.venv itself
         for name, (typ, impl) in zip(self.server_names, self._server_dirs(cfg)):
@@ -245,15 +283,14 @@ class GymTrio:
 
     def server_venv(self, name: str) -> pathlib.Path:
         """Where Gym finds (or builds) the venv of server ``name``: ``<workdir>/<type>/<impl>/.venv``."""
-        (typ, inner), = self.build_config()[name].items()
-        (impl, _), = inner.items()
+        ((typ, inner),) = self.build_config()[name].items()
+        ((impl, _),) = inner.items()
         return self.workdir / typ / impl / ".venv"
 
     # ------------------------------------------------------------------ start
 
     def command(self) -> list[str]:
-        cmd = [str(self.venv / "bin" / "gym"), "env", "start",
-               f"+config_paths=[{self.config_path}]"]
+        cmd = [str(self.venv / "bin" / "gym"), "env", "start", f"+config_paths=[{self.config_path}]"]
         if self.build_venvs:
             cmd.append(f"+uv_cache_dir={self.uv_cache_dir}")
         else:
@@ -293,7 +330,7 @@ class GymTrio:
                 return value.strip()
         raise GymTrioError(f"no home in {self.venv / 'pyvenv.cfg'}")
 
-    def start(self, timeout: float = 180) -> "GymTrio":
+    def start(self, timeout: float = 180) -> GymTrio:
         if self.proc is not None:
             raise GymTrioError("already started")
         self.prepare()
@@ -322,8 +359,7 @@ class GymTrio:
                 if m and m.group(1) == m.group(2):
                     break
                 if self.proc.poll() is not None:
-                    raise GymTrioError(f"gym env start exited early (rc={self.proc.returncode}):\n"
-                                       + self.log_tail())
+                    raise GymTrioError(f"gym env start exited early (rc={self.proc.returncode}):\n" + self.log_tail())
                 if time.monotonic() > deadline:
                     raise GymTrioError(f"Gym servers not ready after {timeout:.0f}s:\n" + self.log_tail())
                 self._track()
@@ -435,8 +471,7 @@ class GymTrio:
             return copy.deepcopy(CODE_GEN_ROW)
         if self.resources == "ray_scorer":
             return copy.deepcopy(RAY_SCORER_ROW)
-        data = (self.site_packages() / "resources_servers" / "example_single_tool_call"
-                / "data" / "example.jsonl")
+        data = self.site_packages() / "resources_servers" / "example_single_tool_call" / "data" / "example.jsonl"
         with open(data) as fh:
             return json.loads(fh.readline())
 
@@ -446,9 +481,15 @@ class GymTrio:
             raise GymTrioError(f"no site-packages in {self.venv}")
         return found[0]
 
-    def rollout(self, row: Mapping | None = None, *, timeout: float = 60,
-                task_index: int | None = None, rollout_index: int | None = None,
-                headers: Mapping[str, str] | None = None) -> dict:
+    def rollout(
+        self,
+        row: Mapping | None = None,
+        *,
+        timeout: float = 60,
+        task_index: int | None = None,
+        rollout_index: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> dict:
         """POST one task row to ``/run`` and return the JSON result.
 
         On 0.5+ the row gets ``_ng_task_index``/``_ng_rollout_index`` (as Gym's
@@ -462,22 +503,21 @@ class GymTrio:
             body.setdefault("_ng_task_index", 0 if task_index is None else task_index)
             body.setdefault("_ng_rollout_index", rollout_index)
         data = json.dumps(body).encode()
-        req = urllib.request.Request(self.run_url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            self.run_url, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as e:
             raise GymTrioError(f"/run returned {e.code}: {e.read()[:2000]!r}\n" + self.log_tail(30)) from e
 
-    def rollouts(self, n: int, concurrency: int = 4, row: Mapping | None = None,
-                 timeout: float = 120) -> list[dict]:
+    def rollouts(self, n: int, concurrency: int = 4, row: Mapping | None = None, timeout: float = 120) -> list[dict]:
         row = row if row is not None else self.default_row()
         start = self._rollout_counter
         self._rollout_counter += n
         with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as ex:
-            futs = [ex.submit(self.rollout, row, timeout=timeout, rollout_index=start + i)
-                    for i in range(n)]
+            futs = [ex.submit(self.rollout, row, timeout=timeout, rollout_index=start + i) for i in range(n)]
             return [f.result() for f in futs]
 
     # ------------------------------------------------------------------ stop
@@ -538,7 +578,7 @@ class GymTrio:
             shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
             self.ray_tmpdir = None
 
-    def __enter__(self) -> "GymTrio":
+    def __enter__(self) -> GymTrio:
         if self.proc is None:
             self.start()
         return self
@@ -552,8 +592,9 @@ class PolicyModel:
 
     script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "policy_model.py"
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, args: tuple[str, ...] = (),
-                 python: str | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, args: tuple[str, ...] = (), python: str | None = None
+    ) -> None:
         import sys
 
         self.cmd = [python or sys.executable, str(self.script), "--host", host, "--port", str(port), *args]
@@ -564,9 +605,15 @@ class PolicyModel:
     def url(self) -> str:
         return f"{self.base}/v1"
 
-    def start(self, timeout: float = 30) -> "PolicyModel":
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    def start(self, timeout: float = 30) -> PolicyModel:
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         seen = []
         while time.monotonic() < deadline:
@@ -594,7 +641,7 @@ class PolicyModel:
                 self.proc.stdout.close()
             self.proc = None
 
-    def __enter__(self) -> "PolicyModel":
+    def __enter__(self) -> PolicyModel:
         return self.start()
 
     def __exit__(self, *exc) -> None:

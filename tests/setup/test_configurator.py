@@ -8,15 +8,23 @@ import textwrap
 
 import pytest
 
-from gym_autoinstr.setup import configurator, identity
 from gym_autoinstr._log import forget_said
+from gym_autoinstr.setup import configurator, identity
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                 "OTEL_SERVICE_NAME", "NEMO_GYM_CONFIG_PATH", "NEMO_GYM_OTEL_RUN_ID", "SLURM_JOB_ID",
-                 "GYM_AUTOINSTR_RUN_ID", "GYM_AUTOINSTR_SERVICE_NAME_SUFFIX"):
+    for name in (
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_SERVICE_NAME",
+        "NEMO_GYM_CONFIG_PATH",
+        "NEMO_GYM_OTEL_RUN_ID",
+        "SLURM_JOB_ID",
+        "GYM_AUTOINSTR_RUN_ID",
+        "GYM_AUTOINSTR_SERVICE_NAME_SUFFIX",
+    ):
         monkeypatch.delenv(name, raising=False)
     forget_said()
 
@@ -128,7 +136,12 @@ def test_roles_from_the_command_line():
 
 
 def test_ray_processes_are_recognised(monkeypatch):
-    monkeypatch.setattr(sys, "orig_argv", ["python", "/venv/lib/python3.12/site-packages/ray/_private/workers/default_worker.py"], raising=False)
+    monkeypatch.setattr(
+        sys,
+        "orig_argv",
+        ["python", "/venv/lib/python3.12/site-packages/ray/_private/workers/default_worker.py"],
+        raising=False,
+    )
     monkeypatch.setenv("NEMO_GYM_CONFIG_PATH", "agent")  # inherited from a Gym server: still Ray
     assert identity.detect().role == "ray"
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "ray.util.client.server"], raising=False)

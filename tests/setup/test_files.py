@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from gym_autoinstr.setup import files
 from gym_autoinstr._log import forget_said
+from gym_autoinstr.setup import files
 
 
 def _provider(exporter) -> TracerProvider:
@@ -27,7 +27,9 @@ def _provider(exporter) -> TracerProvider:
 def test_round_trip_in_the_collector_file_format(tmp_path):
     exporter = files.OtlpJsonFileExporter(tmp_path, "nemo-gym/agent")
     tracer = _provider(exporter).get_tracer("t")
-    with tracer.start_as_current_span("POST /run", kind=SpanKind.SERVER, attributes={"http.response.status_code": 200}) as root:
+    with tracer.start_as_current_span(
+        "POST /run", kind=SpanKind.SERVER, attributes={"http.response.status_code": 200}
+    ) as root:
         with tracer.start_as_current_span("HTTP POST", kind=SpanKind.CLIENT, attributes={"url.full": "http://m/v1"}):
             pass
     assert exporter.path.parent == tmp_path and exporter.path.name == f"nemo-gym_agent-{os.getpid()}.jsonl"

@@ -17,19 +17,35 @@ PROBE = (
 
 def _run(env_extra: dict) -> dict:
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_LOGS_EXPORTER": "none", **env_extra}
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        **env_extra,
+    }
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    out = subprocess.run([str(bin_dir / "opentelemetry-instrument"), sys.executable, "-c", PROBE],
-                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [str(bin_dir / "opentelemetry-instrument"), sys.executable, "-c", PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _baseline() -> int:
     # What the interpreter itself may have frozen already (CPython freezes a few hundred
     # objects of its own start-up in some builds).
-    out = subprocess.run([sys.executable, "-c", "import gc; print(gc.get_freeze_count())"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import gc; print(gc.get_freeze_count())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return int(out.stdout.strip())
 
 

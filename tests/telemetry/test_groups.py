@@ -3,19 +3,36 @@ warned about once with the valid ones listed, and Gym's own knob honoured."""
 
 from __future__ import annotations
 
-from gym_autoinstr.telemetry import groups
 from gym_autoinstr._log import forget_said
+from gym_autoinstr.telemetry import groups
 
 
 def test_presets_select_exactly_their_groups():
     assert groups.parse_spec("default") == {"job", "server", "http_client", "rollout", "ray", "startup"}
-    assert groups.parse_spec("per_rollout") == {"server", "http_client", "rollout", "verify", "agent", "model_call", "ray"}
+    assert groups.parse_spec("per_rollout") == {
+        "server",
+        "http_client",
+        "rollout",
+        "verify",
+        "agent",
+        "model_call",
+        "ray",
+    }
     assert groups.parse_spec("all") == groups.ALL_GROUPS
     assert groups.parse_spec("none") == frozenset() == groups.parse_spec("")
 
 
 def test_mixed_spec_is_case_insensitive_and_trimmed():
-    assert groups.parse_spec(" Default , SANDBOX,verify ") == {"job", "server", "http_client", "rollout", "ray", "startup", "sandbox", "verify"}
+    assert groups.parse_spec(" Default , SANDBOX,verify ") == {
+        "job",
+        "server",
+        "http_client",
+        "rollout",
+        "ray",
+        "startup",
+        "sandbox",
+        "verify",
+    }
 
 
 def test_unknown_names_are_ignored_with_one_warning_listing_the_valid_ones(caplog):

@@ -13,9 +13,9 @@ import time
 import pytest
 from fastapi import FastAPI
 
+from gym_autoinstr.advice import pool
 from gym_autoinstr.advice.ingress import instrument_app
 from gym_autoinstr.telemetry import metrics, runtime
-from gym_autoinstr.advice import pool
 from tests.advice.test_routes import _agent, _model, _post, _resources
 from tests.harness.servers import post_json, run_async, serve
 
@@ -47,7 +47,7 @@ def points(reader, name: str) -> list:
     return found
 
 
-def counts(reader, name: str, key: "str | None" = None) -> dict:
+def counts(reader, name: str, key: str | None = None) -> dict:
     """Histogram counts (or sums' values) by one attribute."""
     out: dict = {}
     for _, point in points(reader, name):
@@ -74,15 +74,22 @@ def test_rollouts_and_verifications_by_outcome(instrumented, reader):
     def delta(now, before):
         return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
 
-    assert delta(counts(reader, "gym.rollout.duration_ms", "nemo.gym.rollout.outcome"), rollouts_before) == {"success": 3}
-    assert delta(counts(reader, "gym.verify.duration_ms", "nemo.gym.verify.outcome"), verify_before) == {"success": 1, "failure": 1}
+    assert delta(counts(reader, "gym.rollout.duration_ms", "nemo.gym.rollout.outcome"), rollouts_before) == {
+        "success": 3
+    }
+    assert delta(counts(reader, "gym.verify.duration_ms", "nemo.gym.verify.outcome"), verify_before) == {
+        "success": 1,
+        "failure": 1,
+    }
     (metric, _), *_ = points(reader, "gym.rollout.duration_ms")
     assert metric.unit == "ms"
     for _, point in points(reader, "gym.rollout.duration_ms"):
         assert 0 < point.sum / point.count < 30_000  # milliseconds, not seconds or ns
     routes = counts(reader, "http.server.request.duration", "http.route")
     assert routes.get("/run", 0) >= 3 and routes.get("/seed_session", 0) >= 1
-    in_flight = {dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")}
+    in_flight = {
+        dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")
+    }
     assert in_flight["metrics_agent"] == 0 and in_flight["metrics_resources"] == 0
 
 
@@ -97,8 +104,11 @@ def test_model_calls_by_dialect_and_server_with_time_to_first_byte(instrumented,
         (dict(p.attributes)["nemo.gym.model.dialect"], dict(p.attributes)["nemo.gym.server.name"]): p
         for _, p in points(reader, "gym.model.call_duration_ms")
     }
-    first_bytes = {dict(p.attributes)["nemo.gym.model.dialect"]: p for _, p in points(reader, "gym.model.time_to_first_byte_ms")
-                   if dict(p.attributes)["nemo.gym.server.name"] == "metrics_model"}
+    first_bytes = {
+        dict(p.attributes)["nemo.gym.model.dialect"]: p
+        for _, p in points(reader, "gym.model.time_to_first_byte_ms")
+        if dict(p.attributes)["nemo.gym.server.name"] == "metrics_model"
+    }
     assert calls[("chat_completions", "metrics_model")].count == 1
     stream = calls[("responses", "metrics_model")]
     assert stream.count == 1 and stream.sum >= 150  # the whole stream: three 50 ms sleeps
@@ -139,8 +149,11 @@ def test_a_request_whose_caller_was_sampled_out_is_measured_without_a_span(instr
     assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
     assert counts(reader, "http.server.request.duration", "http.route").get("/dropped_caller", 0) == before + 3
     assert {(format(c.trace_id, "032x"), format(c.span_id, "016x"), c.trace_flags.sampled) for c in seen} == {
-        (trace_id, parent_id, False)}
-    in_flight = {dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")}
+        (trace_id, parent_id, False)
+    }
+    in_flight = {
+        dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")
+    }
     assert in_flight["dropped_caller_server"] == 0
 
 
@@ -189,7 +202,9 @@ def test_a_longer_lag_interval_means_fewer_readings(instrumented, reader, monkey
     before = _lag_readings(reader)
     with serve(app):
         time.sleep(1.0)
-    assert 1 <= _lag_readings(reader) - before <= 4  # after 100, 200, then 400 ms sleeps over ~1 s (100 ms would give ~10)
+    assert (
+        1 <= _lag_readings(reader) - before <= 4
+    )  # after 100, 200, then 400 ms sleeps over ~1 s (100 ms would give ~10)
 
 
 def test_the_probe_reads_soon_after_start_then_once_per_interval(instrumented, reader, monkeypatch):
@@ -227,17 +242,29 @@ def test_gc_pauses_and_collections_by_generation(reader):
     runtime.drain_gc_pauses()  # what each server's loop probe does at every reading
     after = counts(reader, "gym.gc.pause_duration_ms", "nemo.gym.gc.generation")
     assert after.get(2, 0) >= before + 2
-    collections = {dict(p.attributes)["nemo.gym.gc.generation"]: p.value for _, p in points(reader, "gym.gc.collections_total")}
+    collections = {
+        dict(p.attributes)["nemo.gym.gc.generation"]: p.value for _, p in points(reader, "gym.gc.collections_total")
+    }
     assert collections[2] == gc.get_stats()[2]["collections"]
 
 
 def test_process_metrics(reader):
-    names = {metric.name: metric for metric, _ in points(reader, "process.cpu.time") + points(reader, "process.memory.usage")
-             + points(reader, "process.thread.count") + points(reader, "process.open_file_descriptor.count")}
-    assert set(names) == {"process.cpu.time", "process.memory.usage", "process.thread.count", "process.open_file_descriptor.count"}
+    names = {
+        metric.name: metric
+        for metric, _ in points(reader, "process.cpu.time")
+        + points(reader, "process.memory.usage")
+        + points(reader, "process.thread.count")
+        + points(reader, "process.open_file_descriptor.count")
+    }
+    assert set(names) == {
+        "process.cpu.time",
+        "process.memory.usage",
+        "process.thread.count",
+        "process.open_file_descriptor.count",
+    }
     modes = {dict(p.attributes).get("cpu.mode") for _, p in points(reader, "process.cpu.time")}
     assert modes == {"user", "system"}
-    (_, memory), = points(reader, "process.memory.usage")
+    ((_, memory),) = points(reader, "process.memory.usage")
     assert memory.value > 10 * 1024 * 1024  # bytes of this interpreter
 
 
@@ -260,8 +287,8 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
     """Gym's real client with a one-connection pool; three concurrent calls to a slow
     server: two wait for the slot, recorded under the server's name from Gym's config."""
     monkeypatch.setenv(pool.HOOKS_ENV, hooks)
-    from omegaconf import OmegaConf
     from nemo_gym import global_config, server_utils
+    from omegaconf import OmegaConf
 
     app = FastAPI()
 
@@ -274,7 +301,9 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
 
     with serve(app) as base:
         port = int(base.rsplit(":", 1)[1])
-        config = OmegaConf.create({"slow_resources": {"resources_servers": {"slow": {"host": "127.0.0.1", "port": port}}}})
+        config = OmegaConf.create(
+            {"slow_resources": {"resources_servers": {"slow": {"host": "127.0.0.1", "port": port}}}}
+        )
         monkeypatch.setattr(global_config, "_GLOBAL_CONFIG_DICT", config)
         monkeypatch.setattr(pool._state, "names", None)
         pool._attributes.clear()
@@ -283,11 +312,18 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
         async def calls():
             server_utils._GLOBAL_AIOHTTP_CLIENT = None
             session = egress.global_client_advice(
-                server_utils.set_global_aiohttp_client, None,
-                (server_utils.GlobalAIOHTTPAsyncClientConfig(global_aiohttp_connector_limit=1, global_aiohttp_connector_limit_per_host=1),), {},
+                server_utils.set_global_aiohttp_client,
+                None,
+                (
+                    server_utils.GlobalAIOHTTPAsyncClientConfig(
+                        global_aiohttp_connector_limit=1, global_aiohttp_connector_limit_per_host=1
+                    ),
+                ),
+                {},
             )
             _check_mechanism(session, hooks)
             try:
+
                 async def one():
                     response = await server_utils.request("POST", f"{base}/slow", json={})
                     await response.read()
@@ -300,8 +336,11 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
 
         before = counts(reader, "gym.http.connection_pool.queue_duration_ms", pool.DESTINATION).get("slow_resources", 0)
         assert run_async(calls()) == [200, 200, 200]
-    waits = [p for _, p in points(reader, "gym.http.connection_pool.queue_duration_ms")
-             if dict(p.attributes)[pool.DESTINATION] == "slow_resources"]
+    waits = [
+        p
+        for _, p in points(reader, "gym.http.connection_pool.queue_duration_ms")
+        if dict(p.attributes)[pool.DESTINATION] == "slow_resources"
+    ]
     assert sum(p.count for p in waits) == before + 2
     assert max(p.max for p in waits) >= 150  # the third call waited for two 200 ms calls
     assert dict(waits[0].attributes)["nemo.gym.http.connection_pool.queue_outcome"] == "acquired"
@@ -323,7 +362,9 @@ class _Flaky:
                 return  # closed without a response: ServerDisconnectedError
             if number == 2:
                 await asyncio.sleep(1.0)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+            )
             await writer.drain()
         except Exception:
             pass
@@ -346,8 +387,10 @@ def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, mon
     monkeypatch.setattr(server_utils, "MAX_NUM_TRIES", 5, raising=False)
 
     def retries() -> dict:
-        return {(dict(p.attributes)[pool.RETRY_REASON], dict(p.attributes)[pool.INTERNAL]): p.value
-                for _, p in points(reader, "gym.http.retry_total")}
+        return {
+            (dict(p.attributes)[pool.RETRY_REASON], dict(p.attributes)[pool.INTERNAL]): p.value
+            for _, p in points(reader, "gym.http.retry_total")
+        }
 
     def timeouts() -> dict:
         return {dict(p.attributes)[pool.INTERNAL]: p.value for _, p in points(reader, "gym.http.timeout_total")}
@@ -357,14 +400,16 @@ def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, mon
         port = flaky.port = server.sockets[0].getsockname()[1]
         previous = server_utils._GLOBAL_AIOHTTP_CLIENT
         server_utils._GLOBAL_AIOHTTP_CLIENT = None
-        session = egress.global_client_advice(server_utils.set_global_aiohttp_client, None,
-                                              (server_utils.GlobalAIOHTTPAsyncClientConfig(),), {})
+        session = egress.global_client_advice(
+            server_utils.set_global_aiohttp_client, None, (server_utils.GlobalAIOHTTPAsyncClientConfig(),), {}
+        )
         _check_mechanism(session, hooks)
         try:
             statuses = []
             for _ in range(2):
-                response = await server_utils.request("POST", f"http://127.0.0.1:{port}/flaky", json={},
-                                                      timeout=aiohttp.ClientTimeout(total=0.3))
+                response = await server_utils.request(
+                    "POST", f"http://127.0.0.1:{port}/flaky", json={}, timeout=aiohttp.ClientTimeout(total=0.3)
+                )
                 await response.read()
                 statuses.append(response.status)
             return statuses
@@ -379,7 +424,10 @@ def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, mon
     gained = {k: v - retries_before.get(k, 0) for k, v in retries().items() if v - retries_before.get(k, 0)}
     assert gained == {("server_disconnected", False): 1, ("timeout", False): 1}
     assert {k: v - timeouts_before.get(k, 0) for k, v in timeouts().items()} == {False: 1}
-    connects = {dict(p.attributes)[pool.DESTINATION]: p.value for _, p in points(reader, "gym.http.connection_pool.connect_total")}
+    connects = {
+        dict(p.attributes)[pool.DESTINATION]: p.value
+        for _, p in points(reader, "gym.http.connection_pool.connect_total")
+    }
     assert connects[f"127.0.0.1:{flaky.port}"] == 4  # one new connection per attempt (the server closes each)
 
 
@@ -387,8 +435,9 @@ def test_a_gym_semaphore_limit_held_waiting_and_waits(instrumented, reader):
     """A real Gym model server that caps its calls with an asyncio semaphore (as Gym's
     openai_model does): the limit, the holders and waiters at collection time, and the
     waits of the calls that queued."""
-    from gym_autoinstr.advice import concurrency
     from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+
+    from gym_autoinstr.advice import concurrency
     from tests.advice.test_routes import Ask, _client, _config
 
     observed: dict = {}
@@ -418,15 +467,28 @@ def test_a_gym_semaphore_limit_held_waiting_and_waits(instrumented, reader):
         async with server._semaphore:
             waiters = [asyncio.ensure_future(server._semaphore.acquire()) for _ in range(2)]
             await asyncio.sleep(0.05)
-            observed.update({n: gauge(n) for n in ("gym.concurrency.limit", "gym.concurrency.active",
-                                                   "gym.concurrency.available", "gym.concurrency.queue_depth")})
+            observed.update(
+                {
+                    n: gauge(n)
+                    for n in (
+                        "gym.concurrency.limit",
+                        "gym.concurrency.active",
+                        "gym.concurrency.available",
+                        "gym.concurrency.queue_depth",
+                    )
+                }
+            )
         for waiter in waiters:
             await waiter
             server._semaphore.release()
 
     run_async(held_while_two_wait())
-    assert observed == {"gym.concurrency.limit": 1, "gym.concurrency.active": 1,
-                        "gym.concurrency.available": 0, "gym.concurrency.queue_depth": 2}
+    assert observed == {
+        "gym.concurrency.limit": 1,
+        "gym.concurrency.active": 1,
+        "gym.concurrency.available": 0,
+        "gym.concurrency.queue_depth": 2,
+    }
     assert isinstance(server._semaphore, asyncio.Semaphore)
     waits = [p for _, p in points(reader, "gym.concurrency.queue_wait_duration_ms") if dict(p.attributes) == site]
     assert sum(p.count for p in waits) == 2 and max(p.max for p in waits) >= 40
@@ -441,8 +503,11 @@ def test_sandbox_active_start_and_exec_durations_by_provider(instrumented, reade
     from tests.advice.test_sandbox import _session
 
     def by_provider(name: str) -> int:
-        return sum(getattr(p, "count", None) if hasattr(p, "count") else p.value
-                   for _, p in points(reader, name) if dict(p.attributes).get("nemo.gym.sandbox.provider") == "local-process")
+        return sum(
+            getattr(p, "count", None) if hasattr(p, "count") else p.value
+            for _, p in points(reader, name)
+            if dict(p.attributes).get("nemo.gym.sandbox.provider") == "local-process"
+        )
 
     before = {n: by_provider(n) for n in ("gym.sandbox.startup_duration_ms", "gym.sandbox.exec_duration_ms")}
     run_async(_session())
@@ -460,15 +525,21 @@ def test_sandbox_create_retries_counted_by_provider_and_not_where_gym_records_th
     per call, by provider; none of the sandbox metrics where Gym's own telemetry is live."""
     from types import SimpleNamespace
 
-    from gym_autoinstr.advice import coexistence
     from nemo_gym.sandbox.providers.opensandbox import provider as opensandbox
+
+    from gym_autoinstr.advice import coexistence
     from tests.advice.test_sandbox import _session
 
     def count(name: str, provider: str) -> int:
-        return sum(getattr(p, "count", None) if hasattr(p, "count") else p.value
-                   for _, p in points(reader, name) if dict(p.attributes) == {"nemo.gym.sandbox.provider": provider})
+        return sum(
+            getattr(p, "count", None) if hasattr(p, "count") else p.value
+            for _, p in points(reader, name)
+            if dict(p.attributes) == {"nemo.gym.sandbox.provider": provider}
+        )
 
-    retry_state = SimpleNamespace(outcome=None, next_action=None, attempt_number=1)  # tenacity's RetryCallState fields read
+    retry_state = SimpleNamespace(
+        outcome=None, next_action=None, attempt_number=1
+    )  # tenacity's RetryCallState fields read
     before = count("gym.sandbox.create_retry_total", "opensandbox")
     opensandbox._log_create_retry(retry_state)
     opensandbox._log_create_retry(retry_state)
@@ -495,8 +566,9 @@ def test_semaphores_a_server_makes_later_are_observed_from_the_next_collection(i
     """A real Gym resources server watched with no semaphore; it makes one after it
     started serving (held at that moment), and replaces it later: each is observed from
     the next collection, the in-use one with the limit it shows once seen idle."""
-    from gym_autoinstr.advice import concurrency
     from nemo_gym.base_resources_server import BaseResourcesServerConfig, SimpleResourcesServer
+
+    from gym_autoinstr.advice import concurrency
     from tests.advice.test_routes import _client, _config
 
     monkeypatch.setattr(concurrency, "RESCAN_SECONDS", 0.0)
@@ -610,7 +682,10 @@ def test_an_observed_semaphore_behaves_as_its_own_class(instrumented, reader):
     assert type(copy.copy(holder.counting)) is Counting  # a local class: copied, not pickled
     concurrency.restore()
     assert (type(holder.shared), type(holder.bounded), type(holder.counting)) == (
-        asyncio.Semaphore, asyncio.BoundedSemaphore, Counting)
+        asyncio.Semaphore,
+        asyncio.BoundedSemaphore,
+        Counting,
+    )
     assert not hasattr(holder.shared, "_gym_autoinstr_concurrency")
 
 
@@ -619,8 +694,7 @@ def test_only_the_processes_that_serve_watch_a_servers_limits(instrumented, read
     ``num_workers: 2`` server only supervises, each worker serves."""
     from types import SimpleNamespace
 
-    from gym_autoinstr.advice import ingress
-    from gym_autoinstr.advice import concurrency
+    from gym_autoinstr.advice import concurrency, ingress
 
     def limits_of(workers: int) -> list:
         server = SimpleNamespace(config=SimpleNamespace(num_workers=workers), limit=asyncio.Semaphore(4))

@@ -18,9 +18,11 @@ import re
 import pytest
 
 from tests.harness.gym_install import gym_venv
-from tests.harness.metrics import latest as _last, log_records, metric_points as _points
-from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
+from tests.harness.metrics import latest as _last
+from tests.harness.metrics import log_records
+from tests.harness.metrics import metric_points as _points
 from tests.harness.traces import drop_upstream, otel_env, reset_upstream
+from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
 
 pytestmark = pytest.mark.realgym
 
@@ -41,19 +43,42 @@ def fleet(request, tmp_path_factory, policy_model):
     tmp = tmp_path_factory.mktemp(f"metrics-{version}")
     with Collector(log_dir=tmp / "collector") as collector:
         # logs opted in the way Gym's users opt in, and uvicorn's access lines for 200s on
-        env = otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500", NEMO_GYM_OTEL_LOGS_ENABLED="true",
-                       GYM_AUTOINSTR_FLEET_MEMORY="true")
-        trio = GymTrio(gym_venv(version), version, tmp / "gym", policy_url=policy_model.url, instrument=True, env=env,
-                       extra_config={"global_aiohttp_connector_limit_per_host": 2, "uvicorn_logging_show_200_ok": True,
-                                     MODEL: {"max_concurrent_requests": 1}})
+        env = otel_env(
+            collector,
+            "http/protobuf",
+            OTEL_METRIC_EXPORT_INTERVAL="500",
+            NEMO_GYM_OTEL_LOGS_ENABLED="true",
+            GYM_AUTOINSTR_FLEET_MEMORY="true",
+        )
+        trio = GymTrio(
+            gym_venv(version),
+            version,
+            tmp / "gym",
+            policy_url=policy_model.url,
+            instrument=True,
+            env=env,
+            extra_config={
+                "global_aiohttp_connector_limit_per_host": 2,
+                "uvicorn_logging_show_200_ok": True,
+                MODEL: {"max_concurrent_requests": 1},
+            },
+        )
         reset_upstream(policy_model)
         with trio:
             drop_upstream(policy_model, DROPS)
             trio.rollouts(ROLLOUTS, concurrency=3)
             agent = f"nemo-gym/{AGENT}"
-            assert collector.sink.wait_for(lambda _: sum(
-                p["value"] for p in _last(_points(collector.sink), "gym.rollout.duration_ms").values()
-                if p["service"] == agent) == ROLLOUTS, timeout=30), trio.log_tail()
+            assert collector.sink.wait_for(
+                lambda _: (
+                    sum(
+                        p["value"]
+                        for p in _last(_points(collector.sink), "gym.rollout.duration_ms").values()
+                        if p["service"] == agent
+                    )
+                    == ROLLOUTS
+                ),
+                timeout=30,
+            ), trio.log_tail()
             trio.stop()
         yield trio, collector.sink, _points(collector.sink)
 
@@ -67,15 +92,18 @@ def test_rollout_and_verify_durations_count_what_was_sent(fleet):
     assert all(0 < p["sum"] / p["value"] < 60_000 for p in rollouts)  # milliseconds
     verify = list(_last(points, "gym.verify.duration_ms").values())
     assert {(p["service"], p["attributes"]["nemo.gym.verify.outcome"], p["value"]) for p in verify} == {
-        (f"nemo-gym/{RESOURCES}", "success", ROLLOUTS)}
+        (f"nemo-gym/{RESOURCES}", "success", ROLLOUTS)
+    }
 
 
 def test_model_calls_by_dialect_and_server(fleet):
     _, _, points = fleet
     calls = list(_last(points, "gym.model.call_duration_ms").values())
     # the example agent calls the model server's /v1/responses twice per rollout
-    assert {(p["service"], p["attributes"]["nemo.gym.model.dialect"], p["attributes"]["nemo.gym.server.name"], p["value"])
-            for p in calls} == {(f"nemo-gym/{MODEL}", "responses", MODEL, 2 * ROLLOUTS)}
+    assert {
+        (p["service"], p["attributes"]["nemo.gym.model.dialect"], p["attributes"]["nemo.gym.server.name"], p["value"])
+        for p in calls
+    } == {(f"nemo-gym/{MODEL}", "responses", MODEL, 2 * ROLLOUTS)}
     first_bytes = list(_last(points, "gym.model.time_to_first_byte_ms").values())
     assert [p["value"] for p in first_bytes] == [2 * ROLLOUTS]
     assert first_bytes[0]["sum"] <= calls[0]["sum"]
@@ -102,18 +130,26 @@ def test_pool_waits_name_the_destination_server(fleet):
     # the agent, fed two rollouts at a time, then has no third call to queue)
     assert destinations & set(trio.server_names)
     # CLIENT spans name their callee the same way
-    callees = {s["attributes"].get("nemo.gym.http.destination.server.name") for s in sink.spans() if s["kind"] == "CLIENT"
-               and s["resource"]["service.name"] == f"nemo-gym/{AGENT}"}
+    callees = {
+        s["attributes"].get("nemo.gym.http.destination.server.name")
+        for s in sink.spans()
+        if s["kind"] == "CLIENT" and s["resource"]["service.name"] == f"nemo-gym/{AGENT}"
+    }
     assert {MODEL, RESOURCES} <= callees
 
 
 def test_runtime_metrics_from_every_server(fleet):
     trio, _, points = fleet
     servers = {f"nemo-gym/{n}" for n in trio.server_names}
-    for name, unit in (("gym.event_loop.lag_ms", "ms"), ("gym.gc.pause_duration_ms", "ms"),
-                       ("gym.gc.collections_total", "{collection}"), ("process.cpu.time", "s"),
-                       ("process.memory.usage", "By"), ("process.thread.count", "{thread}"),
-                       ("process.open_file_descriptor.count", "{file_descriptor}")):
+    for name, unit in (
+        ("gym.event_loop.lag_ms", "ms"),
+        ("gym.gc.pause_duration_ms", "ms"),
+        ("gym.gc.collections_total", "{collection}"),
+        ("process.cpu.time", "s"),
+        ("process.memory.usage", "By"),
+        ("process.thread.count", "{thread}"),
+        ("process.open_file_descriptor.count", "{file_descriptor}"),
+    ):
         found = [p for p in points if p["name"] == name]
         assert servers <= {p["service"] for p in found}, name
         assert {p["unit"] for p in found} == {unit}, name
@@ -131,8 +167,11 @@ def test_log_lines_of_a_rollout_carry_its_trace_id(fleet):
     agent = f"nemo-gym/{AGENT}"
     run_lines = [r for r in records if r[0] == agent and '"POST /run HTTP' in r[1]]
     assert len(run_lines) == ROLLOUTS, records[:20]  # uvicorn's access line of each rollout's /run
-    server_spans = {(s["trace_id"], s["span_id"]) for s in sink.spans()
-                    if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["resource"]["service.name"] == agent}
+    server_spans = {
+        (s["trace_id"], s["span_id"])
+        for s in sink.spans()
+        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["resource"]["service.name"] == agent
+    }
     assert {(r[2], r[3]) for r in run_lines} == server_spans  # logged inside that request's SERVER span
 
 
@@ -150,15 +189,28 @@ def assert_startup_spans(spans: list[dict], trio: GymTrio) -> None:
         assert (spawned["trace_id"], spawned["parent_span_id"]) == (root["trace_id"], root["span_id"])
         assert root["start_ns"] <= spawned["start_ns"] < spawned["end_ns"] <= root["end_ns"]
         # inside the server: its own span, child of the orchestrator's span for it, with the stages
-        (inside,) = [s for s in spans if s["name"] == "gym.server.startup" and s["resource"]["service.name"] == f"nemo-gym/{name}"]
+        (inside,) = [
+            s
+            for s in spans
+            if s["name"] == "gym.server.startup" and s["resource"]["service.name"] == f"nemo-gym/{name}"
+        ]
         assert (inside["trace_id"], inside["parent_span_id"]) == (root["trace_id"], spawned["span_id"])
         assert inside["attributes"]["nemo.gym.server.name"] == name
         assert inside["end_ns"] <= spawned["end_ns"]  # ready before the health poll that found it ready
         stages = {s["name"]: s for s in spans if s["parent_span_id"] == inside["span_id"]}
-        assert set(stages) == {"gym.server.startup.venv_setup", "gym.server.startup.interpreter_start",
-                               "gym.server.startup.imports", "gym.server.startup.uvicorn_startup"}
+        assert set(stages) == {
+            "gym.server.startup.venv_setup",
+            "gym.server.startup.interpreter_start",
+            "gym.server.startup.imports",
+            "gym.server.startup.uvicorn_startup",
+        }
         ordered = sorted(stages.values(), key=lambda s: s["start_ns"])
-        assert [s["name"].rsplit(".", 1)[1] for s in ordered] == ["venv_setup", "interpreter_start", "imports", "uvicorn_startup"]
+        assert [s["name"].rsplit(".", 1)[1] for s in ordered] == [
+            "venv_setup",
+            "interpreter_start",
+            "imports",
+            "uvicorn_startup",
+        ]
         assert inside["start_ns"] <= ordered[0]["start_ns"] and ordered[-1]["end_ns"] <= inside["end_ns"]
         for before, after in zip(ordered, ordered[1:]):
             assert before["end_ns"] <= after["start_ns"]
@@ -169,8 +221,11 @@ def test_gyms_own_log_lines_of_a_rollout_end_with_its_trace_id(fleet):
     ends with that request's trace and span ids; the health polls outside any span don't."""
     trio, sink, _ = fleet
     agent = f"nemo-gym/{AGENT}"
-    server_spans = {(s["trace_id"], s["span_id"]) for s in sink.spans()
-                    if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["resource"]["service.name"] == agent}
+    server_spans = {
+        (s["trace_id"], s["span_id"])
+        for s in sink.spans()
+        if s["kind"] == "SERVER" and s["name"] == "POST /run" and s["resource"]["service.name"] == agent
+    }
     assert len(server_spans) == ROLLOUTS
     lines = trio.log_text().splitlines()
     ids = re.compile(r" trace_id=([0-9a-f]{32}) span_id=([0-9a-f]{16})$")
@@ -182,15 +237,24 @@ def test_gyms_own_log_lines_of_a_rollout_end_with_its_trace_id(fleet):
 def test_retries_counted_by_gyms_reason_on_the_model_server(fleet):
     trio, _, points = fleet
     retries = list(_last(points, "gym.http.retry_total").values())
-    assert {(p["service"], p["attributes"]["nemo.gym.http.retry_reason"], p["attributes"]["nemo.gym.http.internal"], p["value"])
-            for p in retries} == {(f"nemo-gym/{MODEL}", "server_disconnected", False, DROPS)}
+    assert {
+        (
+            p["service"],
+            p["attributes"]["nemo.gym.http.retry_reason"],
+            p["attributes"]["nemo.gym.http.internal"],
+            p["value"],
+        )
+        for p in retries
+    } == {(f"nemo-gym/{MODEL}", "server_disconnected", False, DROPS)}
     assert not [p for p in points if p["name"] == "gym.http.timeout_total" and p["value"]]  # nothing timed out
 
 
 def test_new_connections_by_destination(fleet):
     trio, _, points = fleet
-    connects = {(p["service"], p["attributes"]["nemo.gym.http.destination.server.name"]): p["value"]
-                for p in _last(points, "gym.http.connection_pool.connect_total").values()}
+    connects = {
+        (p["service"], p["attributes"]["nemo.gym.http.destination.server.name"]): p["value"]
+        for p in _last(points, "gym.http.connection_pool.connect_total").values()
+    }
     upstream = trio.policy_url.split("//", 1)[1].split("/", 1)[0]
     assert connects[(f"nemo-gym/{AGENT}", MODEL)] >= 1 and connects[(f"nemo-gym/{AGENT}", RESOURCES)] >= 1
     # every dropped call's connection is gone: the model server opened a new one for each resend
@@ -203,11 +267,23 @@ def test_the_model_servers_semaphore_limit_and_waits(fleet):
     trio, _, points = fleet
     model = f"nemo-gym/{MODEL}"
     site = {"nemo.gym.concurrency.site": MODEL_SITE, "nemo.gym.server.name": MODEL}
-    gauges = {p["name"]: p["value"] for name in ("gym.concurrency.limit", "gym.concurrency.active",
-                                                 "gym.concurrency.available", "gym.concurrency.queue_depth")
-              for p in _last(points, name).values() if p["service"] == model and p["attributes"] == site}
-    assert gauges == {"gym.concurrency.limit": 1, "gym.concurrency.active": 0,
-                      "gym.concurrency.available": 1, "gym.concurrency.queue_depth": 0}
+    gauges = {
+        p["name"]: p["value"]
+        for name in (
+            "gym.concurrency.limit",
+            "gym.concurrency.active",
+            "gym.concurrency.available",
+            "gym.concurrency.queue_depth",
+        )
+        for p in _last(points, name).values()
+        if p["service"] == model and p["attributes"] == site
+    }
+    assert gauges == {
+        "gym.concurrency.limit": 1,
+        "gym.concurrency.active": 0,
+        "gym.concurrency.available": 1,
+        "gym.concurrency.queue_depth": 0,
+    }
     assert max(p["value"] for p in points if p["name"] == "gym.concurrency.active" and p["service"] == model) <= 1
     waits = [p for p in _last(points, "gym.concurrency.queue_wait_duration_ms").values()]
     assert {(p["service"], p["unit"]) for p in waits} == {(model, "ms")}

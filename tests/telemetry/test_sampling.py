@@ -29,8 +29,9 @@ def test_job_roots_are_kept_at_ratio_zero_and_nothing_else_is(monkeypatch):
         with tracer.start_as_current_span("HTTP POST"):  # a child of the kept job: parent-based, kept
             pass
     for _ in range(20):  # rollout roots linked to the job: the ratio decides, 0 keeps none
-        with tracer.start_as_current_span("HTTP POST", context=trace.set_span_in_context(trace.INVALID_SPAN),
-                                          links=[Link(job.get_span_context())]):
+        with tracer.start_as_current_span(
+            "HTTP POST", context=trace.set_span_in_context(trace.INVALID_SPAN), links=[Link(job.get_span_context())]
+        ):
             pass
     names = sorted(s.name for s in exporter.get_finished_spans())
     assert names == ["HTTP POST", "gym.job"]
@@ -162,13 +163,16 @@ def test_a_context_found_dropped_is_answered_from_memory_while_the_sampler_is_th
     assert sampling.dropped_call(context) == (span, None)  # not W3C's: injected the usual way
 
 
-@pytest.mark.parametrize("name,arg,decided", [
-    ("parentbased_traceidratio", "0", True),
-    ("parentbased_traceidratio", "0.25", True),
-    ("parentbased_always_off", "", True),
-    ("parentbased_always_on", "", False),
-    ("traceidratio", "0", False),  # not parent-based: asked about every span
-])
+@pytest.mark.parametrize(
+    "name,arg,decided",
+    [
+        ("parentbased_traceidratio", "0", True),
+        ("parentbased_traceidratio", "0.25", True),
+        ("parentbased_always_off", "", True),
+        ("parentbased_always_on", "", False),
+        ("traceidratio", "0", False),  # not parent-based: asked about every span
+    ],
+)
 def test_roots_of_the_samplers_the_environment_configures_are_decided_on_their_ids(monkeypatch, name, arg, decided):
     """``OTEL_TRACES_SAMPLER`` makes the SDK's own classes (``parentbased_traceidratio`` a
     ``ParentBasedTraceIdRatio``, a subclass of ``ParentBased``): the root shortcut must

@@ -20,11 +20,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any, Mapping
+from typing import Any
 
 from gym_autoinstr.commands.doctor.exporters import exporters, signal_exporters
-from gym_autoinstr.commands.doctor.installation import gym_section, installed_gym_version, is_gym_module, pointcut_problems, process_patches, resolve_pointcuts
+from gym_autoinstr.commands.doctor.installation import (
+    gym_section,
+    installed_gym_version,
+    is_gym_module,
+    pointcut_problems,
+    process_patches,
+    resolve_pointcuts,
+)
 from gym_autoinstr.commands.doctor.native import native_telemetry
 from gym_autoinstr.commands.doctor.pipeline import pipeline
 from gym_autoinstr.commands.doctor.ray import ray_propagation
@@ -37,7 +45,7 @@ from gym_autoinstr.commands.doctor.venvs import server_venvs
 __all__ = ["diagnose", "is_gym_module", "main", "render"]
 
 
-def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = False) -> dict[str, Any]:
+def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False) -> dict[str, Any]:
     """Everything the doctor knows, as one JSON-ready dict; ``ok`` is False when tracing
     would not work."""
     environ = dict(os.environ if environ is None else environ)
@@ -93,8 +101,10 @@ def diagnose(environ: "Mapping[str, str] | None" = None, *, offline: bool = Fals
         "server_venvs": venvs_section,
         "ray": ray_section,
         "settings": variables_section,
-        "this_process": {"configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
-                         "exporters": list(STATE.exporters)},
+        "this_process": {
+            "configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
+            "exporters": list(STATE.exporters),
+        },
         "problems": [asdict(p) for p in problems],
     }
 

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gym_autoinstr import settings
-from gym_autoinstr.setup import files
 from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR, _entry_points
+from gym_autoinstr.setup import files
 
 # protocol -> (module, package); kept in step with configurator.py
 OTLP_EXPORTERS = {
-    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry-exporter-otlp-proto-http"),
+    "http/protobuf": (
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry-exporter-otlp-proto-http",
+    ),
     "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
 }
 
 
-def _importable(module: str) -> "str | None":
+def _importable(module: str) -> str | None:
     try:
         importlib.import_module(module)
     except Exception as error:
@@ -31,12 +35,14 @@ def _otlp_protocol(environ: Mapping[str, str]) -> str:
     return "grpc" if raw == "grpc" else "http/protobuf"
 
 
-def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[list[dict[str, Any]], list[Problem]]:
+def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[list[dict[str, Any]], list[Problem]]:
     """The trace exporters the configurator would build, and whether their packages import."""
     problems: list[Problem] = []
     rows: list[dict[str, Any]] = []
     if settings.SDK_DISABLED.read(environ):
-        problems.append(Problem(ERROR, "exporter", "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED"))
+        problems.append(
+            Problem(ERROR, "exporter", "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED")
+        )
         return rows, problems
     if configurator == OUR_CONFIGURATOR and files.embedded_default_applies(environ):
         return _embedded_default(environ)
@@ -56,10 +62,20 @@ def exporters(environ: Mapping[str, str], configurator: "str | None") -> tuple[l
     working = 0
     for name in names:
         if name in ("otlp", "otlp_proto_http", "otlp_proto_grpc"):
-            protocol = _otlp_protocol(environ) if name == "otlp" else ("grpc" if name.endswith("grpc") else "http/protobuf")
+            protocol = (
+                _otlp_protocol(environ) if name == "otlp" else ("grpc" if name.endswith("grpc") else "http/protobuf")
+            )
             module, package = OTLP_EXPORTERS[protocol]
             error = _importable(module)
-            row = {"name": name, "protocol": protocol, "module": module, "package": package, "importable": error is None, "error": error, "used": protocol if error is None else None}
+            row = {
+                "name": name,
+                "protocol": protocol,
+                "module": module,
+                "package": package,
+                "importable": error is None,
+                "error": error,
+                "used": protocol if error is None else None,
+            }
             if error is None:
                 working += 1
             else:
@@ -139,10 +155,14 @@ def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]],
 
 # signal -> protocol -> OTLP exporter module; kept in step with configurator.py and logs.py
 OTLP_SIGNAL_EXPORTERS = {
-    "metrics": {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-                "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"},
-    "logs": {"http/protobuf": "opentelemetry.exporter.otlp.proto.http._log_exporter",
-             "grpc": "opentelemetry.exporter.otlp.proto.grpc._log_exporter"},
+    "metrics": {
+        "http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+        "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    },
+    "logs": {
+        "http/protobuf": "opentelemetry.exporter.otlp.proto.http._log_exporter",
+        "grpc": "opentelemetry.exporter.otlp.proto.grpc._log_exporter",
+    },
 }
 SIGNAL_VARIABLES = {"metrics": settings.METRICS_EXPORTER.name, "logs": settings.LOGS_EXPORTER.name}
 _SIGNAL_PROTOCOLS = {"metrics": settings.OTLP_METRICS_PROTOCOL, "logs": settings.OTLP_LOGS_PROTOCOL}
@@ -169,18 +189,39 @@ def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict
             raw = _SIGNAL_PROTOCOLS[signal].raw(environ) or settings.OTLP_PROTOCOL.raw(environ) or ""
             protocol = "grpc" if raw.strip().lower() == "grpc" else "http/protobuf"
             error = _importable(OTLP_SIGNAL_EXPORTERS[signal][protocol])
-            rows.append({"name": name, "protocol": protocol, "importable": error is None, "error": error,
-                         "used": protocol if error is None else None})
+            rows.append(
+                {
+                    "name": name,
+                    "protocol": protocol,
+                    "importable": error is None,
+                    "error": error,
+                    "used": protocol if error is None else None,
+                }
+            )
             if error is not None:
-                problems.append(Problem(WARNING, "exporter", f"the OTLP {protocol} {signal} exporter cannot be imported ({error}): no {signal} are exported",
-                                        f"pip install opentelemetry-exporter-otlp-proto-{'grpc' if protocol == 'grpc' else 'http'}"))
+                problems.append(
+                    Problem(
+                        WARNING,
+                        "exporter",
+                        f"the OTLP {protocol} {signal} exporter cannot be imported ({error}): no {signal} are exported",
+                        f"pip install opentelemetry-exporter-otlp-proto-{'grpc' if protocol == 'grpc' else 'http'}",
+                    )
+                )
         elif name in ("console", "files"):
             row: dict[str, Any] = {"name": name, "importable": True, "used": name}
             if name == "files":
-                row["directory"] = settings.OUTPUT_DIR.raw(environ) or os.path.join(".", files.DEFAULT_PARENT, "<run id>")
+                row["directory"] = settings.OUTPUT_DIR.raw(environ) or os.path.join(
+                    ".", files.DEFAULT_PARENT, "<run id>"
+                )
             rows.append(row)
         else:
             rows.append({"name": name, "importable": False, "used": None})
-            problems.append(Problem(WARNING, "exporter", f"{variable} names {name!r}, which gym-autoinstr does not build: no {signal} from it",
-                                    f"set {variable} to otlp, console, files or none"))
+            problems.append(
+                Problem(
+                    WARNING,
+                    "exporter",
+                    f"{variable} names {name!r}, which gym-autoinstr does not build: no {signal} from it",
+                    f"set {variable} to otlp, console, files or none",
+                )
+            )
     return rows, problems

@@ -13,10 +13,11 @@ import importlib
 import os
 import sys
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from gym_autoinstr.pointcuts import POINTCUTS, PROCESS_PATCHES, Pointcut, gym_release, version_applies
 from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
+from gym_autoinstr.pointcuts import POINTCUTS, PROCESS_PATCHES, Pointcut, gym_release, version_applies
 
 # Top-level packages the nemo-gym distribution ships (0.2.0 - 0.7.0).
 GYM_PACKAGES = frozenset(
@@ -46,7 +47,7 @@ def is_known_release(gym_version: str) -> bool:
     return KNOWN_RELEASES[0] <= release < KNOWN_RELEASES[1]
 
 
-def installed_gym_version() -> "str | None":
+def installed_gym_version() -> str | None:
     try:
         from importlib.metadata import version
 
@@ -68,7 +69,7 @@ def _scratch_directory() -> Iterator[None]:
             os.chdir(here)
 
 
-def _import(module: str) -> "str | None":
+def _import(module: str) -> str | None:
     """Import ``module``; return why it could not be, or None."""
     try:
         importlib.import_module(module)
@@ -86,7 +87,7 @@ def _import(module: str) -> "str | None":
     return f"no module {module!r}" if _exists_on_disk(module) is False else failure
 
 
-def _exists_on_disk(module: str) -> "bool | None":
+def _exists_on_disk(module: str) -> bool | None:
     """Whether ``module``'s source is installed, found without importing any package."""
     import importlib.machinery
     import importlib.util
@@ -117,7 +118,7 @@ def _exists_on_disk(module: str) -> "bool | None":
     return True
 
 
-def resolve_pointcuts(gym_version: "str | None", pointcuts: "tuple[Pointcut, ...]" = POINTCUTS) -> list[dict[str, Any]]:
+def resolve_pointcuts(gym_version: str | None, pointcuts: tuple[Pointcut, ...] = POINTCUTS) -> list[dict[str, Any]]:
     """Apply every pointcut with the real instrumentor, as a Gym process would, and say
     for each whether it resolved, whether the table expects it to on ``gym_version``,
     and why not.  Patches made here are removed again (unless this process was already
@@ -147,7 +148,7 @@ def resolve_pointcuts(gym_version: "str | None", pointcuts: "tuple[Pointcut, ...
         if not resolved:
             reason = import_errors.get(pointcut.module) or absent.get(pointcut.name) or "not applied"
         try:
-            expected: "bool | None" = version_applies(pointcut.versions, gym_version) if gym_version else None
+            expected: bool | None = version_applies(pointcut.versions, gym_version) if gym_version else None
             versions_error = None
         except ValueError as error:
             expected, versions_error = None, str(error)
@@ -208,14 +209,19 @@ def process_patches() -> list[dict[str, Any]]:
     return rows
 
 
-def pointcut_problems(gym_version: "str | None", report: list[dict[str, Any]]) -> list[Problem]:
+def pointcut_problems(gym_version: str | None, report: list[dict[str, Any]]) -> list[Problem]:
     problems = []
     for row in report:
         target = f"{row['module']}.{row['attribute']}"
         subject = f"pointcut {row['name']}"
         if row["versions_error"]:
             problems.append(
-                Problem(WARNING, subject, f"versions {row['versions']!r} cannot be read ({row['versions_error']})", "fix the row in gym_autoinstr/pointcuts.py")
+                Problem(
+                    WARNING,
+                    subject,
+                    f"versions {row['versions']!r} cannot be read ({row['versions_error']})",
+                    "fix the row in gym_autoinstr/pointcuts.py",
+                )
             )
         if row["resolved"]:
             if row["expected"] is False:
@@ -233,10 +239,16 @@ def pointcut_problems(gym_version: "str | None", report: list[dict[str, Any]]) -
         where = f"nemo-gym {gym_version}" if row["gym_module"] else "this environment"
         seam = f"{target} not found in {where} ({row['reason']})"
         if row["optional"]:
-            problems.append(Problem(WARNING, subject, seam + f"; its {row['group'] or 'plumbing'} seam is skipped", _pointcut_fix(row)))
+            problems.append(
+                Problem(
+                    WARNING, subject, seam + f"; its {row['group'] or 'plumbing'} seam is skipped", _pointcut_fix(row)
+                )
+            )
         else:
             problems.append(
-                Problem(ERROR, subject, seam + f"; no {row['group'] or 'plumbing'} work is done there", _pointcut_fix(row))
+                Problem(
+                    ERROR, subject, seam + f"; no {row['group'] or 'plumbing'} work is done there", _pointcut_fix(row)
+                )
             )
     return problems
 
@@ -249,12 +261,23 @@ def _pointcut_fix(row: dict[str, Any]) -> str:
     return f"use a nemo-gym release gym-autoinstr supports ({KNOWN_RANGE}), or report the Gym version so the pointcut can follow it"
 
 
-def gym_section(version: "str | None") -> tuple[dict[str, Any], list[Problem]]:
+def gym_section(version: str | None) -> tuple[dict[str, Any], list[Problem]]:
     """The installed release, and whether it is one we know."""
     problems: list[Problem] = []
-    gym: dict[str, Any] = {"version": version, "known": bool(version and is_known_release(version)), "known_range": KNOWN_RANGE}
+    gym: dict[str, Any] = {
+        "version": version,
+        "known": bool(version and is_known_release(version)),
+        "known_range": KNOWN_RANGE,
+    }
     if version is None:
-        problems.append(Problem(ERROR, "nemo-gym", "nemo-gym is not installed in this environment", "pip install nemo-gym (in the environment gym-autoinstr runs in)"))
+        problems.append(
+            Problem(
+                ERROR,
+                "nemo-gym",
+                "nemo-gym is not installed in this environment",
+                "pip install nemo-gym (in the environment gym-autoinstr runs in)",
+            )
+        )
     elif not gym["known"]:
         problems.append(
             Problem(

@@ -20,7 +20,14 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
     """Whether Gym's own OpenTelemetry call sites (0.7+) would export in a Gym server."""
     from gym_autoinstr.advice import coexistence
 
-    section: dict[str, Any] = {"present": False, "call_sites": False, "enabled": False, "nemo_lens": None, "exporting_now": False, "live": False}
+    section: dict[str, Any] = {
+        "present": False,
+        "call_sites": False,
+        "enabled": False,
+        "nemo_lens": None,
+        "exporting_now": False,
+        "live": False,
+    }
     problems: list[Problem] = []
     setup = sys.modules.get("nemo_gym.telemetry.setup")
     server_utils = sys.modules.get("nemo_gym.server_utils")

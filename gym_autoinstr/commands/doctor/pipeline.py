@@ -24,7 +24,8 @@ import re
 import socket
 import ssl
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from gym_autoinstr import settings
@@ -43,7 +44,9 @@ SUBJECT = "pipeline"
 EMPTY_EXPORT = b"\x0a\x00"  # ExportTraceServiceRequest{resource_spans: [ResourceSpans{}]}
 
 
-def _variable(environ: Mapping[str, str], specific: "settings.Setting", generic: "settings.Setting") -> "tuple[str | None, str | None]":
+def _variable(
+    environ: Mapping[str, str], specific: settings.Setting, generic: settings.Setting
+) -> tuple[str | None, str | None]:
     """The value the SDK reads (signal-specific first) and the variable it came from."""
     for setting in (specific, generic):
         value = setting.raw(environ)
@@ -117,7 +120,7 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
     return target
 
 
-def _parse_headers(raw: str) -> "tuple[dict[str, str], list[str]]":
+def _parse_headers(raw: str) -> tuple[dict[str, str], list[str]]:
     """``name=value`` pairs, comma-separated, URL-decoded, as the SDK parses them
     (liberally); and a description (never the value) of each entry it would drop or
     that could not be sent."""
@@ -133,13 +136,17 @@ def _parse_headers(raw: str) -> "tuple[dict[str, str], list[str]]":
             continue
         value = unquote(value).strip()
         if not all(32 <= ord(c) < 127 for c in value):
-            bad.append(f"the value of {name!r} is not printable ASCII after URL-decoding (HTTP and gRPC cannot send it)")
+            bad.append(
+                f"the value of {name!r} is not printable ASCII after URL-decoding (HTTP and gRPC cannot send it)"
+            )
             continue
         headers[name] = value
     return headers, bad
 
 
-def pipeline(environ: Mapping[str, str], exporter_rows: list[dict[str, Any]], *, offline: bool = False) -> tuple[dict[str, Any], list[Problem]]:
+def pipeline(
+    environ: Mapping[str, str], exporter_rows: list[dict[str, Any]], *, offline: bool = False
+) -> tuple[dict[str, Any], list[Problem]]:
     """The live check of every OTLP exporter the start-up would build."""
     problems = protocol_problems(environ)
     otlp = [row for row in exporter_rows if row.get("protocol") and row.get("used") in DEFAULT_ENDPOINTS]
@@ -174,7 +181,11 @@ def _public(target: dict[str, Any]) -> dict[str, Any]:
 
 
 def _where(target: dict[str, Any]) -> str:
-    return f"{target['variable']}" if target["variable"] else f"the default endpoint ({DEFAULT_ENDPOINTS[target['protocol']]})"
+    return (
+        f"{target['variable']}"
+        if target["variable"]
+        else f"the default endpoint ({DEFAULT_ENDPOINTS[target['protocol']]})"
+    )
 
 
 def _set_endpoint_fix(target: dict[str, Any], example: str) -> str:
@@ -197,47 +208,94 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
             )
         )
     if "invalid" in target:
-        problems.append(Problem(ERROR, SUBJECT, f"{_where(target)}={target['configured']!r} cannot be used: {target['invalid']}",
-                                _set_endpoint_fix(target, f"http://<host>:{port}")))
+        problems.append(
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{_where(target)}={target['configured']!r} cannot be used: {target['invalid']}",
+                _set_endpoint_fix(target, f"http://<host>:{port}"),
+            )
+        )
         return problems
     if protocol == "http/protobuf":
         if scheme not in ("http", "https"):
-            hint = (" (grpc:// is no URL scheme an OTLP exporter knows; for gRPC set OTEL_EXPORTER_OTLP_PROTOCOL=grpc "
-                    f"and use http://{target['host']}:4317)") if scheme == "grpc" else ""
-            problems.append(Problem(ERROR, SUBJECT,
-                                    f"{_where(target)}={target['configured']!r}: the http/protobuf exporter needs an http:// or https:// URL{hint}",
-                                    _set_endpoint_fix(target, f"http://{_host_for_url(target)}:{target['port'] if target['port'] not in (80, 443) else port}")))
+            hint = (
+                (
+                    " (grpc:// is no URL scheme an OTLP exporter knows; for gRPC set OTEL_EXPORTER_OTLP_PROTOCOL=grpc "
+                    f"and use http://{target['host']}:4317)"
+                )
+                if scheme == "grpc"
+                else ""
+            )
+            problems.append(
+                Problem(
+                    ERROR,
+                    SUBJECT,
+                    f"{_where(target)}={target['configured']!r}: the http/protobuf exporter needs an http:// or https:// URL{hint}",
+                    _set_endpoint_fix(
+                        target,
+                        f"http://{_host_for_url(target)}:{target['port'] if target['port'] not in (80, 443) else port}",
+                    ),
+                )
+            )
         elif variable == "OTEL_EXPORTER_OTLP_ENDPOINT" and target["path"].rstrip("/").endswith("/v1/traces/v1/traces"):
-            problems.append(Problem(ERROR, SUBJECT,
-                                    f"OTEL_EXPORTER_OTLP_ENDPOINT already ends in /v1/traces, and the exporter appends /v1/traces to the "
-                                    f"generic endpoint: spans would go to {target['path']}",
-                                    "drop /v1/traces from OTEL_EXPORTER_OTLP_ENDPOINT, or set the full URL in "
-                                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (used as-is)"))
+            problems.append(
+                Problem(
+                    ERROR,
+                    SUBJECT,
+                    f"OTEL_EXPORTER_OTLP_ENDPOINT already ends in /v1/traces, and the exporter appends /v1/traces to the "
+                    f"generic endpoint: spans would go to {target['path']}",
+                    "drop /v1/traces from OTEL_EXPORTER_OTLP_ENDPOINT, or set the full URL in "
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (used as-is)",
+                )
+            )
         elif variable == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" and target["path"] in ("", "/"):
-            problems.append(Problem(WARNING, SUBJECT,
-                                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is and has no path, so spans are POSTed to /",
-                                    "end it in /v1/traces (e.g. http://<host>:4318/v1/traces), or set the base URL in "
-                                    "OTEL_EXPORTER_OTLP_ENDPOINT instead"))
-        proxy = next((name for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY") if environ_get(target, name)), None)
+            problems.append(
+                Problem(
+                    WARNING,
+                    SUBJECT,
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is and has no path, so spans are POSTed to /",
+                    "end it in /v1/traces (e.g. http://<host>:4318/v1/traces), or set the base URL in "
+                    "OTEL_EXPORTER_OTLP_ENDPOINT instead",
+                )
+            )
+        proxy = next(
+            (name for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY") if environ_get(target, name)), None
+        )
         if proxy:
-            problems.append(Problem(INFO, SUBJECT,
-                                    f"{proxy} is set: the exporter (requests) sends through that proxy unless NO_PROXY covers "
-                                    f"{target['host']}, while the doctor connects directly",
-                                    f"if spans do not arrive but the doctor passes, check the proxy or add {target['host']} to NO_PROXY"))
+            problems.append(
+                Problem(
+                    INFO,
+                    SUBJECT,
+                    f"{proxy} is set: the exporter (requests) sends through that proxy unless NO_PROXY covers "
+                    f"{target['host']}, while the doctor connects directly",
+                    f"if spans do not arrive but the doctor passes, check the proxy or add {target['host']} to NO_PROXY",
+                )
+            )
     else:
         if scheme not in ("http", "https") and target["tls"]:
-            problems.append(Problem(INFO, SUBJECT,
-                                    f"{_where(target)}={target['configured']!r}: with a scheme other than http:// the gRPC exporter "
-                                    "connects with TLS",
-                                    f"use http://{_host_for_url(target)}:{target['port']} for a plain-text collector, https:// for TLS"))
+            problems.append(
+                Problem(
+                    INFO,
+                    SUBJECT,
+                    f"{_where(target)}={target['configured']!r}: with a scheme other than http:// the gRPC exporter "
+                    "connects with TLS",
+                    f"use http://{_host_for_url(target)}:{target['port']} for a plain-text collector, https:// for TLS",
+                )
+            )
         if target["path"] not in ("", "/") and target["scheme"] in ("http", "https"):
-            problems.append(Problem(INFO, SUBJECT,
-                                    f"{_where(target)} has a path ({target['path']}), which the gRPC exporter ignores: only host and port count",
-                                    "drop the path"))
+            problems.append(
+                Problem(
+                    INFO,
+                    SUBJECT,
+                    f"{_where(target)} has a path ({target['path']}), which the gRPC exporter ignores: only host and port count",
+                    "drop the path",
+                )
+            )
     return problems
 
 
-def environ_get(target: dict[str, Any], name: str) -> "str | None":
+def environ_get(target: dict[str, Any], name: str) -> str | None:
     return target["proxies"].get(name)
 
 
@@ -255,28 +313,52 @@ def _probe(target: dict[str, Any], deadline: float) -> list[Problem]:
     host, port, protocol = target["host"], target["port"], target["protocol"]
     usual = USUAL_PORTS[protocol]
     where = f"{_host_for_url(target)}:{port}"
-    fix_endpoint = f"check the host in {_where(target)}" if target["variable"] else _set_endpoint_fix(target, f"http://<collector host>:{usual}")
+    fix_endpoint = (
+        f"check the host in {_where(target)}"
+        if target["variable"]
+        else _set_endpoint_fix(target, f"http://<collector host>:{usual}")
+    )
     target["steps"] = steps = []
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         steps.append("resolve: failed")
-        return [Problem(ERROR, SUBJECT, f"the host name {host!r} does not resolve ({error.strerror or error})", fix_endpoint)]
+        return [
+            Problem(
+                ERROR, SUBJECT, f"the host name {host!r} does not resolve ({error.strerror or error})", fix_endpoint
+            )
+        ]
     steps.append("resolve: ok")
     try:
         socket.create_connection((host, port), timeout=_remaining(deadline)).close()
     except ConnectionRefusedError:
         steps.append("connect: refused")
-        return [Problem(ERROR, SUBJECT, f"nothing listens at {where}: connection refused",
-                        f"start the collector, or point {_where(target) if target['variable'] else 'OTEL_EXPORTER_OTLP_ENDPOINT'} "
-                        f"at its OTLP {protocol} port (usually {usual})")]
-    except (TimeoutError, socket.timeout):
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"nothing listens at {where}: connection refused",
+                f"start the collector, or point {_where(target) if target['variable'] else 'OTEL_EXPORTER_OTLP_ENDPOINT'} "
+                f"at its OTLP {protocol} port (usually {usual})",
+            )
+        ]
+    except TimeoutError:
         steps.append("connect: timeout")
-        return [Problem(ERROR, SUBJECT, f"no answer from {where} within the doctor's time budget (connection timed out)",
-                        "check that the host is reachable from here (firewall, VPN, the collector's address)")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"no answer from {where} within the doctor's time budget (connection timed out)",
+                "check that the host is reachable from here (firewall, VPN, the collector's address)",
+            )
+        ]
     except OSError as error:
         steps.append("connect: failed")
-        return [Problem(ERROR, SUBJECT, f"cannot connect to {where} ({error.strerror or type(error).__name__})", fix_endpoint)]
+        return [
+            Problem(
+                ERROR, SUBJECT, f"cannot connect to {where} ({error.strerror or type(error).__name__})", fix_endpoint
+            )
+        ]
     steps.append("connect: ok")
     if protocol == "grpc":
         return _grpc_export(target, deadline)
@@ -284,7 +366,9 @@ def _probe(target: dict[str, Any], deadline: float) -> list[Problem]:
 
 
 def _tls_context(target: dict[str, Any]) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=target["ca_file"]) if target["ca_file"] else ssl.create_default_context()
+    context = (
+        ssl.create_default_context(cafile=target["ca_file"]) if target["ca_file"] else ssl.create_default_context()
+    )
     return context
 
 
@@ -292,11 +376,19 @@ def _tls_problem(target: dict[str, Any], error: BaseException) -> Problem:
     text = str(error)
     where = f"{_host_for_url(target)}:{target['port']}"
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text.lower():
-        return Problem(ERROR, SUBJECT, f"{where}'s TLS certificate is not trusted here",
-                       "set OTEL_EXPORTER_OTLP_CERTIFICATE to the CA file that signed it")
+        return Problem(
+            ERROR,
+            SUBJECT,
+            f"{where}'s TLS certificate is not trusted here",
+            "set OTEL_EXPORTER_OTLP_CERTIFICATE to the CA file that signed it",
+        )
     plain = "http://" + where
-    fix = f"use {plain} (plain text)" + (" or set OTEL_EXPORTER_OTLP_INSECURE=true" if target["protocol"] == "grpc" else "")
-    return Problem(ERROR, SUBJECT, f"TLS handshake with {where} failed: the port seems to speak plain text, not TLS", fix)
+    fix = f"use {plain} (plain text)" + (
+        " or set OTEL_EXPORTER_OTLP_INSECURE=true" if target["protocol"] == "grpc" else ""
+    )
+    return Problem(
+        ERROR, SUBJECT, f"TLS handshake with {where} failed: the port seems to speak plain text, not TLS", fix
+    )
 
 
 def _sniff(host: str, port: int, payload: bytes, deadline: float) -> bytes:
@@ -330,7 +422,9 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
     headers.update(target["headers"])
     timeout = _remaining(deadline)
     if target["tls"]:
-        connection: http.client.HTTPConnection = http.client.HTTPSConnection(host, port, timeout=timeout, context=_tls_context(target))
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, port, timeout=timeout, context=_tls_context(target)
+        )
     else:
         connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
@@ -342,20 +436,34 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
     except ssl.SSLError as error:
         target["steps"].append("export: tls failed")
         return [_tls_problem(target, error)]
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         target["steps"].append("export: timeout")
         if not target["tls"] and _speaks_h2(host, port, deadline):
             return [_wrong_protocol_http_to_grpc(target)]
-        return [Problem(ERROR, SUBJECT, f"{where} accepted the connection but did not answer the export in time",
-                        "check the collector's health and log; is this port an OTLP receiver?")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{where} accepted the connection but did not answer the export in time",
+                "check the collector's health and log; is this port an OTLP receiver?",
+            )
+        ]
     except (http.client.HTTPException, ConnectionError, OSError) as error:
         target["steps"].append("export: no HTTP answer")
         if isinstance(error, http.client.BadStatusLine) and str(error).startswith(("'\\x15\\x03", "\x15\x03")):
-            return [Problem(ERROR, SUBJECT, f"{where} speaks TLS, and the endpoint says http://", f"use https://{where}")]
+            return [
+                Problem(ERROR, SUBJECT, f"{where} speaks TLS, and the endpoint says http://", f"use https://{where}")
+            ]
         if not target["tls"] and _speaks_h2(host, port, deadline):
             return [_wrong_protocol_http_to_grpc(target)]
-        return [Problem(ERROR, SUBJECT, f"{where} closed the connection without an HTTP answer ({type(error).__name__})",
-                        "is this port an OTLP/HTTP receiver? check the collector's configuration")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{where} closed the connection without an HTTP answer ({type(error).__name__})",
+                "is this port an OTLP/HTTP receiver? check the collector's configuration",
+            )
+        ]
     finally:
         connection.close()
     target["steps"].append(f"export: {status}")
@@ -365,33 +473,75 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
     if status in (401, 403):
         what = "unauthenticated" if status == 401 else "forbidden"
         sent = ", ".join(sorted(target["headers"])) or "none"
-        return [Problem(ERROR, SUBJECT, f"{target['url'].split('?')[0]} refused the export: {status} ({what}); headers sent: {sent}",
-                        f"check the credentials in {target['headers_variable']} (e.g. authorization=Bearer%20<token>, URL-encoded)")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{target['url'].split('?')[0]} refused the export: {status} ({what}); headers sent: {sent}",
+                f"check the credentials in {target['headers_variable']} (e.g. authorization=Bearer%20<token>, URL-encoded)",
+            )
+        ]
     if status in (404, 405):
         if target["variable"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
             fix = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is: give the full URL of the receiver, usually ending in /v1/traces"
         else:
-            fix = ("OTEL_EXPORTER_OTLP_ENDPOINT is the base URL (the exporter appends /v1/traces): give the collector's base, "
-                   "or the full URL in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            fix = (
+                "OTEL_EXPORTER_OTLP_ENDPOINT is the base URL (the exporter appends /v1/traces): give the collector's base, "
+                "or the full URL in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            )
         return [Problem(ERROR, SUBJECT, f"no OTLP trace receiver at {where}{parts.path or '/'} ({status})", fix)]
     if 300 <= status < 400:
         moved = urlsplit(location)
         shown = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}{moved.path}" if moved.netloc else moved.path
-        return [Problem(ERROR, SUBJECT, f"{where}{parts.path} redirects ({status}) to {shown}; exporters do not follow it",
-                        "set the endpoint to where it redirects")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{where}{parts.path} redirects ({status}) to {shown}; exporters do not follow it",
+                "set the endpoint to where it redirects",
+            )
+        ]
     missing = _missing_headers(answer) if status in (400, 422) else []
     if missing:
-        hint = " (MLflow: the id of the experiment that receives the traces; 0 is its Default experiment)" if EXPERIMENT_HEADER in missing else ""
-        return [Problem(ERROR, SUBJECT, f"{where}{parts.path} requires the header(s) {', '.join(missing)} ({status})",
-                        f"add {', '.join(m + '=<value>' for m in missing)} to {target['headers_variable']}{hint}")]
+        hint = (
+            " (MLflow: the id of the experiment that receives the traces; 0 is its Default experiment)"
+            if EXPERIMENT_HEADER in missing
+            else ""
+        )
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{where}{parts.path} requires the header(s) {', '.join(missing)} ({status})",
+                f"add {', '.join(m + '=<value>' for m in missing)} to {target['headers_variable']}{hint}",
+            )
+        ]
     if status == 400 and EXPERIMENT_HEADER in target["headers"]:
-        return [Problem(ERROR, SUBJECT, f"{where}{parts.path} rejected the export (400)",
-                        f"check that the MLflow experiment named by {EXPERIMENT_HEADER} in {target['headers_variable']} exists")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{where}{parts.path} rejected the export (400)",
+                f"check that the MLflow experiment named by {EXPERIMENT_HEADER} in {target['headers_variable']} exists",
+            )
+        ]
     if status == 415:
-        return [Problem(ERROR, SUBJECT, f"{where}{parts.path} does not take OTLP protobuf ({status})",
-                        "point the endpoint at an OTLP/HTTP receiver (a collector's port 4318)")]
-    return [Problem(ERROR, SUBJECT, f"{where}{parts.path} answered the export with {status}",
-                    "check the receiver's log; 5xx may be an overloaded or misconfigured collector")]
+        return [
+            Problem(
+                ERROR,
+                SUBJECT,
+                f"{where}{parts.path} does not take OTLP protobuf ({status})",
+                "point the endpoint at an OTLP/HTTP receiver (a collector's port 4318)",
+            )
+        ]
+    return [
+        Problem(
+            ERROR,
+            SUBJECT,
+            f"{where}{parts.path} answered the export with {status}",
+            "check the receiver's log; 5xx may be an overloaded or misconfigured collector",
+        )
+    ]
 
 
 def _missing_headers(answer: bytes) -> list[str]:
@@ -403,7 +553,12 @@ def _missing_headers(answer: bytes) -> list[str]:
     names = []
     for item in detail if isinstance(detail, list) else []:
         location = item.get("loc") if isinstance(item, dict) else None
-        if isinstance(location, list) and len(location) == 2 and location[0] == "header" and isinstance(location[1], str):
+        if (
+            isinstance(location, list)
+            and len(location) == 2
+            and location[0] == "header"
+            and isinstance(location[1], str)
+        ):
             if _HEADER_NAME.fullmatch(location[1]):
                 names.append(location[1].lower())
     return names
@@ -411,10 +566,13 @@ def _missing_headers(answer: bytes) -> list[str]:
 
 def _wrong_protocol_http_to_grpc(target: dict[str, Any]) -> Problem:
     where = f"{_host_for_url(target)}:{target['port']}"
-    return Problem(ERROR, SUBJECT,
-                   f"{where} speaks HTTP/2 only, as a gRPC receiver does, and OTLP is set to http/protobuf",
-                   "set OTEL_EXPORTER_OTLP_PROTOCOL=grpc for this port, or point the endpoint at the collector's "
-                   "OTLP/HTTP port (usually 4318)")
+    return Problem(
+        ERROR,
+        SUBJECT,
+        f"{where} speaks HTTP/2 only, as a gRPC receiver does, and OTLP is set to http/protobuf",
+        "set OTEL_EXPORTER_OTLP_PROTOCOL=grpc for this port, or point the endpoint at the collector's "
+        "OTLP/HTTP port (usually 4318)",
+    )
 
 
 def _grpc_export(target: dict[str, Any], deadline: float) -> list[Problem]:
@@ -422,8 +580,14 @@ def _grpc_export(target: dict[str, Any], deadline: float) -> list[Problem]:
         import grpc
     except Exception as error:  # the exporters question already names the package
         target["steps"].append("export: grpc not importable")
-        return [Problem(WARNING, SUBJECT, f"grpc cannot be imported here ({type(error).__name__}); the export was not tried",
-                        "pip install opentelemetry-exporter-otlp-proto-grpc")]
+        return [
+            Problem(
+                WARNING,
+                SUBJECT,
+                f"grpc cannot be imported here ({type(error).__name__}); the export was not tried",
+                "pip install opentelemetry-exporter-otlp-proto-grpc",
+            )
+        ]
     address = f"{_host_for_url(target)}:{target['port']}"
     if target["tls"]:
         root = None
@@ -432,8 +596,14 @@ def _grpc_export(target: dict[str, Any], deadline: float) -> list[Problem]:
                 with open(target["ca_file"], "rb") as handle:
                     root = handle.read()
             except OSError as error:
-                return [Problem(ERROR, SUBJECT, f"the CA file in OTEL_EXPORTER_OTLP_CERTIFICATE cannot be read ({error.strerror})",
-                                "set OTEL_EXPORTER_OTLP_CERTIFICATE to a readable PEM file")]
+                return [
+                    Problem(
+                        ERROR,
+                        SUBJECT,
+                        f"the CA file in OTEL_EXPORTER_OTLP_CERTIFICATE cannot be read ({error.strerror})",
+                        "set OTEL_EXPORTER_OTLP_CERTIFICATE to a readable PEM file",
+                    )
+                ]
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=root))
     else:
         channel = grpc.insecure_channel(address)
@@ -461,21 +631,41 @@ def _grpc_problem(target: dict[str, Any], code: Any, details: str, deadline: flo
     lowered = details.lower()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         sent = ", ".join(sorted(target["headers"])) or "none"
-        return Problem(ERROR, SUBJECT, f"{where} refused the export: {code.name}; headers sent: {sent}",
-                       f"check the credentials in {target['headers_variable']} (e.g. authorization=Bearer%20<token>, URL-encoded)")
+        return Problem(
+            ERROR,
+            SUBJECT,
+            f"{where} refused the export: {code.name}; headers sent: {sent}",
+            f"check the credentials in {target['headers_variable']} (e.g. authorization=Bearer%20<token>, URL-encoded)",
+        )
     if target["tls"] and ("ssl" in lowered or "handshake" in lowered or "tls" in lowered):
         return _tls_problem(target, Exception(details))
     # An HTTP/1.1 answer means an OTLP/HTTP receiver (some also take HTTP/2 and answer a
     # gRPC call with 404, which gRPC reports as UNIMPLEMENTED).
     if "http1" in lowered or "http/1" in lowered or (not target["tls"] and _speaks_http1(host, port, deadline)):
-        return Problem(ERROR, SUBJECT,
-                       f"{where} answers HTTP/1.1, as an OTLP/HTTP receiver does, and OTLP is set to grpc",
-                       "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf for this port, or point the endpoint at the collector's "
-                       "OTLP gRPC port (usually 4317)")
+        return Problem(
+            ERROR,
+            SUBJECT,
+            f"{where} answers HTTP/1.1, as an OTLP/HTTP receiver does, and OTLP is set to grpc",
+            "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf for this port, or point the endpoint at the collector's "
+            "OTLP gRPC port (usually 4317)",
+        )
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        return Problem(ERROR, SUBJECT, f"{where} speaks gRPC but has no OTLP trace service", "point the endpoint at a collector's OTLP gRPC port (usually 4317)")
+        return Problem(
+            ERROR,
+            SUBJECT,
+            f"{where} speaks gRPC but has no OTLP trace service",
+            "point the endpoint at a collector's OTLP gRPC port (usually 4317)",
+        )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return Problem(ERROR, SUBJECT, f"{where} did not answer the gRPC export in time",
-                       "check the collector's health; with TLS on a plain-text port use http:// or OTEL_EXPORTER_OTLP_INSECURE=true")
-    return Problem(ERROR, SUBJECT, f"the gRPC export to {where} failed: {getattr(code, 'name', code)}",
-                   "check the collector's log and that this port is its OTLP gRPC receiver")
+        return Problem(
+            ERROR,
+            SUBJECT,
+            f"{where} did not answer the gRPC export in time",
+            "check the collector's health; with TLS on a plain-text port use http:// or OTEL_EXPORTER_OTLP_INSECURE=true",
+        )
+    return Problem(
+        ERROR,
+        SUBJECT,
+        f"the gRPC export to {where} failed: {getattr(code, 'name', code)}",
+        "check the collector's log and that this port is its OTLP gRPC receiver",
+    )

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from gym_autoinstr.telemetry import groups
 from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
+from gym_autoinstr.telemetry import groups
 
 # The Ray releases the carrier was built and tested against.
 TESTED_RAY = "2.60"
 
 
-def _probe_remote_function() -> "str | None":
+def _probe_remote_function() -> str | None:
     """Why this Ray's RemoteFunction is not the shape the carrier relies on, or None."""
     import ray
 
@@ -19,8 +20,11 @@ def _probe_remote_function() -> "str | None":
         return x
 
     remote_function = ray.remote(probe)
-    missing = [name for name in ("_function", "_function_signature", "_last_export_cluster_and_job")
-               if name not in remote_function.__dict__]
+    missing = [
+        name
+        for name in ("_function", "_function_signature", "_last_export_cluster_and_job")
+        if name not in remote_function.__dict__
+    ]
     return f"RemoteFunction lacks {', '.join(missing)}" if missing else None
 
 
@@ -40,12 +44,21 @@ def worker_pointcuts() -> list[dict[str, Any]]:
                 owner = getattr(owner, part)
         except Exception as error:
             reason = f"{type(error).__name__}: {error}"
-        rows.append({"name": pointcut.name, "target": f"{pointcut.module}:{pointcut.attribute}",
-                     "versions": pointcut.versions, "resolves": reason is None, "reason": reason})
+        rows.append(
+            {
+                "name": pointcut.name,
+                "target": f"{pointcut.module}:{pointcut.attribute}",
+                "versions": pointcut.versions,
+                "resolves": reason is None,
+                "reason": reason,
+            }
+        )
     return rows
 
 
-def ray_propagation(environ: Mapping[str, str], report: list[dict[str, Any]], enabled: "list[str]") -> tuple[dict[str, Any], list[Problem]]:
+def ray_propagation(
+    environ: Mapping[str, str], report: list[dict[str, Any]], enabled: list[str]
+) -> tuple[dict[str, Any], list[Problem]]:
     section: dict[str, Any] = {"ray_version": None, "active": False, "reason": None, "worker_pointcuts": []}
     problems: list[Problem] = []
     try:
@@ -62,7 +75,14 @@ def ray_propagation(environ: Mapping[str, str], report: list[dict[str, Any]], en
     row = next((r for r in report if r["name"] == "ray.task"), None)
     if row is None or not row["resolved"]:
         section["reason"] = f"pointcut ray.task did not resolve: {row['reason'] if row else 'not in the table'}"
-        problems.append(Problem(WARNING, "ray", section["reason"], f"report the Ray version ({section['ray_version']}); tested with Ray {TESTED_RAY}"))
+        problems.append(
+            Problem(
+                WARNING,
+                "ray",
+                section["reason"],
+                f"report the Ray version ({section['ray_version']}); tested with Ray {TESTED_RAY}",
+            )
+        )
         return section, problems
     try:
         shape = _probe_remote_function()
@@ -70,16 +90,34 @@ def ray_propagation(environ: Mapping[str, str], report: list[dict[str, Any]], en
         shape = f"could not build a RemoteFunction ({type(error).__name__})"
     if shape:
         section["reason"] = shape
-        problems.append(Problem(WARNING, "ray", f"Ray {section['ray_version']}: {shape}; Ray tasks run untraced",
-                                f"use a Ray release like {TESTED_RAY}, or report this version"))
+        problems.append(
+            Problem(
+                WARNING,
+                "ray",
+                f"Ray {section['ray_version']}: {shape}; Ray tasks run untraced",
+                f"use a Ray release like {TESTED_RAY}, or report this version",
+            )
+        )
         return section, problems
     if groups.RAY not in enabled:
         section["reason"] = "span group 'ray' is off"
-        problems.append(Problem(INFO, "ray", "Ray tasks are not traced: span group 'ray' is off",
-                                "add 'ray' to GYM_AUTOINSTR_SPAN_GROUPS to follow Gym's Ray tasks into the workers"))
+        problems.append(
+            Problem(
+                INFO,
+                "ray",
+                "Ray tasks are not traced: span group 'ray' is off",
+                "add 'ray' to GYM_AUTOINSTR_SPAN_GROUPS to follow Gym's Ray tasks into the workers",
+            )
+        )
         return section, problems
     section["active"] = True
     if not section["ray_version"].startswith(TESTED_RAY):
-        problems.append(Problem(INFO, "ray", f"Ray {section['ray_version']} is not the release tested ({TESTED_RAY}); its shape checks out",
-                                "nothing to do; report anything odd with the Ray version"))
+        problems.append(
+            Problem(
+                INFO,
+                "ray",
+                f"Ray {section['ray_version']} is not the release tested ({TESTED_RAY}); its shape checks out",
+                "nothing to do; report anything odd with the Ray version",
+            )
+        )
     return section, problems

@@ -54,13 +54,19 @@ def render(diagnosis: dict[str, Any]) -> str:
             lines.append(f"    {row['restore']}")
     start = diagnosis["startup"]
     lines.append("")
-    lines.append(f"distro        {start['distro']['selected'] or 'default'}  (installed: {_names(start['distro']['installed'])})")
-    lines.append(f"configurator  {start['configurator']['selected'] or 'none'}  (installed: {_names(start['configurator']['installed'])})")
+    lines.append(
+        f"distro        {start['distro']['selected'] or 'default'}  (installed: {_names(start['distro']['installed'])})"
+    )
+    lines.append(
+        f"configurator  {start['configurator']['selected'] or 'none'}  (installed: {_names(start['configurator']['installed'])})"
+    )
     lines.append(f"instrumentors {', '.join(start['instrumentors']['enabled']) or 'none'}")
     for row in diagnosis["exporters"]:
         detail = f" over {row['used']}" if row.get("used") and row.get("protocol") else ""
         detail += f" to {row['directory']}" if row.get("directory") else ""
-        lines.append(f"exporter      {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
+        lines.append(
+            f"exporter      {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})"
+        )
     if not diagnosis["exporters"]:
         lines.append("exporter      none")
     for signal, label in (("metric_exporters", "metrics"), ("log_exporters", "logs")):
@@ -68,9 +74,18 @@ def render(diagnosis: dict[str, Any]) -> str:
         for row in rows:
             detail = f" over {row['used']}" if row.get("used") and row.get("protocol") else ""
             detail += f" to {row['directory']}" if row.get("directory") else ""
-            lines.append(f"{label:<13} {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})")
+            lines.append(
+                f"{label:<13} {row['name']}{detail}  ({'importable' if row['importable'] else 'NOT importable'})"
+            )
         if not rows:
-            lines.append(f"{label:<13} off" + ("  (OTEL_LOGS_EXPORTER or NEMO_GYM_OTEL_LOGS_ENABLED=true to export them)" if label == "logs" else ""))
+            lines.append(
+                f"{label:<13} off"
+                + (
+                    "  (OTEL_LOGS_EXPORTER or NEMO_GYM_OTEL_LOGS_ENABLED=true to export them)"
+                    if label == "logs"
+                    else ""
+                )
+            )
     section = diagnosis.get("pipeline") or {}
     if section.get("skipped"):
         if section["skipped"] == "--offline":
@@ -78,16 +93,26 @@ def render(diagnosis: dict[str, Any]) -> str:
     for target in section.get("targets", []):
         how = f"{target['protocol']}{' (TLS)' if target['tls'] else ''} to {target['url']}"
         source = f" from {target['variable']}" if target["variable"] else " (default endpoint)"
-        verdict = f"accepted an empty export ({target.get('status')})" if target["accepted"] else "spans could NOT arrive"
+        verdict = (
+            f"accepted an empty export ({target.get('status')})" if target["accepted"] else "spans could NOT arrive"
+        )
         lines.append(f"pipeline      {how}{source}: {verdict}")
     groups_section = diagnosis["span_groups"]
     source = groups_section["variable"] or "default"
     lines.append(f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})")
     for key, label, modes, otherwise in (
-        ("job_trace", "job traces", {"single": "one trace per job (rollouts nested under gym.job)"},
-         "each rollout its own trace, linked to gym.job"),
-        ("client_spans", "client spans", {"failures": "only for failed calls between Gym servers (leaner shape)"},
-         "one per call"),
+        (
+            "job_trace",
+            "job traces",
+            {"single": "one trace per job (rollouts nested under gym.job)"},
+            "each rollout its own trace, linked to gym.job",
+        ),
+        (
+            "client_spans",
+            "client spans",
+            {"failures": "only for failed calls between Gym servers (leaner shape)"},
+            "one per call",
+        ),
     ):
         setting = diagnosis.get(key) or {}
         if setting:
@@ -95,19 +120,31 @@ def render(diagnosis: dict[str, Any]) -> str:
     native = diagnosis["native_telemetry"]
     lines.append(
         "Gym telemetry "
-        + ("live: we stand down" if native["live"] else "not in this Gym" if not native["present"] else "inert: we trace")
+        + (
+            "live: we stand down"
+            if native["live"]
+            else "not in this Gym"
+            if not native["present"]
+            else "inert: we trace"
+        )
     )
     venvs = diagnosis["server_venvs"]
     lines.append(
         "server venvs  "
-        + (f"gym env start installs {len(venvs['requirements'])} pinned packages into each"
-           if venvs["will_install"] else "NOT given our packages")
+        + (
+            f"gym env start installs {len(venvs['requirements'])} pinned packages into each"
+            if venvs["will_install"]
+            else "NOT given our packages"
+        )
     )
     ray_section = diagnosis.get("ray") or {}
     lines.append(
         "ray           "
-        + (f"{ray_section.get('ray_version')}: tasks traced into the workers" if ray_section.get("active")
-           else f"{ray_section.get('ray_version') or 'not installed'}: not traced ({ray_section.get('reason')})")
+        + (
+            f"{ray_section.get('ray_version')}: tasks traced into the workers"
+            if ray_section.get("active")
+            else f"{ray_section.get('ray_version') or 'not installed'}: not traced ({ray_section.get('reason')})"
+        )
     )
     worker_rows = ray_section.get("worker_pointcuts") or []
     if worker_rows:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr.advice import egress, job
-from gym_autoinstr.telemetry import groups
 from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
+from gym_autoinstr.telemetry import groups
+
 
 def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
     setting = next((s for s in (settings.SPAN_GROUPS, settings.GYM_SPAN_GROUPS) if s.raw(environ) is not None), None)
@@ -37,7 +39,12 @@ def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Proble
         )
     elif not enabled:
         problems.append(
-            Problem(WARNING, "span groups", f"{variable}={spec!r} turns every span group off: no span is created", f"unset {variable} (preset 'default') or name groups: {valid}")
+            Problem(
+                WARNING,
+                "span groups",
+                f"{variable}={spec!r} turns every span group off: no span is created",
+                f"unset {variable} (preset 'default') or name groups: {valid}",
+            )
         )
     section = {"variable": variable, "spec": spec, "enabled": sorted(enabled), "unknown": unknown}
     return section, problems

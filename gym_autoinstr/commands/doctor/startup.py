@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
@@ -39,7 +40,7 @@ def _entry_points(group: str) -> list[dict[str, str]]:
     return rows
 
 
-def _first_found(candidates: list[dict[str, str]], requested: "str | None") -> "dict[str, str] | None":
+def _first_found(candidates: list[dict[str, str]], requested: str | None) -> dict[str, str] | None:
     # opentelemetry-instrument's rule for distros and configurators: the one named by the
     # variable, else the first entry point found.
     for candidate in candidates:
@@ -108,7 +109,11 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
         )
 
     instrumentors = _entry_points("opentelemetry_instrumentor")
-    disabled = [name.strip() for name in (settings.PYTHON_DISABLED_INSTRUMENTATIONS.raw(effective) or "").split(",") if name.strip()]
+    disabled = [
+        name.strip()
+        for name in (settings.PYTHON_DISABLED_INSTRUMENTATIONS.raw(effective) or "").split(",")
+        if name.strip()
+    ]
     ours = [i for i in instrumentors if i["name"] == OUR_INSTRUMENTOR]
     if not ours:
         problems.append(

@@ -3,7 +3,8 @@ a value that does not parse (parsed here as Gym's processes parse it, ``settings
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import WARNING, Problem
@@ -17,12 +18,16 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
     problems: list[Problem] = []
     unknown = settings.unknown(environ)
     for name, closest in unknown:
-        problems.append(Problem(
-            WARNING, SUBJECT,
-            f"{name} is not a gym-autoinstr setting: it is ignored",
-            f"rename it to {closest}" if closest else
-            f"remove it; the settings are: {', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}",
-        ))
+        problems.append(
+            Problem(
+                WARNING,
+                SUBJECT,
+                f"{name} is not a gym-autoinstr setting: it is ignored",
+                f"rename it to {closest}"
+                if closest
+                else f"remove it; the settings are: {', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}",
+            )
+        )
     invalid = []
     for setting in settings.ALL.values():
         if not isinstance(setting, _CHECKED_KINDS):
@@ -30,6 +35,10 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
         _, message = setting.check(environ)
         if message:
             invalid.append(setting.name)
-            problems.append(Problem(WARNING, SUBJECT, message, setting.fix or f"unset {setting.name} or set it to {setting.default!r}"))
+            problems.append(
+                Problem(
+                    WARNING, SUBJECT, message, setting.fix or f"unset {setting.name} or set it to {setting.default!r}"
+                )
+            )
     section = {"unknown": [{"name": name, "closest": closest} for name, closest in unknown], "invalid": invalid}
     return section, problems

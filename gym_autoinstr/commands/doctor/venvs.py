@@ -6,21 +6,30 @@ from typing import Any
 
 from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
 
+
 def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Problem]]:
     """Would ``gym env start`` put our packages into the server venvs it builds?"""
     resolved = any(row["name"] == "venvs.requirements" and row["resolved"] for row in report)
     section: dict[str, Any] = {"will_install": False, "requirements": []}
     if not resolved:
-        return section, [Problem(
-            WARNING, "server venvs",
-            "Gym's head_server_deps could not be patched here, so server venvs Gym builds get no OpenTelemetry "
-            "and those servers run untraced",
-            "run the servers from one venv with gym-autoinstr installed (+skip_venv_if_present=true), "
-            "or install gym-autoinstr into each server venv",
-        )]
+        return section, [
+            Problem(
+                WARNING,
+                "server venvs",
+                "Gym's head_server_deps could not be patched here, so server venvs Gym builds get no OpenTelemetry "
+                "and those servers run untraced",
+                "run the servers from one venv with gym-autoinstr installed (+skip_venv_if_present=true), "
+                "or install gym-autoinstr into each server venv",
+            )
+        ]
     try:
         from gym_autoinstr.advice.venvs import (
-            local_path_fix, local_path_message, local_requirements, requirement_override, server_requirements)
+            local_path_fix,
+            local_path_message,
+            local_requirements,
+            requirement_override,
+            server_requirements,
+        )
 
         section["requirements"] = list(server_requirements())
         override = requirement_override()
@@ -28,10 +37,14 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
         local = local_requirements()
         section["local_paths"] = {r.name: r.local_path for r in local}
     except Exception as error:
-        return section, [Problem(
-            WARNING, "server venvs", f"the pinned requirements for server venvs could not be derived ({error!r})",
-            "reinstall gym-autoinstr (pip install --force-reinstall gym-autoinstr) so its metadata is complete",
-        )]
+        return section, [
+            Problem(
+                WARNING,
+                "server venvs",
+                f"the pinned requirements for server venvs could not be derived ({error!r})",
+                "reinstall gym-autoinstr (pip install --force-reinstall gym-autoinstr) so its metadata is complete",
+            )
+        ]
     section["will_install"] = bool(section["requirements"])
     # Only a problem once servers run on other hosts: said, not warned.
     problems = [Problem(INFO, "server venvs", local_path_message(local), local_path_fix())] if local else []
