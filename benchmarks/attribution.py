@@ -732,7 +732,7 @@ def report(results: dict) -> str:
         lines.append("|---|" + "---|" * len(spy))
         for c in cats:
             cells = []
-            for k, r in spy.items():
+            for r in spy.values():
                 ms = 0.0
                 for name, s in r["samples"].items():
                     total = sum(s.values())

@@ -294,15 +294,15 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, str, dict[
         raw = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
         if exc.partial.strip():
-            raise HttpError(400, "incomplete request head")
+            raise HttpError(400, "incomplete request head") from None
         return None  # clean EOF between requests
     except asyncio.LimitOverrunError:
-        raise HttpError(413, "request head too large")
+        raise HttpError(413, "request head too large") from None
     lines = raw.decode("latin-1").split("\r\n")
     try:
         method, target, version = lines[0].split(" ", 2)
     except ValueError:
-        raise HttpError(400, "malformed request line")
+        raise HttpError(400, "malformed request line") from None
     headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
@@ -396,7 +396,7 @@ class Server:
         try:
             payload = json.loads(body or b"{}")
         except ValueError:
-            raise HttpError(400, "request body is not valid JSON")
+            raise HttpError(400, "request body is not valid JSON") from None
         if not isinstance(payload, dict):
             raise HttpError(400, "request body must be a JSON object")
         if self.latency_s:

@@ -205,7 +205,7 @@ def _lines_by_process(log: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = collections.defaultdict(list)
     for line in log.splitlines():
         last = None
-        for last in _SERVER_PREFIX.finditer(line):
+        for last in _SERVER_PREFIX.finditer(line):  # noqa: B007 (the last match is kept)
             pass
         if last is not None:
             out[last.group(1)].append(line[last.end() :])

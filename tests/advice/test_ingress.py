@@ -543,7 +543,7 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
     }
     for _ in range(2):
         asyncio.run(middleware(dict(scope), receive, send))
-    for context, kept, (span, headers) in seen:
+    for context, kept, (_span, headers) in seen:
         assert kept == headers == _what_the_sdk_sends_under(context)
         assert not int(headers["traceparent"][-2:], 16) & 0x01 and len(headers["traceparent"]) == 55  # unsampled
     assert seen[0][1] != seen[1][1]

@@ -172,7 +172,9 @@ def test_run_examples_opens_one_job_per_call_ending_with_its_last_rollout(instru
     assert job_span.parent is None and job_span.attributes[job.JOB_ENTRY] == "run_examples"
     assert job_span.attributes[job.ROLLOUTS_SENT] == 2 and job.NUM_REPEATS not in job_span.attributes
     runs = _runs(finished)
-    assert len(runs) == 2 and all(r.parent is None and [l.context for l in r.links] == [job_span.context] for r in runs)
+    assert len(runs) == 2 and all(
+        r.parent is None and [link.context for link in r.links] == [job_span.context] for r in runs
+    )
     assert all(r.end_time <= job_span.end_time for r in runs)
 
 
@@ -212,10 +214,12 @@ def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spa
         execute.end()
     finished = spans.get_finished_spans()
     rooted, nested = sorted(_by_name(finished, "gym.job"), key=lambda s: s.start_time)
-    assert rooted.parent is None and [l.context for l in rooted.links] == [execute.get_span_context()]
+    assert rooted.parent is None and [link.context for link in rooted.links] == [execute.get_span_context()]
     assert rooted.attributes[job.JOB_TRACE] == "per_rollout"
     runs = [r for r in _runs(finished) if r.links]
-    assert len(runs) == 2 and all(r.parent is None and [l.context for l in r.links] == [rooted.context] for r in runs)
+    assert len(runs) == 2 and all(
+        r.parent is None and [link.context for link in r.links] == [rooted.context] for r in runs
+    )
     assert nested.parent.span_id == outer.get_span_context().span_id and nested.attributes[job.JOB_TRACE] == "embedded"
     (under,) = [r for r in _runs(finished) if not r.links]
     assert under.parent.span_id == nested.context.span_id
@@ -342,5 +346,5 @@ def test_concurrent_jobs_count_and_link_only_their_own_rollouts(instrumented, sp
     jobs = {s.attributes[job.ROLLOUTS_SENT]: s for s in _by_name(finished, "gym.job")}
     assert sorted(jobs) == [2, 3]
     for sent, job_span in jobs.items():
-        linked = [r for r in _runs(finished) if [l.context for l in r.links] == [job_span.context]]
+        linked = [r for r in _runs(finished) if [link.context for link in r.links] == [job_span.context]]
         assert len(linked) == sent and all(r.end_time <= job_span.end_time for r in linked)

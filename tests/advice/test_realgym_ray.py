@@ -323,7 +323,7 @@ def test_a_dead_collector_changes_no_answer(ray_run):
 
     def values(results):
         out = strip(results)
-        for key, value in out.items():
+        for _key, value in out.items():
             if isinstance(value, dict):
                 value.pop("_p", None), value.pop("_n", None)
             if isinstance(value, list):

@@ -193,7 +193,7 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
     }
     assert len(direct) == 2
     ids = {}
-    for trace_id, root in direct.items():
+    for trace_id, _root in direct.items():
         trace = traces[trace_id]
         (rollout,) = [s for s in trace if s["name"] == "gym.rollout"]
         ids[trace_id] = rollout["attributes"].get("nemo.gym.rollout.id")

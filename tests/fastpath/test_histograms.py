@@ -143,7 +143,7 @@ def test_a_dict_seen_before_lands_on_its_point_and_the_memory_of_dicts_is_bounde
     monkeypatch.setattr(histograms, "MAX_ATTRIBUTE_SETS", 4)  # dicts remembered: at most 8
     provider, inner, histogram, _ = _pipeline(True)
     kept = {"k": "kept"}
-    for i in range(20):
+    for _i in range(20):
         histogram.record(1, kept)  # the same object: found by identity
         histogram.record(2, {"k": "kept"})  # an equal dict made anew each time
         histogram.record(3, {"k": "other"})
