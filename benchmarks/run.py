@@ -1061,7 +1061,9 @@ def _saved_runs(paths: list[pathlib.Path]) -> list[tuple[str, dict]]:
         try:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as error:
-            raise SystemExit(f"--across: cannot read {path} ({error}); give files that ./run-benchmarks --json wrote")
+            raise SystemExit(
+                f"--across: cannot read {path} ({error}); give files that ./run-benchmarks --json wrote"
+            ) from None
         out.append((stem if stems.count(stem) == 1 else str(path), results))
     return out
 

@@ -288,7 +288,9 @@ def wrap_handler(handler: Callable, seam: Seam) -> Callable:
         wrapper = _async_generator_wrapper(handler, seam)
     elif _is(inspect.isgeneratorfunction, handler):
         wrapper = _generator_wrapper(handler, seam)
-    elif _is(inspect.iscoroutinefunction, handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None)):
+    elif _is(inspect.iscoroutinefunction, handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 (its __call__ method, not whether it is callable)
+    ):
         wrapper = _coroutine_wrapper(handler, seam)
     else:
         wrapper = _function_wrapper(handler, seam)
