@@ -714,8 +714,8 @@ def budget_table(results: dict) -> list[str]:
         "the goal, this run cannot tell which side of it the cost is on; "
         + (
             f"every trio was started afresh for each of the run's {n_sets} sets, and the interval resamples "
-            "the sets and the windows within them, so it holds what stays fixed in a trio for its life; the last column is "
-            "the ratio of means within each set):"
+            "the sets and the windows within them, so it holds what stays fixed in a trio for its life; "
+            "the last column is the ratio of means within each set):"
             if n_sets > 1
             else "the interval is this run's noise alone, not the drift between runs):"
         ),

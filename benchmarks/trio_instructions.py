@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(
                     f"repetition {rep + 1}/{a.reps}, {v.label}: {last['ir'] / last['n'] / 1e6:.2f}M instructions "
                     f"per rollout ({last['gc'] / last['n'] / 1e6:.2f}M in GC, {last['full']} full collections), "
-                    f"{last['seconds']:.0f}s, idle trio before it {row['idle'][-1]['ir'] / row['idle'][-1]['seconds'] / 1e6:.2f}M/s"
+                    f"{last['seconds']:.0f}s, idle trio before it "
+                    f"{row['idle'][-1]['ir'] / row['idle'][-1]['seconds'] / 1e6:.2f}M/s"
                 )
         if a.by_function:
             results["by_function"] = {

@@ -109,7 +109,8 @@ def with_mlflow(args: argparse.Namespace) -> int:
     from tests.harness.mlflow_backend import MlflowServer
 
     print(
-        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and MLflow (the first run installs; later runs reuse them)..."
+        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and MLflow "
+        "(the first run installs; later runs reuse them)..."
     )
     venv = gym_venv(args.gym_version)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gym-autoinstr-demo-")).resolve()

@@ -4,8 +4,9 @@ Reading this table tells the whole footprint of the instrumentor: which module a
 attribute, the advice applied, the Gym versions it exists in, and the span group it
 serves; ``PROCESS_PATCHES`` (below) adds the patches applied at other moments that
 every user in the process shares (the OTLP exporter module's ``encode_spans``, hooks on
-Gym's aiohttp session, the class of Gym's semaphores, ...).  ``instrumentor.py`` applies it through post-import hooks; ``gym-autoinstr
-doctor`` prints it against the installed Gym.
+Gym's aiohttp session, the class of Gym's semaphores, ...).  ``instrumentor.py`` applies
+it through post-import hooks; ``gym-autoinstr doctor`` prints it against the installed
+Gym.
 
 Advice functions have wrapt's wrapper signature ``(wrapped, instance, args, kwargs)``.
 
@@ -163,7 +164,8 @@ POINTCUTS: tuple[Pointcut, ...] = (
         versions="0.2.0+",
         group=groups.JOB,
         purpose="gym.job around a rollout collection run (ng_collect_rollouts, gym eval run); the rollouts it "
-        "dispatches become root traces linked to it (egress), or nest (GYM_AUTOINSTR_JOB_TRACE=single, an embedder's span)",
+        "dispatches become root traces linked to it (egress), "
+        "or nest (GYM_AUTOINSTR_JOB_TRACE=single, an embedder's span)",
     ),
     Pointcut(
         name="job.examples",

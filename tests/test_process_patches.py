@@ -131,14 +131,18 @@ def test_uninstrument_restores_the_aiohttp_hooks_by_identity(hooks):
         names = ("_request", "request")
         hooked = {
             "session": sorted(n for n in names if n in vars(session)),
-            "connector": sorted(n for n in ("_wait_for_available_connection", "_create_connection") if n in vars(connector)),
+            "connector": sorted(
+                n for n in ("_wait_for_available_connection", "_create_connection") if n in vars(connector)
+            ),
             "trace_configs": len(configs),
             "footprint": footprint(),
         }
         instrumentor.uninstrument()
         restored = {
             "session": sorted(n for n in names if n in vars(session)),
-            "connector": sorted(n for n in ("_wait_for_available_connection", "_create_connection") if n in vars(connector)),
+            "connector": sorted(
+                n for n in ("_wait_for_available_connection", "_create_connection") if n in vars(connector)
+            ),
             "class_methods": session._request.__func__ is aiohttp.ClientSession._request
             and session.request.__func__ is aiohttp.ClientSession.request
             and connector._create_connection.__func__ is type(connector)._create_connection

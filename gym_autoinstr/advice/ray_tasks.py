@@ -90,7 +90,10 @@ MISSING_MESSAGE = (
 
 
 def _function_name(function: Any) -> str:
-    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', getattr(function, '__name__', '?'))}"
+    return (
+        f"{getattr(function, '__module__', '?')}."
+        f"{getattr(function, '__qualname__', getattr(function, '__name__', '?'))}"
+    )
 
 
 def carrier_wrapper(function: Any, missing: list | None = None) -> Any:

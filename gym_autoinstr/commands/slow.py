@@ -122,8 +122,8 @@ SECTIONS = (
         "http.server.request.duration",
         "requests",
         lambda a: (
-            f"{a.get('http.request.method', '')} {a.get('http.route', '?')} {a.get('http.response.status_code', '')}".strip()
-        ),
+            f"{a.get('http.request.method', '')} {a.get('http.route', '?')} {a.get('http.response.status_code', '')}"
+        ).strip(),
     ),
     ("gym.rollout.duration_ms", "rollouts", lambda a: a.get("nemo.gym.rollout.outcome", "")),
     ("gym.verify.duration_ms", "verify", lambda a: a.get("nemo.gym.verify.outcome", "")),

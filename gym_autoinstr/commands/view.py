@@ -4,8 +4,8 @@ Reads what the embedded default wrote (a run directory of per-process OTLP-JSON 
 single files, or standard input), joins the processes' spans by trace, and draws each
 trace: service, span name (indented under its parent), start offset, a duration bar,
 status and the attributes that matter when reading a rollout (rollout id, route, status
-code, model tokens, a Ray task's wait before it started and its node).  A summary line per trace says where the time went: model calls,
-tools, verify.
+code, model tokens, a Ray task's wait before it started and its node).  A summary line
+per trace says where the time went: model calls, tools, verify.
 
 Rollouts collected by Gym's driver are traces of their own, each linked to its job's
 ``gym.job`` span: traces are grouped by job, a job line (id, counts, how many of its
@@ -313,7 +313,8 @@ def _html_trace(trace: Trace) -> str:
         # a bar never leaves its cell (the minimum width of a span at the very end would)
         left = max(0.0, min(100.0 * (span["start_ns"] - start) / total, 100.0 - width))
         attributes = "".join(
-            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
+            f"<tr><th>{html.escape(str(k))}</th>"
+            f"<td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
             for k, v in sorted((span.get("attributes") or {}).items())
         )
         error = span.get("status") == "ERROR"
@@ -324,7 +325,8 @@ def _html_trace(trace: Trace) -> str:
             f'<details class="span{" error" if error else ""}" data-span-id="{html.escape(span["span_id"])}" '
             f'data-kind="{html.escape(kind)}">'
             f'<summary><span class="service" title="{service_name}">{service_name}</span>'
-            f'<span class="name" style="padding-left:{row.depth * 14}px" title="{name} ({html.escape(kind)})">{name}</span>'
+            f'<span class="name" style="padding-left:{row.depth * 14}px" '
+            f'title="{name} ({html.escape(kind)})">{name}</span>'
             f'<span class="bar-cell"><span class="bar" style="left:{left:.2f}%;width:{width:.2f}%"></span></span>'
             f'<span class="duration">{duration_ms(span):.1f} ms</span></summary>'
             f'<table class="attributes">{attributes}</table></details>'
@@ -348,7 +350,8 @@ h1{font-size:18px;margin:0 0 4px}h2{font-size:14px;margin:18px 0 2px}.summary{co
 .flag{color:#b00}
 details.span summary{display:grid;grid-template-columns:330px 320px 1fr 90px;gap:8px;cursor:pointer;padding:1px 0;
 list-style:none}details.span summary::-webkit-details-marker{display:none}
-details.span summary:hover{background:#f3f6fa}.service{color:#456;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+details.span summary:hover{background:#f3f6fa}
+.service{color:#456;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .name{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 .name::before{content:"\\25B8";display:inline-block;width:12px;color:#999}details[open] .name::before{content:"\\25BE"}
 .bar-cell{position:relative;background:#f4f4f4}

@@ -69,7 +69,11 @@ SCRIPT = textwrap.dedent(
     out["configured_by"] = configurator.STATE.configured_by
     who = configurator.STATE.identity
     out["role"] = getattr(who, "role", None)
-    out["resource"] = {k: v for k, v in getattr(provider, "resource", None).attributes.items()} if hasattr(provider, "resource") else {}
+    out["resource"] = (
+        {k: v for k, v in getattr(provider, "resource", None).attributes.items()}
+        if hasattr(provider, "resource")
+        else {}
+    )
     out["applied"] = sorted(instrumentor.patches.applied)
     out["same_provider"] = provider is trace.get_tracer_provider()
 

@@ -44,7 +44,9 @@ BACKEND = textwrap.dedent("""
             f"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
             + "".join(f"Requires-Dist: {r}\\n" for r in project.get("requires", []))
         )
-        files[f"{dist_info}/WHEEL"] = "Wheel-Version: 1.0\\nGenerator: tiny\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+        files[f"{dist_info}/WHEEL"] = (
+            "Wheel-Version: 1.0\\nGenerator: tiny\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+        )
         record = []
         for path, text in files.items():
             digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()

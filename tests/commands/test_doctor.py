@@ -45,7 +45,10 @@ def doctor(
     Offline: these cases are about the install; the live endpoint check has its own tests
     (test_doctor_pipeline.py)."""
     arguments = ["doctor", "--offline", "--json"] if as_json else ["doctor", "--offline"]
-    code = f"import sys\n{textwrap.dedent(prelude)}\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main({arguments!r}))\n"
+    code = (
+        f"import sys\n{textwrap.dedent(prelude)}\n"
+        f"from gym_autoinstr.commands.cli import main\nsys.exit(main({arguments!r}))\n"
+    )
     environ = clean_environment(**(env or {}))
     if pythonpath:
         environ["PYTHONPATH"] = pythonpath

@@ -56,7 +56,11 @@ def test_concurrent_processes_never_interleave_or_lose_a_line(tmp_path):
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from gym_autoinstr.setup.files import OtlpJsonFileExporter
         provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(Path(sys.argv[1]), "w"), schedule_delay_millis=5, max_export_batch_size=7))
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                OtlpJsonFileExporter(Path(sys.argv[1]), "w"), schedule_delay_millis=5, max_export_batch_size=7
+            )
+        )
         tracer = provider.get_tracer("t")
         for i in range(1500):
             with tracer.start_as_current_span(f"s{i}", attributes={"payload": "x" * 200}):

@@ -11,8 +11,8 @@ configured OTLP endpoint accept an (empty) export, live, in a few seconds (skipp
 with its fix, and the exit status is non-zero when tracing would not work.
 
 One module per question (``installation``, ``startup``, ``exporters``, ``pipeline``,
-``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``), each returning its section and its problems; ``report`` renders
-them and sets the exit status.
+``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``), each returning its
+section and its problems; ``report`` renders them and sets the exit status.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[lis
                         Problem(
                             WARNING,
                             "exporter",
-                            f"the OTLP {protocol} exporter cannot be imported ({error}); spans go over OTLP {other} instead, to that protocol's port",
+                            f"the OTLP {protocol} exporter cannot be imported ({error}); "
+                            f"spans go over OTLP {other} instead, to that protocol's port",
                             f"pip install {package}, or set OTEL_EXPORTER_OTLP_PROTOCOL={other} and point "
                             "OTEL_EXPORTER_OTLP_ENDPOINT at the collector's port for it (4317 grpc, 4318 http)",
                         )
@@ -98,7 +99,8 @@ def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[lis
                         Problem(
                             ERROR,
                             "exporter",
-                            f"the OTLP {protocol} exporter cannot be imported ({error}): spans are created but never exported",
+                            f"the OTLP {protocol} exporter cannot be imported ({error}): "
+                            "spans are created but never exported",
                             f"pip install {package}",
                         )
                     )
@@ -139,7 +141,8 @@ def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]],
                 ERROR,
                 "exporter",
                 f"no exporter is configured, so spans go to local files, but {where} is not writable",
-                f"set {files.OUTPUT_DIR_VARIABLE} to a writable directory, or OTEL_EXPORTER_OTLP_ENDPOINT to a collector",
+                f"set {files.OUTPUT_DIR_VARIABLE} to a writable directory, "
+                "or OTEL_EXPORTER_OTLP_ENDPOINT to a collector",
             )
         ]
     return [row], [
@@ -148,7 +151,8 @@ def _embedded_default(environ: Mapping[str, str]) -> tuple[list[dict[str, Any]],
             "exporter",
             f"no exporter is configured: each Gym process writes its spans as OTLP-JSON under {directory}"
             + ("" if configured else " (relative to where the orchestrator runs)"),
-            "read them with `gym-autoinstr view <run directory>`; set OTEL_EXPORTER_OTLP_ENDPOINT to send to a collector",
+            "read them with `gym-autoinstr view <run directory>`; "
+            "set OTEL_EXPORTER_OTLP_ENDPOINT to send to a collector",
         )
     ]
 

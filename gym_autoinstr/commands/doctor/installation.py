@@ -257,8 +257,14 @@ def _pointcut_fix(row: dict[str, Any]) -> str:
     if not row["gym_module"]:
         return f"install the library that provides {row['module']} (Gym needs it too)"
     if row["reason"] and "failed" in row["reason"]:
-        return f"make `python -c 'import {row['module']}'` work in this environment (a dependency of Gym is missing or broken)"
-    return f"use a nemo-gym release gym-autoinstr supports ({KNOWN_RANGE}), or report the Gym version so the pointcut can follow it"
+        return (
+            f"make `python -c 'import {row['module']}'` work in this environment "
+            "(a dependency of Gym is missing or broken)"
+        )
+    return (
+        f"use a nemo-gym release gym-autoinstr supports ({KNOWN_RANGE}), "
+        "or report the Gym version so the pointcut can follow it"
+    )
 
 
 def gym_section(version: str | None) -> tuple[dict[str, Any], list[Problem]]:

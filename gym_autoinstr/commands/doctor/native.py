@@ -57,7 +57,8 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
                 Problem(
                     WARNING,
                     "Gym telemetry",
-                    "Gym's own telemetry is live but the coexistence pointcut did not resolve: every span would be doubled",
+                    "Gym's own telemetry is live but the coexistence pointcut did not resolve: "
+                    "every span would be doubled",
                     "turn Gym's telemetry off (unset NEMO_GYM_OTEL_ENABLED / NEMO_LENS_ENABLED)",
                 )
             )
@@ -66,7 +67,8 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
                 Problem(
                     INFO,
                     "Gym telemetry",
-                    "Gym's own telemetry is live (nemo-lens): gym-autoinstr stands down in Gym servers, traces come from Gym",
+                    "Gym's own telemetry is live (nemo-lens): gym-autoinstr stands down in Gym servers, "
+                    "traces come from Gym",
                     "to trace with gym-autoinstr instead, unset NEMO_GYM_OTEL_ENABLED / NEMO_LENS_ENABLED",
                 )
             )
@@ -75,7 +77,8 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
             Problem(
                 INFO,
                 "Gym telemetry",
-                f"Gym's own telemetry is enabled but inert (nemo-lens {section['nemo_lens']}): gym-autoinstr traces instead",
+                f"Gym's own telemetry is enabled but inert (nemo-lens {section['nemo_lens']}): "
+                "gym-autoinstr traces instead",
                 "nothing to do",
             )
         )

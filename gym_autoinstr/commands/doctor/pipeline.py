@@ -231,7 +231,8 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
                 Problem(
                     ERROR,
                     SUBJECT,
-                    f"{_where(target)}={target['configured']!r}: the http/protobuf exporter needs an http:// or https:// URL{hint}",
+                    f"{_where(target)}={target['configured']!r}: "
+                    f"the http/protobuf exporter needs an http:// or https:// URL{hint}",
                     _set_endpoint_fix(
                         target,
                         f"http://{_host_for_url(target)}:{target['port'] if target['port'] not in (80, 443) else port}",
@@ -243,8 +244,8 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
                 Problem(
                     ERROR,
                     SUBJECT,
-                    f"OTEL_EXPORTER_OTLP_ENDPOINT already ends in /v1/traces, and the exporter appends /v1/traces to the "
-                    f"generic endpoint: spans would go to {target['path']}",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT already ends in /v1/traces, and the exporter appends /v1/traces "
+                    f"to the generic endpoint: spans would go to {target['path']}",
                     "drop /v1/traces from OTEL_EXPORTER_OTLP_ENDPOINT, or set the full URL in "
                     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (used as-is)",
                 )
@@ -269,7 +270,8 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
                     SUBJECT,
                     f"{proxy} is set: the exporter (requests) sends through that proxy unless NO_PROXY covers "
                     f"{target['host']}, while the doctor connects directly",
-                    f"if spans do not arrive but the doctor passes, check the proxy or add {target['host']} to NO_PROXY",
+                    "if spans do not arrive but the doctor passes, "
+                    f"check the proxy or add {target['host']} to NO_PROXY",
                 )
             )
     else:
@@ -288,7 +290,8 @@ def _endpoint_problems(target: dict[str, Any]) -> list[Problem]:
                 Problem(
                     INFO,
                     SUBJECT,
-                    f"{_where(target)} has a path ({target['path']}), which the gRPC exporter ignores: only host and port count",
+                    f"{_where(target)} has a path ({target['path']}), "
+                    "which the gRPC exporter ignores: only host and port count",
                     "drop the path",
                 )
             )
@@ -338,7 +341,8 @@ def _probe(target: dict[str, Any], deadline: float) -> list[Problem]:
                 ERROR,
                 SUBJECT,
                 f"nothing listens at {where}: connection refused",
-                f"start the collector, or point {_where(target) if target['variable'] else 'OTEL_EXPORTER_OTLP_ENDPOINT'} "
+                "start the collector, or point "
+                f"{_where(target) if target['variable'] else 'OTEL_EXPORTER_OTLP_ENDPOINT'} "
                 f"at its OTLP {protocol} port (usually {usual})",
             )
         ]
@@ -478,16 +482,20 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
                 ERROR,
                 SUBJECT,
                 f"{target['url'].split('?')[0]} refused the export: {status} ({what}); headers sent: {sent}",
-                f"check the credentials in {target['headers_variable']} (e.g. authorization=Bearer%20<token>, URL-encoded)",
+                f"check the credentials in {target['headers_variable']} "
+                "(e.g. authorization=Bearer%20<token>, URL-encoded)",
             )
         ]
     if status in (404, 405):
         if target["variable"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
-            fix = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is: give the full URL of the receiver, usually ending in /v1/traces"
+            fix = (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is: "
+                "give the full URL of the receiver, usually ending in /v1/traces"
+            )
         else:
             fix = (
-                "OTEL_EXPORTER_OTLP_ENDPOINT is the base URL (the exporter appends /v1/traces): give the collector's base, "
-                "or the full URL in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+                "OTEL_EXPORTER_OTLP_ENDPOINT is the base URL (the exporter appends /v1/traces): "
+                "give the collector's base, or the full URL in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
             )
         return [Problem(ERROR, SUBJECT, f"no OTLP trace receiver at {where}{parts.path or '/'} ({status})", fix)]
     if 300 <= status < 400:
@@ -661,7 +669,8 @@ def _grpc_problem(target: dict[str, Any], code: Any, details: str, deadline: flo
             ERROR,
             SUBJECT,
             f"{where} did not answer the gRPC export in time",
-            "check the collector's health; with TLS on a plain-text port use http:// or OTEL_EXPORTER_OTLP_INSECURE=true",
+            "check the collector's health; "
+            "with TLS on a plain-text port use http:// or OTEL_EXPORTER_OTLP_INSECURE=true",
         )
     return Problem(
         ERROR,

@@ -58,7 +58,8 @@ def render(diagnosis: dict[str, Any]) -> str:
         f"distro        {start['distro']['selected'] or 'default'}  (installed: {_names(start['distro']['installed'])})"
     )
     lines.append(
-        f"configurator  {start['configurator']['selected'] or 'none'}  (installed: {_names(start['configurator']['installed'])})"
+        f"configurator  {start['configurator']['selected'] or 'none'}  "
+        f"(installed: {_names(start['configurator']['installed'])})"
     )
     lines.append(f"instrumentors {', '.join(start['instrumentors']['enabled']) or 'none'}")
     for row in diagnosis["exporters"]:

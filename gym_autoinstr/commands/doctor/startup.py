@@ -66,8 +66,10 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
             Problem(
                 WARNING,
                 "distro",
-                f"OTEL_PYTHON_DISTRO={requested_distro!r} names no installed distro; OpenTelemetry's default distro is used",
-                f"unset OTEL_PYTHON_DISTRO or set it to one of: {', '.join(d['name'] for d in distros) or 'none installed'}",
+                f"OTEL_PYTHON_DISTRO={requested_distro!r} names no installed distro; "
+                "OpenTelemetry's default distro is used",
+                "unset OTEL_PYTHON_DISTRO or set it to one of: "
+                f"{', '.join(d['name'] for d in distros) or 'none installed'}",
             )
         )
     if distro is not None and distro["name"] != OUR_DISTRO:
@@ -94,7 +96,8 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
                     else "no OpenTelemetry configurator is installed"
                 )
                 + ": no tracer provider is built, so no span is recorded",
-                f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR} (pip install gym-autoinstr in the environment that runs Gym)",
+                f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR} "
+                "(pip install gym-autoinstr in the environment that runs Gym)",
             )
         )
     elif configurator["name"] != OUR_CONFIGURATOR:
@@ -102,8 +105,9 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
             Problem(
                 WARNING,
                 "configurator",
-                f"the {configurator['name']!r} configurator builds the SDK: Gym identity is added to it, but Ray's daemons "
-                "export too, a missing exporter package is not worked around, and the exit flush is not time-boxed",
+                f"the {configurator['name']!r} configurator builds the SDK: Gym identity is added to it, "
+                "but Ray's daemons export too, a missing exporter package is not worked around, "
+                "and the exit flush is not time-boxed",
                 f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR}",
             )
         )
@@ -129,7 +133,8 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
             Problem(
                 ERROR,
                 "instrumentor",
-                f"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS={effective['OTEL_PYTHON_DISABLED_INSTRUMENTATIONS']!r} turns off the {OUR_INSTRUMENTOR!r} instrumentor",
+                f"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS={effective['OTEL_PYTHON_DISABLED_INSTRUMENTATIONS']!r} "
+                f"turns off the {OUR_INSTRUMENTOR!r} instrumentor",
                 f"remove {OUR_INSTRUMENTOR!r} (or '*') from OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
             )
         )

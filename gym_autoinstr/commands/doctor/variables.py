@@ -25,7 +25,10 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
                 f"{name} is not a gym-autoinstr setting: it is ignored",
                 f"rename it to {closest}"
                 if closest
-                else f"remove it; the settings are: {', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}",
+                else (
+                    "remove it; the settings are: "
+                    f"{', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}"
+                ),
             )
         )
     invalid = []
@@ -35,10 +38,9 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
         _, message = setting.check(environ)
         if message:
             invalid.append(setting.name)
-            problems.append(
-                Problem(
-                    WARNING, SUBJECT, message, setting.fix or f"unset {setting.name} or set it to {setting.default!r}"
-                )
-            )
+            if setting.fix:  # said once, as the fix, not also at the end of the message
+                message = message.removesuffix(" " + setting.fix)
+            fix = setting.fix or f"unset {setting.name} or set it to {setting.default!r}"
+            problems.append(Problem(WARNING, SUBJECT, message, fix))
     section = {"unknown": [{"name": name, "closest": closest} for name, closest in unknown], "invalid": invalid}
     return section, problems
