@@ -4,11 +4,11 @@ Unique canaries are planted everywhere a secret or content lives in a real rollo
 the model server's API key (config, and the ``Authorization`` header it sends
 upstream), a query string on the inbound ``/run``, the prompt, the tool arguments and
 tool result and the completion (the policy model asks the weather tool about a canary
-city and quotes the answer), an environment variable, a command-line override, a config value, and a request body
-that fails validation.  Then every exported byte is searched: what the collector
-received (traces and metrics) with every span group on, and the local files of the
-embedded default with the default preset.  Presets only switch whole sites on or off
-and a site records the same attributes under any preset, so ``all`` covers
+city and quotes the answer), an environment variable, a command-line override, a config
+value, and a request body that fails validation.  Then every exported byte is searched:
+what the collector received (traces and metrics) with every span group on, and the local
+files of the embedded default with the default preset.  Presets only switch whole sites
+on or off and a site records the same attributes under any preset, so ``all`` covers
 ``per_rollout`` and ``default``.  (``user:password@`` in a URL cannot travel through
 Gym's model server, whose client refuses it beside the ``Authorization`` header; its
 redaction is tested on Gym's real ``request`` in test_egress.py.)

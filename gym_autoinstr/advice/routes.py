@@ -5,7 +5,7 @@
 | ``responses_api_agents`` | ``/run``                                | ``gym.rollout``         | rollout    |
 | ``responses_api_agents`` | ``/v1/responses``, ``/ng-rollout/...``  | ``gym.agent.responses`` | agent      |
 | ``responses_api_models`` | ``/v1/chat/completions``                | ``gym.model.chat_completions`` | model_call |
-| ``responses_api_models`` | ``/v1/responses``, ``/v1/messages`` | ``gym.model.responses`` / ``.messages`` | model_call |
+| ``responses_api_models`` | ``/v1/responses``, ``/v1/messages`` | ``gym.model.responses``/``.messages`` | model_call |
 | ``resources_servers``    | ``/verify``                             | ``gym.verify``          | verify     |
 
 Why registration time.  Gym registers routes as ``app.post(path)(handler)`` inside

@@ -2,13 +2,14 @@
 
 A user who only wants to see where a rollout's time goes should not need a collector
 first.  Metrics go the same way, into ``<process>-<pid>.metrics.jsonl`` beside the spans
-(one ``ExportMetricsServiceRequest`` per line).  With no ``OTEL_EXPORTER_OTLP_*ENDPOINT``
-and no ``OTEL_TRACES_EXPORTER`` set, every Gym process appends OTLP-JSON lines (the
-OpenTelemetry Collector file-exporter format: one ``ExportTraceServiceRequest`` per line, ids in hex, enums as integers) to
-its *own* file in one run directory, so concurrent processes never interleave.  The
-orchestrator resolves the directory once (``GYM_AUTOINSTR_OUTPUT_DIR``, else
-``./gym-autoinstr-runs/<run id>``) and passes it down in the environment, because
-every server runs from its own working directory.  ``gym-autoinstr view`` reads it.
+(one ``ExportMetricsServiceRequest`` per line).  With no
+``OTEL_EXPORTER_OTLP_*ENDPOINT`` and no ``OTEL_TRACES_EXPORTER`` set, every Gym process
+appends OTLP-JSON lines (the OpenTelemetry Collector file-exporter format: one
+``ExportTraceServiceRequest`` per line, ids in hex, enums as integers) to its *own* file
+in one run directory, so concurrent processes never interleave.  The orchestrator
+resolves the directory once (``GYM_AUTOINSTR_OUTPUT_DIR``, else
+``./gym-autoinstr-runs/<run id>``) and passes it down in the environment, because every
+server runs from its own working directory.  ``gym-autoinstr view`` reads it.
 
 Each file is bounded (``GYM_AUTOINSTR_FILE_MAX_MB``, default 256): past the bound,
 spans are dropped with one message saying so and how to lift it.  An unwritable
