@@ -105,11 +105,12 @@ class Bench:
         if name.startswith("root-dropped"):
             from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 
-            from gym_autoinstr.telemetry import sampling, spans
+            from gym_autoinstr.fastpath import samplers
+            from gym_autoinstr.telemetry import spans
 
             tracer = spans.tracer()
             # what OTEL_TRACES_SAMPLER=parentbased_traceidratio, _ARG=0 makes (configured_sampler)
-            sampler, tracer.sampler = tracer.sampler, sampling.JobKeepingSampler(ParentBasedTraceIdRatio(0))
+            sampler, tracer.sampler = tracer.sampler, samplers.JobKeepingSampler(ParentBasedTraceIdRatio(0))
         try:
             yield
         finally:

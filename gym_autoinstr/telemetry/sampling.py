@@ -28,14 +28,7 @@ from gym_autoinstr.fastpath.propagation import (
     unsampled_spans,
     w3c_default,
 )
-from gym_autoinstr.fastpath.samplers import (  # noqa: F401
-    FAST_PATH_ENV,
-    JOB_SPAN_NAME,
-    JobKeepingSampler,
-    _drops_under_unsampled_parent,
-    keeps_under_sampled_parent,
-    root_decision,
-)
+from gym_autoinstr.fastpath.samplers import JobKeepingSampler, _drops_under_unsampled_parent
 from gym_autoinstr.telemetry import spans as _spans
 from gym_autoinstr.telemetry.spans import tracer_in_use
 

@@ -185,7 +185,7 @@ def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_fir
     r of them, not r x r."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.telemetry import sampling
+    from gym_autoinstr.fastpath import samplers
 
     def make():
         base = {
@@ -195,13 +195,13 @@ def test_roots_are_decided_as_the_sdks_sampler_decides_them(sampler, decided_fir
             "ratio, not parent-based": TraceIdRatioBased(0.3),
         }
         name = sampler.removeprefix("job-keeping ")
-        return sampling.JobKeepingSampler(base[name]) if sampler.startswith("job-keeping") else base[name]
+        return samplers.JobKeepingSampler(base[name]) if sampler.startswith("job-keeping") else base[name]
 
     provider, _ = _pipeline(sampler=make(), id_generator=_Ids())
     ours = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
     assert ours is not None
     theirs = TracerProvider(sampler=make(), id_generator=_Ids()).get_tracer("gym_autoinstr")
-    decided = ours.sampler is not None and sampling.root_decision(ours.sampler) is not None
+    decided = ours.sampler is not None and samplers.root_decision(ours.sampler) is not None
     assert decided == (sampler not in ("always on", "ratio, not parent-based"))
     asked = []
     ask = ours.sampler.should_sample
@@ -260,7 +260,7 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, StaticSampler, TraceIdRatioBased
     from opentelemetry.trace import TraceState
 
-    from gym_autoinstr.telemetry import sampling
+    from gym_autoinstr.fastpath import samplers
 
     def make():
         base = {
@@ -271,7 +271,7 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
             "always on, not parent-based": lambda: StaticSampler(Decision.RECORD_AND_SAMPLE),
         }
         name = sampler.removeprefix("job-keeping ")
-        return sampling.JobKeepingSampler(base[name]()) if sampler.startswith("job-keeping") else base[name]()
+        return samplers.JobKeepingSampler(base[name]()) if sampler.startswith("job-keeping") else base[name]()
 
     provider, _ = _pipeline(sampler=make(), id_generator=_Ids())
     ours = lean.lean_tracer_for(provider, provider.get_tracer("gym_autoinstr"))
@@ -312,5 +312,5 @@ def test_children_of_sampled_parents_are_started_as_the_sdks_sampler_starts_them
                     assert a.parent == b.parent == parent
                 a.end(), b.end()
     keeps = sampler in ("always on", "ratio", "job-keeping ratio")
-    assert sampling.keeps_under_sampled_parent(ours.sampler) == keeps
+    assert samplers.keeps_under_sampled_parent(ours.sampler) == keeps
     assert len(asked) == (0 if keeps else started)

@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link
 
+from gym_autoinstr.fastpath import samplers
 from gym_autoinstr.telemetry import sampling
 
 
@@ -92,7 +93,7 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
     for sampler, follows in [
         (KeepsErrors(ALWAYS_ON), False),  # its should_sample must be asked for every span
         (Renamed(ALWAYS_ON), True),
-        (sampling.JobKeepingSampler(ParentBased(TraceIdRatioBased(0.0))), True),
+        (samplers.JobKeepingSampler(ParentBased(TraceIdRatioBased(0.0))), True),
         (ParentBased(ALWAYS_ON), True),
         (ALWAYS_ON, False),  # not parent-based: a new decision at every hop
         (TraceIdRatioBased(0.5), False),
@@ -107,7 +108,7 @@ def test_dropped_parent_only_for_an_unsampled_parent_under_a_parent_based_sample
         assert _under(sampled, _dropped_parent) is None
         assert _under(invalid, _dropped_parent) is None
     fake.sampler = ParentBased(ALWAYS_ON)
-    monkeypatch.setenv(sampling.FAST_PATH_ENV, "0")  # the switch, read when the sampler is checked
+    monkeypatch.setenv(samplers.FAST_PATH_ENV, "0")  # the switch, read when the sampler is checked
     assert _under(unsampled, _dropped_parent) is None
 
 
@@ -183,7 +184,7 @@ def test_roots_of_the_samplers_the_environment_configures_are_decided_on_their_i
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", name)
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
     sampler = sampling.configured_sampler()
-    roots = sampling.root_decision(sampler)
+    roots = samplers.root_decision(sampler)
     assert (roots is not None) == decided
     if roots is None:
         return
