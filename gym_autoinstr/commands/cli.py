@@ -17,8 +17,19 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gym-autoinstr", description="OpenTelemetry tracing for NeMo Gym.")
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser = argparse.ArgumentParser(
+        prog="gym-autoinstr",
+        description="OpenTelemetry tracing for NeMo Gym. Tracing itself needs no command: run Gym under\n"
+        "opentelemetry-instrument; these commands check an install and read what it wrote.",
+        epilog="examples:\n"
+        "  opentelemetry-instrument gym env start \"+config_paths=[...]\"   trace a Gym run\n"
+        "  gym-autoinstr doctor                                            would this environment trace Gym?\n"
+        "  gym-autoinstr view gym-autoinstr-runs/<run id>                  read the traces of a run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from gym_autoinstr.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="command")
     doctor = commands.add_parser(
         "doctor",
@@ -65,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         from gym_autoinstr.commands.doctor import main as doctor_main
 
         return doctor_main(as_json=args.json, offline=args.offline)
-    from gym_autoinstr.version import __version__
-
-    print(__version__)
+    parser.print_help()
     return 0
 
 
