@@ -111,7 +111,8 @@ SPAN_GROUPS = "GYM_AUTOINSTR_SPAN_GROUPS"
 RUN_ID = "NEMO_GYM_OTEL_RUN_ID"  # ours: the resource's nemo.gym.run.id, so the sink tells the trios apart
 SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
 INERT = {SPAN_GROUPS: "none", "OTEL_SDK_DISABLED": "true"}  # ours loaded and patched, no SDK
-VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "sampled", "per_rollout", "all", "bare2")
+STOCK = {SPAN_GROUPS: "default", "GYM_AUTOINSTR_FAST_PATH": "off"}  # every fast-path replacement off
+VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "stock", "sampled", "per_rollout", "all", "bare2")
 UNINSTRUMENTED = ("bare", "bare2", "inert")  # no metrics of ours to count at the sink
 ONLY_WHEN_NAMED = ("bare2", "inert")  # not in a run that names no variants
 
@@ -126,6 +127,7 @@ VARIANT_HELP = {
     "inert": f"ours loaded and patched with {_env_text(INERT)}: the footprint alone",
     "off": "ours, span groups none, metrics on",
     "default": "ours, the default preset",
+    "stock": f"ours default with {_env_text({'GYM_AUTOINSTR_FAST_PATH': 'off'})}: the stock SDK path, what the fast path buys",
     "sampled": f"ours default with {_env_text(SAMPLED_OUT)}, rollouts sent without traceparent",
     "per_rollout": "ours, the per_rollout preset",
     "all": "ours, every span group",
@@ -172,6 +174,7 @@ def make_variants(
         "inert": lambda: ours("inert", "ours, inert (no SDK)", INERT),
         "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
         "default": lambda: ours("default", "ours, default", {SPAN_GROUPS: "default"}),
+        "stock": lambda: ours("stock", "ours, default, stock SDK path", STOCK),
         "sampled": lambda: ours(
             "sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT}, traceparent=False
         ),
@@ -1244,7 +1247,7 @@ def main(argv: list[str] | None = None) -> int:
             results["cpu_overhead_vs_generic"] = {
                 r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
                 for r in rows
-                if r["key"] in ("off", "default", "sampled", "per_rollout", "all")
+                if r["key"] in ("off", "default", "stock", "sampled", "per_rollout", "all")
             }
         default = next((r for r in rows if r["key"] == "default"), None)
         sampled = next((r for r in rows if r["key"] == "sampled"), None)
