@@ -111,3 +111,12 @@ def test_the_link_checker_sees_a_broken_link_and_a_missing_heading(tmp_path):
     page.write_text("# Gym's `view` command\n\n## Server venvs\n")
     assert _anchors(page) == {"gyms-view-command", "server-venvs"}
     assert LINK.findall("see [a](docs/x.md#y) and [b](https://e.org)") == ["docs/x.md#y", "https://e.org"]
+
+
+def test_the_readme_names_the_test_command_ci_runs():
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in ci if line and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert commands == ["tools/lint", "./run-tests"]
+    quick_start = (REPO / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    first_block = quick_start.split("```", 2)[1]
+    assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()] == ["./run-demo", "./run-tests"]
