@@ -1,4 +1,4 @@
-"""The README's "Backends" recipes, run: real Gym rollouts land whole in a real trace UI.
+"""The recipes of docs/backends.md, run: real Gym rollouts land whole in a real trace UI.
 
 One MLflow tracking server (its own venv, SQLite store, its own process) serves the
 whole module, started by ``./run-demo --backend mlflow`` exactly as a user runs it (the

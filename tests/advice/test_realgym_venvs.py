@@ -157,7 +157,7 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
                 continue  # exited since
             assert _sitecustomize_dir(child_environ) == sitecustomize
 
-    # what it cost, per server venv (printed for the README; -s shows it)
+    # what it cost, per server venv (printed for docs/server-venvs.md; -s shows it)
     costs = {
         name: {
             "disk_bytes": _disk_bytes(trio.server_venv(name)),
