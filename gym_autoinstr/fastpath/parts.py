@@ -384,7 +384,8 @@ def check(*, warn: bool = True, everything: bool = False) -> dict[str, PartStatu
                 continue
             needed = [n for n in needs if not status[n].on]
             if needed:
-                status[part] = PartStatus(False, f"needs {', '.join(needed)}, which is off")
+                verb = "is" if len(needed) == 1 else "are"
+                status[part] = PartStatus(False, f"needs {', '.join(needed)}, which {verb} off")
                 continue
             if not everything and _LOADED_BY.get(part, "") not in sys.modules and part in _LOADED_BY:
                 continue
