@@ -22,6 +22,7 @@ turns every one off.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,16 +152,18 @@ def load(module: str) -> Any:
     return importlib.import_module(module)
 
 
-def _sdk_tracer() -> Any:
-    from opentelemetry.sdk.trace import TracerProvider
-
-    return TracerProvider(shutdown_on_exit=False).get_tracer("gym_autoinstr.contract")
-
-
+@functools.cache
 def _sdk_provider() -> Any:
+    """A bare SDK provider to look at (its resource given: ``Resource.create`` would run
+    the resource detectors, on threads)."""
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    return TracerProvider(shutdown_on_exit=False)
+    return TracerProvider(resource=Resource({}), shutdown_on_exit=False)
+
+
+def _sdk_tracer() -> Any:
+    return _sdk_provider().get_tracer("gym_autoinstr.contract")
 
 
 def _parent_based() -> Any:
@@ -438,9 +441,10 @@ def sampler_from_environment() -> Any:
     read = getattr(sampling, "_get_from_env_or_default", None)
     if read is not None:
         return read()
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    return TracerProvider(shutdown_on_exit=False).sampler
+    return TracerProvider(resource=Resource({}), shutdown_on_exit=False).sampler
 
 
 def base_configurator() -> type:

@@ -258,12 +258,13 @@ def _probe_lean() -> str | None:
 def _probe_histograms() -> str | None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.resources import Resource
 
     from gym_autoinstr.fastpath import histograms
 
     bounds, values, attributes = (0.0, 5.0, 10.0), (1.0, 7.0, 20.0, 7.0, 0.0), {"a": "b"}
     reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider = MeterProvider(metric_readers=[reader], resource=Resource({}), shutdown_on_exit=False)
     try:
         sdk = provider.get_meter("gym_autoinstr.probe").create_histogram(
             "probe", unit="ms", description="d", explicit_bucket_boundaries_advisory=list(bounds)
