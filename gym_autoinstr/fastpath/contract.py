@@ -216,6 +216,22 @@ def _grpc_exporter_calls_encode_spans() -> bool:
     return code is not None and "encode_spans" in code.co_names
 
 
+def _exporter_module_encodes(module_name: str, method: str) -> Callable[[], bool]:
+    """The exporter module's ``encode_spans`` (batching.py wraps it) is there, and its
+    span exporter's ``method`` calls it; True when the module is not loaded (not in use)."""
+
+    def check() -> bool:
+        import sys
+
+        module = sys.modules.get(module_name)
+        if module is None:
+            return True
+        code = getattr(getattr(module.OTLPSpanExporter, method, None), "__code__", None)
+        return callable(getattr(module, "encode_spans", None)) and code is not None and "encode_spans" in code.co_names
+
+    return check
+
+
 def _runtime_context_var() -> bool:
     import contextvars
 
@@ -295,6 +311,20 @@ ROWS: tuple[Row, ...] = (
         "module constant (older APIs: the string 'suppress_instrumentation')",
         _has("opentelemetry.context", "_SUPPRESS_INSTRUMENTATION_KEY"),
         optional=True,
+    ),
+    Row(
+        "encode_spans",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter (public name, wrapped in place)",
+        ENCODE_ON_END,
+        "module function its OTLPSpanExporter.export calls (checked in its code)",
+        _exporter_module_encodes("opentelemetry.exporter.otlp.proto.http.trace_exporter", "export"),
+    ),
+    Row(
+        "encode_spans",
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter (public name, wrapped in place)",
+        ENCODE_ON_END,
+        "module function its OTLPSpanExporter._translate_data calls (checked in its code)",
+        _exporter_module_encodes("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", GRPC_TRANSLATE),
     ),
     Row(
         GRPC_TRANSLATE,
