@@ -256,6 +256,11 @@ SERVICE_NAME_SUFFIX = Switch(
     True,
     "service.name is <OTEL_SERVICE_NAME>/<server name>; off: OTEL_SERVICE_NAME alone",
 )
+FAST_PATH = Switch(
+    PREFIX + "FAST_PATH",
+    True,
+    "the fast parts that replace SDK machinery (off: the stock SDK everywhere; see fastpath/contract.py)",
+)
 LEAN_SPANS = Switch(PREFIX + "LEAN_SPANS", True, "lean spans behind our own pipeline (off: the SDK's spans)")
 ENCODE_ON_END = Switch(
     PREFIX + "ENCODE_ON_END", True, "encode a span to OTLP bytes when it ends (off: the SDK's batch processor)"

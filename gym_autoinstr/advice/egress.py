@@ -35,15 +35,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanKind
 
-try:
-    from opentelemetry.context import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
-except ImportError:  # older APIs kept it in the instrumentation package
-    from opentelemetry.instrumentation.utils import _SUPPRESS_HTTP_INSTRUMENTATION_KEY
-
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence, job, pool
 from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath.contract import SUPPRESS_HTTP_INSTRUMENTATION_KEY as _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.telemetry.redaction import redact_url
 from gym_autoinstr.telemetry.spans import mark_error, tracer

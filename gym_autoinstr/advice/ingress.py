@@ -30,7 +30,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import concurrency, startup
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath import contract, propagation
 from gym_autoinstr.setup import logs
 from gym_autoinstr.setup.flush import flush, flush_async
 from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
@@ -494,7 +494,7 @@ def instrument_app(app: Any, server_name: str = "") -> bool:
     _silence_fastapi_builtin_telemetry(app)
     # Another OpenTelemetry FastAPI instrumentation already gives the app SERVER spans:
     # keep exactly one per request, but still flush at shutdown.
-    contrib = bool(getattr(app, "_is_instrumented_by_opentelemetry", False))
+    contrib = bool(getattr(app, contract.INSTRUMENTED_APP, False))
     if contrib:
         warn_once(
             "ingress-contrib",

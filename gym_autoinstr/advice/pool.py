@@ -346,10 +346,10 @@ def count_attempts(session: Any) -> None:
     set's token, that lived as long as the call.)"""
     if getattr(session, "__dict__", {}).get("request") is not None:
         return  # counted already
-    from gym_autoinstr.fastpath import propagation
+    from gym_autoinstr.fastpath import contract, propagation
 
     request = session.request
-    current, key = propagation.current_context, propagation._SPAN_KEY  # (an API without the key: nothing counted)
+    current, key = propagation.current_context, contract.SPAN_KEY  # (an API without the key: nothing counted)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         span = current().get(key)

@@ -38,7 +38,8 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from gym_autoinstr import _footprint
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.fastpath import wire
+from gym_autoinstr.fastpath import contract, wire
+from gym_autoinstr.fastpath.contract import SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from gym_autoinstr.settings import ENCODE_ON_END
 
 
@@ -133,7 +134,7 @@ def accepts_encoded(exporter: Any) -> bool:
             return False
         return _hook_module(module, parse=False)
     if cls.__module__ == "opentelemetry.exporter.otlp.proto.grpc.trace_exporter":
-        if not _calls_encode_spans(getattr(cls, "_translate_data", None)):
+        if not _calls_encode_spans(getattr(cls, contract.GRPC_TRANSLATE, None)):
             return False
         return _hook_module(module, parse=True)
     return False
@@ -352,17 +353,11 @@ class EncodingSpanProcessor(SpanProcessor):
         _footprint.restore_pending()  # an encode_spans hook uninstrument left for us
 
 
-try:
-    from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
-except ImportError:  # older APIs kept it elsewhere
-    _SUPPRESS_KEY = "suppress_instrumentation"
-
-
 def make_processor(exporter: Any, wrap: Callable[[Any], Any], **settings: Any) -> SpanProcessor:
     """Our encoding processor in front of a known OTLP exporter, the SDK's
     ``BatchSpanProcessor`` in front of anything else."""
     try:
-        fast = ENCODE_ON_END.read()
+        fast = ENCODE_ON_END.read() and contract.part_on(contract.ENCODE_ON_END) and contract.part_on(contract.WIRE)
         if fast and accepts_encoded(exporter):
             return EncodingSpanProcessor(wrap(exporter), **settings)
     except Exception as error:

@@ -43,6 +43,7 @@ from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.fastpath import contract
 
 ENV = settings.FAST_HISTOGRAMS.name
 # The SDK's default cardinality limit: attribute sets beyond it share one overflow point.
@@ -243,12 +244,13 @@ def qualifies(exporter: Any) -> bool:
     from opentelemetry.sdk.metrics.export import AggregationTemporality
     from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
 
-    if not enabled_by_env() or settings.METRICS_EXEMPLAR_FILTER.read():
+    if not enabled_by_env() or not contract.part_on(contract.HISTOGRAMS) or settings.METRICS_EXEMPLAR_FILTER.read():
         return False
-    temporality = (getattr(exporter, "_preferred_temporality", None) or {}).get(Histogram)
-    aggregation = (getattr(exporter, "_preferred_aggregation", None) or {}).get(Histogram)
+    temporality = (getattr(exporter, contract.PREFERRED_TEMPORALITY, None) or {}).get(Histogram)
+    aggregation = (getattr(exporter, contract.PREFERRED_AGGREGATION, None) or {}).get(Histogram)
     explicit = type(aggregation) is ExplicitBucketHistogramAggregation and (
-        getattr(aggregation, "_boundaries", 0) is None and getattr(aggregation, "_record_min_max", False) is True
+        getattr(aggregation, contract.BUCKET_BOUNDARIES, 0) is None
+        and getattr(aggregation, contract.RECORD_MIN_MAX, False) is True
     )
     return temporality in (None, AggregationTemporality.CUMULATIVE) and (
         aggregation is None or type(aggregation) is DefaultAggregation or explicit
@@ -258,7 +260,7 @@ def qualifies(exporter: Any) -> bool:
 def bind(provider: Any, readers: Sequence[Any]) -> bool:
     """Serve ``provider`` with fast histograms if every reader exports through a
     ``MergingExporter``; returns whether it does."""
-    ok = bool(readers) and all(isinstance(getattr(r, "_exporter", None), MergingExporter) for r in readers)
+    ok = bool(readers) and all(isinstance(getattr(r, contract.READER_EXPORTER, None), MergingExporter) for r in readers)
     with _state.lock:
         _state.provider = provider if ok else None
         _state.histograms = []
@@ -309,8 +311,8 @@ class MergingExporter(_base()):
 
     def __init__(self, inner: Any) -> None:
         super().__init__(
-            preferred_temporality=getattr(inner, "_preferred_temporality", None),
-            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+            preferred_temporality=getattr(inner, contract.PREFERRED_TEMPORALITY, None),
+            preferred_aggregation=getattr(inner, contract.PREFERRED_AGGREGATION, None),
         )
         self.inner = inner
 

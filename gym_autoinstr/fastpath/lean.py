@@ -24,21 +24,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
-
-try:
-    from opentelemetry.attributes import _clean_attribute_value
-except ImportError:  # older APIs
-    _clean_attribute_value = None
-try:
-    from opentelemetry.attributes import _clean_attribute as _clean_key_value
-except ImportError:
-    _clean_key_value = None
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger
-from gym_autoinstr.fastpath import wire
+from gym_autoinstr.fastpath import contract, wire
+from gym_autoinstr.fastpath.contract import CLEAN_ATTRIBUTE as _clean_key_value  # older APIs (None when absent)
+from gym_autoinstr.fastpath.contract import CLEAN_ATTRIBUTE_VALUE as _clean_attribute_value  # None when absent
 from gym_autoinstr.fastpath.propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
 
 # The flags a span is started with, each the instance propagation shares for its value
@@ -219,8 +212,8 @@ class LeanTracer(trace_api.Tracer):
         self.sampler = sdk_tracer.sampler
         self.id_generator = sdk_tracer.id_generator
         self.resource = sdk_tracer.resource
-        self.scope = sdk_tracer._instrumentation_scope
-        limits = sdk_tracer._span_limits
+        self.scope = getattr(sdk_tracer, contract.TRACER_SCOPE)
+        limits = getattr(sdk_tracer, contract.TRACER_SPAN_LIMITS)
         self.max_attributes = limits.max_span_attributes if limits.max_span_attributes is not None else 1 << 30
         self.max_events = limits.max_events if limits.max_events is not None else 1 << 30
         self.processors = processors
@@ -415,7 +408,7 @@ def _clean_value(key: str, value: Any) -> Any:
 
 
 def enabled() -> bool:
-    if not settings.LEAN_SPANS.read():
+    if not settings.LEAN_SPANS.read() or not contract.part_on(contract.LEAN):
         return False
     if settings.PYTHON_SDK_INTERNAL_METRICS.read():
         return False
@@ -434,7 +427,7 @@ def lean_tracer_for(provider: Any, sdk_tracer: Any) -> LeanTracer | None:
     processors = processors_of(provider)
     if not processors or not all(type(p) is EncodingSpanProcessor for p in processors):
         return None
-    limits = getattr(sdk_tracer, "_span_limits", None)
+    limits = getattr(sdk_tracer, contract.TRACER_SPAN_LIMITS, None)
     defaults = SpanLimits()
     if (
         limits is None
@@ -452,5 +445,5 @@ def lean_tracer_for(provider: Any, sdk_tracer: Any) -> LeanTracer | None:
 
 
 def processors_of(provider: Any) -> tuple:
-    active = getattr(provider, "_active_span_processor", None)
-    return tuple(getattr(active, "_span_processors", ()) or ())
+    active = getattr(provider, contract.ACTIVE_SPAN_PROCESSOR, None)
+    return tuple(getattr(active, contract.SPAN_PROCESSORS, ()) or ())

@@ -22,15 +22,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-try:  # where the API keeps the current span in a context (since API 1.0)
-    from opentelemetry.trace.propagation import _SPAN_KEY
-except ImportError:  # pragma: no cover
-    _SPAN_KEY = None
-
-try:  # the key baggage lives under (since API 1.0); get_all() copies it into a proxy
-    from opentelemetry.baggage import _BAGGAGE_KEY
-except ImportError:  # pragma: no cover
-    _BAGGAGE_KEY = None
+from gym_autoinstr.fastpath import contract
+from gym_autoinstr.fastpath.contract import BAGGAGE_KEY as _BAGGAGE_KEY  # None when absent
+from gym_autoinstr.fastpath.contract import SPAN_KEY as _SPAN_KEY  # None when absent
 
 _MAX_TRACESTATE = 512
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
@@ -63,16 +57,17 @@ unsampled_spans: dict[int, tuple[Any, str, str | None]] = {}
 
 def _runtime_var() -> contextvars.ContextVar | None:
     """The ContextVar behind ``opentelemetry.context`` when the runtime context is the
-    API's default one (``contextvars``); None for any other (``OTEL_PYTHON_CONTEXT``)."""
+    API's default one (``contextvars``); None for any other (``OTEL_PYTHON_CONTEXT``), or
+    with the context part off (``contract.py``)."""
+    if not contract.part_on(contract.CONTEXT):
+        return None
     try:
-        from opentelemetry.context import _RUNTIME_CONTEXT
         from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
     except ImportError:  # pragma: no cover
         return None
-    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    return (
-        var if type(_RUNTIME_CONTEXT) is ContextVarsRuntimeContext and isinstance(var, contextvars.ContextVar) else None
-    )
+    runtime = contract.RUNTIME_CONTEXT
+    var = getattr(runtime, contract.RUNTIME_CONTEXT_VAR, None)
+    return var if type(runtime) is ContextVarsRuntimeContext and isinstance(var, contextvars.ContextVar) else None
 
 
 # ``current_context``, ``attach`` and ``detach``: what ``opentelemetry.context``'s
@@ -117,7 +112,10 @@ def swap(context: otel_context.Context) -> otel_context.Context:
 def _span_layout() -> bool:
     """Whether the API keeps a context's span under ``_SPAN_KEY`` in a plain-dict
     ``Context`` (checked once, against ``set_span_in_context``): then ``with_span`` and
-    ``enter`` make that context directly, without the API's frames."""
+    ``enter`` make that context directly, without the API's frames (never with the
+    context part off: ``contract.py``)."""
+    if not contract.part_on(contract.CONTEXT):
+        return False
     try:
         sample = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False))
         base = otel_context.Context({"k": 1})
@@ -301,7 +299,8 @@ def _no_baggage(context: otel_context.Context | None = None) -> bool:
 
 
 def w3c_default() -> bool:
-    """The global propagator is W3C Trace Context, alone or with W3C Baggage."""
+    """The global propagator is W3C Trace Context, alone or with W3C Baggage (and the
+    W3C part is on: ``contract.py``; else ``propagate`` is used)."""
     textmap = propagate.get_global_textmap()
     if textmap is _known.textmap:
         return _known.w3c
@@ -309,10 +308,13 @@ def w3c_default() -> bool:
     from opentelemetry.propagators.composite import CompositePropagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    inner = getattr(textmap, "_propagators", None) if type(textmap) is CompositePropagator else [textmap]
+    inner = (
+        getattr(textmap, contract.COMPOSITE_PROPAGATORS, None) if type(textmap) is CompositePropagator else [textmap]
+    )
     kinds = [type(p) for p in inner or ()]
     w3c = (
-        bool(kinds)
+        contract.part_on(contract.W3C)
+        and bool(kinds)
         and kinds[0] is TraceContextTextMapPropagator
         and all(k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds)
     )

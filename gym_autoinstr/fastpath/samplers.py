@@ -13,6 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
 from gym_autoinstr import settings
+from gym_autoinstr.fastpath import contract
 
 JOB_SPAN_NAME = "gym.job"
 
@@ -45,7 +46,9 @@ FAST_PATH_ENV = settings.DROPPED_FAST_PATH.name
 def _drops_under_unsampled_parent(sampler: Any) -> bool:
     if not settings.DROPPED_FAST_PATH.read():
         return False
-    return _parent_delegates_decide(sampler, Decision.DROP, "_remote_parent_not_sampled", "_local_parent_not_sampled")
+    return _parent_delegates_decide(
+        sampler, Decision.DROP, contract.REMOTE_PARENT_NOT_SAMPLED, contract.LOCAL_PARENT_NOT_SAMPLED
+    )
 
 
 def keeps_under_sampled_parent(sampler: Any) -> bool:
@@ -55,7 +58,7 @@ def keeps_under_sampled_parent(sampler: Any) -> bool:
     the stock ``ParentBased`` (every ``parentbased_*`` choice) with the SDK's defaults for
     sampled parents.  The lean tracer then starts such a span without asking it."""
     return _parent_delegates_decide(
-        sampler, Decision.RECORD_AND_SAMPLE, "_remote_parent_sampled", "_local_parent_sampled"
+        sampler, Decision.RECORD_AND_SAMPLE, contract.REMOTE_PARENT_SAMPLED, contract.LOCAL_PARENT_SAMPLED
     )
 
 
@@ -66,12 +69,14 @@ def _parent_delegates_decide(sampler: Any, decision: Any, *delegates: str) -> bo
     otherwise: it is asked."""
     from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
 
+    if not contract.part_on(contract.SAMPLERS):
+        return False
     if isinstance(sampler, JobKeepingSampler):
         sampler = sampler.delegate
     if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not ParentBased.should_sample:
         return False
     return all(
-        isinstance(d, StaticSampler) and getattr(d, "_decision", None) is decision
+        isinstance(d, StaticSampler) and getattr(d, contract.STATIC_DECISION, None) is decision
         for d in (getattr(sampler, name, None) for name in delegates)
     )
 
@@ -106,16 +111,16 @@ def root_decision(sampler: Any) -> RootDecision | None:
     sampler decides every root itself."""
     from opentelemetry.sdk.trace.sampling import StaticSampler, TraceIdRatioBased
 
-    if not settings.DROPPED_FAST_PATH.read():
+    if not settings.DROPPED_FAST_PATH.read() or not contract.part_on(contract.SAMPLERS):
         return None
     kept = JOB_SPAN_NAME if type(sampler) is JobKeepingSampler else None
     if kept:
         sampler = sampler.delegate
     if not _stock_parent_based(sampler):
         return None
-    root = getattr(sampler, "_root", None)
+    root = getattr(sampler, contract.PARENT_BASED_ROOT, None)
     if type(root) is TraceIdRatioBased and type(root.bound) is int and type(root.TRACE_ID_LIMIT) is int:
         return RootDecision(root.TRACE_ID_LIMIT, root.bound, kept)
-    if type(root) is StaticSampler and getattr(root, "_decision", None) is Decision.DROP:
+    if type(root) is StaticSampler and getattr(root, contract.STATIC_DECISION, None) is Decision.DROP:
         return RootDecision(0, 0, kept)
     return None

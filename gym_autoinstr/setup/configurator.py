@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk._configuration import _BaseConfigurator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.fastpath import batching
+from gym_autoinstr.fastpath import batching, contract, parts
 from gym_autoinstr.setup import files, identity
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 from gym_autoinstr.telemetry import sampling
@@ -176,8 +175,12 @@ def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[st
 
 def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] | None = None) -> TracerProvider:
     resource = Resource.create({**identity.resource_attributes(who), **(extra or {})})
+    exporters = span_exporters(who)
+    # the fast parts in play are checked now (their exporters loaded what they work with),
+    # before they are used: one that fails leaves its work to the SDK (parts.py)
+    parts.check()
     provider = TracerProvider(resource=resource, sampler=sampling.configured_sampler(), shutdown_on_exit=False)
-    for label, exporter in span_exporters(who):
+    for label, exporter in exporters:
         provider.add_span_processor(
             batching.make_processor(
                 exporter,
@@ -226,6 +229,7 @@ def metric_readers(who: identity.ProcessIdentity | None = None) -> list[Any]:
 
     default = "files" if files.embedded_default_applies() else "otlp"
     interval = env.METRIC_EXPORT_INTERVAL.read()
+    parts.check()  # (the fast histograms, now that the SDK's metrics are loaded)
     readers = []
     configured = env.METRICS_EXPORTER.raw()
     for raw in (default if configured is None else configured).split(","):
@@ -425,7 +429,7 @@ def configure_ray_orchestrator(extra: dict[str, Any]) -> bool:
         who = identity.ray_orchestrator()
         STATE.identity = who
         current = trace.get_tracer_provider()
-        resource = getattr(current, "_resource", None)
+        resource = getattr(current, contract.PROVIDER_RESOURCE, None)
         if isinstance(current, trace.ProxyTracerProvider) or not isinstance(resource, Resource):
             provider = build_tracer_provider(who, extra={k: v for k, v in extra.items() if v is not None})
             if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
@@ -461,8 +465,8 @@ def _ray_worker_becomes_orchestrator(extra: dict[str, Any]) -> bool:
         {**identity.resource_attributes(who), **{k: v for k, v in extra.items() if v is not None}}
     )
     try:
-        provider._resource = resource  # type: ignore[attr-defined]
-        for handed_out in list(getattr(provider, "_tracers", {}).values()):  # SDK 1.39+ keeps them
+        setattr(provider, contract.PROVIDER_RESOURCE, resource)
+        for handed_out in list(getattr(provider, contract.PROVIDER_TRACERS, {}).values()):  # SDK 1.39+ keeps them
             handed_out.resource = resource
     except Exception as error:
         warn_once("ray-orchestrator-upgrade", "this Ray actor's spans keep the Ray worker's identity: %r", error)
@@ -476,7 +480,7 @@ def _ray_worker_becomes_orchestrator(extra: dict[str, Any]) -> bool:
     return True
 
 
-class GymConfigurator(_BaseConfigurator):
+class GymConfigurator(contract.base_configurator()):
     def _configure(self, **kwargs: Any) -> None:
         try:
             configure_process()
@@ -494,7 +498,7 @@ def adopt_foreign_provider() -> None:
     if not who.is_gym:
         return
     provider = trace.get_tracer_provider()
-    resource = getattr(provider, "_resource", None)
+    resource = getattr(provider, contract.PROVIDER_RESOURCE, None)
     if not isinstance(resource, Resource):
         return
     STATE.configured_by = foreign(provider)
@@ -508,6 +512,6 @@ def _add_identity(provider: Any, resource: Resource, attributes: dict[str, Any])
     if current and not str(current).startswith("unknown_service") and not env.SERVICE_NAME.raw():
         attributes = {k: v for k, v in attributes.items() if k != "service.name"}
     try:
-        provider._resource = resource.merge(Resource(attributes))  # type: ignore[attr-defined]
+        setattr(provider, contract.PROVIDER_RESOURCE, resource.merge(Resource(attributes)))
     except Exception as error:
         warn_once("adopt-provider", "could not add Gym identity to the active tracer provider: %r", error)

@@ -196,7 +196,10 @@ LOGS_SUFFIX = ".logs.jsonl"
 def log_exporter(directory: Path, file_stem: str) -> Any:
     """A ``LogExporter`` appending OTLP-JSON lines (trace and span ids in hex) to this
     process's own logs file."""
-    from opentelemetry.sdk._logs.export import LogExporter, LogExportResult
+    from gym_autoinstr.fastpath import contract
+
+    logs_export = contract.load(contract.LOGS_SDK_EXPORT)
+    LogExporter, LogExportResult = logs_export.LogExporter, logs_export.LogExportResult  # noqa: N806 - classes
 
     class OtlpJsonLogFileExporter(LogExporter):
         def __init__(self) -> None:
@@ -205,7 +208,8 @@ def log_exporter(directory: Path, file_stem: str) -> Any:
 
         def export(self, batch: Any) -> Any:
             from google.protobuf.json_format import MessageToDict
-            from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+
+            encode_logs = contract.load(contract.LOG_ENCODER).encode_logs
 
             try:
                 line = json.dumps(

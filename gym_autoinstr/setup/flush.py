@@ -35,10 +35,10 @@ def _flush_providers() -> None:
     runtime.drain_gc_pauses()
     providers = [trace.get_tracer_provider(), metrics.get_meter_provider()]
     try:
-        from opentelemetry._logs import get_logger_provider
+        from gym_autoinstr.fastpath import contract
 
-        providers.append(get_logger_provider())
-    except ImportError:
+        providers.append(contract.load(contract.LOGS_API).get_logger_provider())
+    except (ImportError, AttributeError):
         pass
     for provider in providers:
         force_flush = getattr(provider, "force_flush", None)

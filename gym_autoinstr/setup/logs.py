@@ -28,6 +28,7 @@ from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.fastpath import contract
 
 LOGS_SUFFIX = ".logs.jsonl"
 UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
@@ -94,15 +95,12 @@ class _NotOurs(logging.Filter):
 def _exporter(name: str, who: Any, otlp_protocol: Callable[[], str]) -> Any:
     if name == "otlp":
         protocol = (settings.OTLP_LOGS_PROTOCOL.raw() or otlp_protocol()).strip().lower()
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-        return OTLPLogExporter()
+        grpc = protocol == "grpc"
+        return contract.load(
+            contract.OTLP_GRPC_LOG_EXPORTER if grpc else contract.OTLP_HTTP_LOG_EXPORTER
+        ).OTLPLogExporter()
     if name == "console":
-        from opentelemetry.sdk._logs.export import ConsoleLogExporter
-
-        return ConsoleLogExporter()
+        return contract.load(contract.LOGS_SDK_EXPORT).ConsoleLogExporter()
     if name == "files":
         from gym_autoinstr.setup import files, identity
 
@@ -123,13 +121,14 @@ def configure(resource: Any, who: Any = None, *, otlp_protocol: Callable[[], str
     names = requested()
     if not names:
         return False
-    from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    sdk_logs = contract.load(contract.LOGS_SDK)
+    LoggerProvider, LoggingHandler = sdk_logs.LoggerProvider, sdk_logs.LoggingHandler  # noqa: N806 - classes
+    BatchLogRecordProcessor = contract.load(contract.LOGS_SDK_EXPORT).BatchLogRecordProcessor  # noqa: N806
 
     try:
-        from opentelemetry._logs import set_logger_provider
-    except ImportError:  # older SDKs
-        from opentelemetry.sdk._logs import set_logger_provider  # type: ignore[no-redef]
+        set_logger_provider = contract.load(contract.LOGS_API).set_logger_provider
+    except (ImportError, AttributeError):  # older SDKs
+        set_logger_provider = sdk_logs.set_logger_provider
 
     provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     exporters = 0

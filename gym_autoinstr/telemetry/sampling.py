@@ -18,8 +18,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import NonRecordingSpan
 
+from gym_autoinstr.fastpath.contract import BAGGAGE_KEY as _BAGGAGE_KEY
+from gym_autoinstr.fastpath.contract import SPAN_KEY as _SPAN_KEY  # None when absent
 from gym_autoinstr.fastpath.propagation import (
-    _BAGGAGE_KEY,
     current_context,
     keep_own_root,
     traceparent,
@@ -32,17 +33,12 @@ from gym_autoinstr.fastpath.samplers import JobKeepingSampler, _drops_under_unsa
 from gym_autoinstr.telemetry import spans as _spans
 from gym_autoinstr.telemetry.spans import tracer_in_use
 
-try:  # where the API keeps the current span in a context (since API 1.0)
-    from opentelemetry.trace.propagation import _SPAN_KEY
-except ImportError:  # pragma: no cover
-    _SPAN_KEY = None
-
 
 def configured_sampler() -> Sampler:
     """``OTEL_TRACES_SAMPLER``/``_ARG`` as the SDK reads them, wrapped to keep job roots."""
-    from opentelemetry.sdk.trace import sampling
+    from gym_autoinstr.fastpath.contract import sampler_from_environment
 
-    return JobKeepingSampler(sampling._get_from_env_or_default())
+    return JobKeepingSampler(sampler_from_environment())
 
 
 # -- the dropped-parent fast path --------------------------------------------------------

@@ -13,6 +13,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath.contract import ACTIVE_SPAN_PROCESSOR, SPAN_PROCESSORS, TRACER_PROVIDER_GLOBAL
 from gym_autoinstr.version import __version__
 
 TRACER_NAME = "gym_autoinstr"
@@ -38,9 +39,9 @@ def tracer() -> trace.Tracer:
     change: lean spans (``lean.py``) when the pipeline behind it is ours alone."""
     global _tracer, _tracer_provider, _tracer_processors
     # the API's global when set (get_tracer_provider() is two Python calls), else its getter
-    provider = getattr(trace, "_TRACER_PROVIDER", None) or trace.get_tracer_provider()
-    active = getattr(provider, "_active_span_processor", None)
-    processors = getattr(active, "_span_processors", None)
+    provider = getattr(trace, TRACER_PROVIDER_GLOBAL, None) or trace.get_tracer_provider()
+    active = getattr(provider, ACTIVE_SPAN_PROCESSOR, None)
+    processors = getattr(active, SPAN_PROCESSORS, None)
     if _tracer is None or provider is not _tracer_provider or processors is not _tracer_processors:
         sdk_tracer = provider.get_tracer(TRACER_NAME, __version__)
         lean_tracer = None

@@ -11,7 +11,7 @@ configured OTLP endpoint accept an (empty) export, live, in a few seconds (skipp
 with its fix, and the exit status is non-zero when tracing would not work.
 
 One module per question (``installation``, ``startup``, ``exporters``, ``pipeline``,
-``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``), each returning its
+``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``, ``fast_path``), each returning its
 section and its problems; ``report`` renders them and sets the exit status.
 """
 
@@ -25,6 +25,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gym_autoinstr.commands.doctor.exporters import exporters, signal_exporters
+from gym_autoinstr.commands.doctor.fast_path import fast_path
 from gym_autoinstr.commands.doctor.installation import (
     gym_section,
     installed_gym_version,
@@ -81,6 +82,8 @@ def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False)
     problems += found
     variables_section, found = variables(environ)
     problems += found
+    fast_path_section, found = fast_path(environ)
+    problems += found
 
     return {
         "ok": not any(p.severity == ERROR for p in problems),
@@ -101,6 +104,7 @@ def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False)
         "server_venvs": venvs_section,
         "ray": ray_section,
         "settings": variables_section,
+        "fast_path": fast_path_section,
         "this_process": {
             "configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
             "exporters": list(STATE.exporters),

@@ -10,6 +10,7 @@ from typing import Any
 from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR, _entry_points
+from gym_autoinstr.fastpath import contract
 from gym_autoinstr.setup import files
 
 # protocol -> (module, package); kept in step with configurator.py
@@ -164,8 +165,8 @@ OTLP_SIGNAL_EXPORTERS = {
         "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
     },
     "logs": {
-        "http/protobuf": "opentelemetry.exporter.otlp.proto.http._log_exporter",
-        "grpc": "opentelemetry.exporter.otlp.proto.grpc._log_exporter",
+        "http/protobuf": contract.OTLP_HTTP_LOG_EXPORTER,
+        "grpc": contract.OTLP_GRPC_LOG_EXPORTER,
     },
 }
 SIGNAL_VARIABLES = {"metrics": settings.METRICS_EXPORTER.name, "logs": settings.LOGS_EXPORTER.name}

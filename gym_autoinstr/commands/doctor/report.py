@@ -153,6 +153,11 @@ def render(diagnosis: dict[str, Any]) -> str:
             "ray actors    Gym inside a Ray actor: "
             + ", ".join(f"{row['name']} {'ok' if row['resolves'] else 'absent'}" for row in worker_rows)
         )
+    fast = diagnosis.get("fast_path") or {}
+    if fast:
+        lines.append(f"fast path     {'on' if fast['switch'] else 'OFF'}  ({fast['variable']})")
+        for row in fast["parts"]:
+            lines.append(f"  {row['name']:<16} {'on' if row['on'] else 'off: ' + row['reason']}")
     lines.append("")
     for problem in diagnosis["problems"]:
         lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")
