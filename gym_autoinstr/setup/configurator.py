@@ -498,12 +498,16 @@ def configure_at_start() -> None:
     configure_process()
 
 
+_held_back_lock = threading.Lock()
+
+
 def configure_gym_process() -> None:
     """Gym is being imported: a process held back at start-up is a Gym process now and
     gets its pipeline, before any of Gym's code runs (its spans and metrics are kept)."""
-    if not STATE.held_back:
-        return
-    STATE.held_back = False
+    with _held_back_lock:  # two threads importing Gym's modules at once: one configures
+        if not STATE.held_back:
+            return
+        STATE.held_back = False
     try:
         configure_process()
     except Exception as error:  # never break Gym's import statement
