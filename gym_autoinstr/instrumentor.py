@@ -33,6 +33,8 @@ from gym_autoinstr.pointcuts import POINTCUTS, Pointcut
 from gym_autoinstr.setup import identity
 from gym_autoinstr.telemetry import groups
 
+GYM_PACKAGE = "nemo_gym"
+
 
 def _at_interpreter_start() -> bool:
     """Loaded by ``opentelemetry-instrument``'s start-up, before the program imported Gym
@@ -90,7 +92,9 @@ class GymInstrumentor(BaseInstrumentor):
             _announce()
         ray_actor.wraps_actor_init(init_wrapper)  # the Ray actor classes we patch boot us in the actor
         self.patches.active = True
-        for module_name in sorted({p.module for p in POINTCUTS}):
+        # Gym's own package too: a process held back at start-up (not known as Gym's) is
+        # configured as it imports Gym, before any of Gym's code can run.
+        for module_name in sorted({p.module for p in POINTCUTS} | {GYM_PACKAGE}):
             if module_name in self._hooked_modules:
                 # Hooks are registered once per process; a re-instrument re-applies now.
                 if module_name in sys.modules:
@@ -149,6 +153,11 @@ class GymInstrumentor(BaseInstrumentor):
 
     def _on_import(self, module: Any, *, late: bool) -> None:
         try:
+            name = module.__name__
+            if name == GYM_PACKAGE or name.startswith(GYM_PACKAGE + "."):
+                from gym_autoinstr.setup.configurator import configure_gym_process
+
+                configure_gym_process()
             for pointcut in _pointcuts_for(module.__name__):
                 self.patches.apply(pointcut, module, late=late)
         except Exception as error:  # never break Gym's import statement

@@ -3,9 +3,13 @@
 It builds the SDK pipeline from the standard ``OTEL_*`` variables with defaults tuned
 for Gym, and differs from the SDK's stock configurator where Gym needs it to:
 
-* **Only Gym processes export.**  Ray's daemons inherit ``opentelemetry-instrument``'s
+* **Only Gym processes export or write.**  Ray's daemons inherit ``opentelemetry-instrument``'s
   sitecustomize too; they get no provider, so their internal polling never reaches the
-  backend.
+  backend.  Any other Python process (``opentelemetry-instrument python -c ...``, a build
+  backend ``uv pip install`` runs) is held back: no provider, no file, no run directory,
+  until it imports Gym (``configure_gym_process``, from the instrumentor's import hooks).
+  Gym's servers (``NEMO_GYM_CONFIG_PATH``) and its commands (``gym``, ``ng_*``) are Gym
+  processes from the start.
 * **Identity per process**: ``service.name`` is ``<OTEL_SERVICE_NAME or nemo-gym>/<server
   name>`` (``.../orchestrator`` for ``gym``), plus the ``nemo.gym.*`` resource attributes
   and one run id shared by the whole fleet.
@@ -83,6 +87,7 @@ class ConfiguratorState:
     identity: identity.ProcessIdentity | None = None
     metrics: bool = False  # our request metrics are recorded
     logs: bool = False  # log records are exported
+    held_back: bool = False  # not (yet) a Gym process: configured when it imports Gym
 
 
 # What this process ended up with; `gym-autoinstr doctor` and the tests read it.
@@ -480,10 +485,43 @@ def _ray_worker_becomes_orchestrator(extra: dict[str, Any]) -> bool:
     return True
 
 
+def configure_at_start() -> None:
+    """``opentelemetry-instrument``'s start-up: configure a Gym process now; hold any other
+    process back (nothing set up, nothing written) until ``configure_gym_process``."""
+    if STATE.configured_by is not None or STATE.held_back:
+        return
+    who = identity.detect()
+    if who.role is identity.Role.PROCESS:
+        from gym_autoinstr.telemetry.spans import mark_startup
+
+        mark_startup("configured")  # start-up stages still count from here
+        STATE.identity = who
+        STATE.held_back = True
+        logger.debug("%s is not a Gym process (yet): nothing exported until it imports Gym", who.name)
+        return
+    configure_process()
+
+
+_held_back_lock = threading.Lock()
+
+
+def configure_gym_process() -> None:
+    """Gym is being imported: a process held back at start-up is a Gym process now and
+    gets its pipeline, before any of Gym's code runs (its spans and metrics are kept)."""
+    with _held_back_lock:  # two threads importing Gym's modules at once: one configures
+        if not STATE.held_back:
+            return
+        STATE.held_back = False
+    try:
+        configure_process()
+    except Exception as error:  # never break Gym's import statement
+        warn_once("configure", "could not configure OpenTelemetry (%r); this process runs untraced.", error)
+
+
 class GymConfigurator(contract.base_configurator()):
     def _configure(self, **kwargs: Any) -> None:
         try:
-            configure_process()
+            configure_at_start()
         except Exception as error:  # never stop the program from starting
             warn_once("configure", "could not configure OpenTelemetry (%r); this process runs untraced.", error)
 

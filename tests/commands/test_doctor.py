@@ -178,11 +178,74 @@ def test_an_unwritable_run_directory_means_tracing_would_not_work(tmp_path):
     assert error["subject"] == "exporter" and "GYM_AUTOINSTR_OUTPUT_DIR" in error["fix"]
 
 
-def test_the_text_report_ends_with_the_verdict(tmp_path):
-    code, text, _ = doctor(tmp_path, as_json=False)
+def test_the_text_report_starts_with_the_verdict(tmp_path):
+    code, text, stderr = doctor(tmp_path, as_json=False)
     assert code == 0
-    assert "nemo-gym      0.4.0  (known)" in text
-    assert text.rstrip().endswith("tracing would work")
+    lines = text.splitlines()
+    assert lines[0] == "tracing would work" and lines[1] == ""
+    assert "nemo-gym      0.4.0  (known)" in lines[2:]
+    assert "tracing would" not in "\n".join(lines[1:])  # said once, first
+    assert "doctor:" not in stderr  # no progress when nobody watches (stderr is no terminal)
+
+
+def test_a_failing_report_names_the_first_fix_in_its_first_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {"GYM_AUTOINSTR_OUTPUT_DIR": str(blocker / "runs")}
+    code, report, _ = doctor(tmp_path, env=env)
+    (error,) = problems(report, "error")
+    code, text, _ = doctor(tmp_path, env=env, as_json=False)
+    assert code == 1
+    first, *rest = text.splitlines()
+    assert first == f"tracing would NOT work: {error['fix']}"
+    # the details follow, the problems last, errors before warnings
+    listed = [line.split(":", 1)[0] for line in rest if line.startswith(("ERROR:", "WARNING:", "INFO:"))]
+    assert listed[0] == "ERROR" and listed == sorted(listed, key=["ERROR", "WARNING", "INFO"].index)
+    assert rest.index("pointcuts") < next(i for i, line in enumerate(rest) if line.startswith("ERROR:"))
+
+
+def _doctor_on_a_terminal(tmp_path, *arguments: str) -> tuple[int, str, str]:
+    """The doctor with stderr on a pseudo-terminal (a person watching), stdout a pipe."""
+    import os
+    import pty
+
+    controller, terminal = pty.openpty()
+    workdir = tmp_path / "cwd"
+    workdir.mkdir(exist_ok=True)
+    code = "import sys\nfrom gym_autoinstr.commands.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "doctor", "--offline", *arguments],
+        cwd=workdir,
+        env=clean_environment(),
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+    )
+    os.close(terminal)
+    stdout, _ = process.communicate(timeout=120)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal's other side closed: all read
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(controller)
+    return process.returncode, stdout, seen.decode(errors="replace")
+
+
+def test_progress_goes_to_a_watching_terminal_and_json_stays_clean(tmp_path):
+    code, stdout, terminal = _doctor_on_a_terminal(tmp_path, "--json")
+    assert code == 0
+    assert json.loads(stdout)["ok"] is True  # stdout: the JSON alone
+    progress = [line for line in terminal.splitlines() if line.startswith("doctor: ")]
+    assert progress[0] == "doctor: importing Gym and resolving the pointcuts (a few seconds)..."
+    assert "doctor: checking the start-up: distro, configurator, exporters..." in progress
+    assert not any("sending an empty export" in line for line in progress)  # --offline: nothing sent
+    code, stdout, terminal = _doctor_on_a_terminal(tmp_path)
+    assert code == 0 and stdout.splitlines()[0] == "tracing would work" and "doctor: " not in stdout
 
 
 def test_a_missing_exporter_package_falls_back_to_the_other_protocol(tmp_path):

@@ -368,7 +368,9 @@ def test_the_command_exits_non_zero_when_spans_cannot_arrive_and_offline_skips(t
     )
     assert "WARNING: exporter: OTEL_EXPORTER_OTLP_PROTOCOL='bogus' is not an OTLP protocol" in result.stdout
     assert "ERROR: pipeline: nothing listens at" in result.stdout
-    assert result.stdout.rstrip().endswith("tracing would NOT work")
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("tracing would NOT work: ") and "WARNING" not in first
+    assert result.stdout.index("ERROR: pipeline: nothing listens at") < result.stdout.index("WARNING: exporter:")
     offline = doctor(tmp_path, env, "--offline", "--json")
     assert offline.returncode == 0, offline.stdout + offline.stderr
     report = json.loads(offline.stdout)

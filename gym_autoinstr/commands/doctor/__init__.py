@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -46,10 +46,14 @@ from gym_autoinstr.commands.doctor.venvs import server_venvs
 __all__ = ["diagnose", "is_gym_module", "main", "render"]
 
 
-def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False) -> dict[str, Any]:
+def diagnose(
+    environ: Mapping[str, str] | None = None, *, offline: bool = False, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Everything the doctor knows, as one JSON-ready dict; ``ok`` is False when tracing
-    would not work."""
+    would not work.  ``progress`` is told, in a few words, what is checked next."""
     environ = dict(os.environ if environ is None else environ)
+    step = progress or (lambda _: None)
+    step("importing Gym and resolving the pointcuts (a few seconds)")
     from gym_autoinstr.setup.configurator import STATE
     from gym_autoinstr.version import __version__
 
@@ -58,6 +62,7 @@ def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False)
     report = resolve_pointcuts(version)
     problems += pointcut_problems(version, report)
     process_rows = process_patches()
+    step("checking the start-up: distro, configurator, exporters")
     start, effective, found = startup(environ)
     problems += found
     exporter_rows, found = exporters(effective, start["configurator"]["selected"])
@@ -66,6 +71,8 @@ def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False)
     problems += found
     log_rows, found = signal_exporters(effective, "logs")
     problems += found
+    if not offline:
+        step("sending an empty export to the endpoint")
     pipeline_section, found = pipeline(effective, exporter_rows, offline=offline)
     problems += found
     group_section, found = span_groups(effective)
@@ -74,6 +81,7 @@ def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False)
     problems += found
     client_section, found = client_spans(effective)
     problems += found
+    step("checking Gym's own telemetry, server venvs and Ray")
     native, found = native_telemetry(report)
     problems += found
     venvs_section, found = server_venvs(report)
@@ -113,8 +121,18 @@ def diagnose(environ: Mapping[str, str] | None = None, *, offline: bool = False)
     }
 
 
+def _progress_line(text: str) -> None:
+    print(f"doctor: {text}...", file=sys.stderr, flush=True)
+
+
 def main(*, as_json: bool = False, offline: bool = False) -> int:
-    diagnosis = diagnose(offline=offline)
+    # Progress on stderr, and only to a person watching (a terminal): stdout stays the
+    # report, or clean JSON with --json.
+    try:
+        watched = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        watched = False
+    diagnosis = diagnose(offline=offline, progress=_progress_line if watched else None)
     if as_json:
         print(json.dumps(diagnosis, indent=1, default=str))
     else:

@@ -18,9 +18,30 @@ class Problem:
     fix: str
 
 
+SEVERITY_ORDER = (ERROR, WARNING, INFO)
+
+
+def by_severity(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Errors first, then warnings, then notes (each kind in the order found)."""
+    rank = {severity: i for i, severity in enumerate(SEVERITY_ORDER)}
+    return sorted(problems, key=lambda problem: rank.get(problem["severity"], len(rank)))
+
+
+def verdict_line(diagnosis: dict[str, Any]) -> str:
+    """The report's first line: will Gym be traced, and if not, the first thing to fix."""
+    problems = by_severity(diagnosis["problems"])
+    if not diagnosis["ok"]:
+        top = problems[0]
+        more = len([p for p in problems if p["severity"] == ERROR]) - 1
+        return f"tracing would NOT work: {top['fix']}" + (f"  (+{more} more error(s) below)" if more > 0 else "")
+    warnings = len([p for p in problems if p["severity"] == WARNING])
+    return "tracing would work" + (f"  ({warnings} warning(s) below)" if warnings else "")
+
+
 def render(diagnosis: dict[str, Any]) -> str:
-    """The human-readable report."""
-    lines = []
+    """The human-readable report: the verdict first, then the details, then every problem
+    with its fix (errors first)."""
+    lines = [verdict_line(diagnosis), ""]
     gym = diagnosis["gym"]
     known = "known" if gym["known"] else f"not a release we know ({gym['known_range']})"
     lines.append(f"nemo-gym      {gym['version'] or 'not installed'}" + (f"  ({known})" if gym["version"] else ""))
@@ -158,11 +179,12 @@ def render(diagnosis: dict[str, Any]) -> str:
         lines.append(f"fast path     {'on' if fast['switch'] else 'OFF'}  ({fast['variable']})")
         for row in fast["parts"]:
             lines.append(f"  {row['name']:<16} {'on' if row['on'] else 'off: ' + row['reason']}")
-    lines.append("")
-    for problem in diagnosis["problems"]:
+    problems = by_severity(diagnosis["problems"])
+    if problems:
+        lines.append("")
+    for problem in problems:
         lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")
         lines.append(f"  fix: {problem['fix']}")
-    lines.append("tracing would work" if diagnosis["ok"] else "tracing would NOT work")
     return "\n".join(lines)
 
 
