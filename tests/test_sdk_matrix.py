@@ -13,7 +13,6 @@ are cached (cold: a few minutes each to build).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
@@ -27,15 +26,6 @@ pytestmark = pytest.mark.slow
 REPO = otel_versions.gym_install.REPO_ROOT
 ENDS = ("floor", "newest")
 TIMEOUT = 40 * 60
-
-
-def _installed(python: str) -> dict[str, str]:
-    code = (
-        "import importlib.metadata as m, json;"
-        f"print(json.dumps({{n: m.version(n) for n in {list(otel_versions.CORE + otel_versions.CONTRIB)!r}}}))"
-    )
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    return json.loads(out.stdout)
 
 
 def _run_selection(end: str, workdir) -> dict:
@@ -65,7 +55,7 @@ def _run_selection(end: str, workdir) -> dict:
             name = f"{case.get('classname')}::{case.get('name')}"
             kinds = {child.tag for child in case} & {"failure", "error", "skipped"}
             outcomes[name] = kinds.pop() if kinds else "passed"
-    return {"end": end, "result": result, "outcomes": outcomes, "installed": _installed(python)}
+    return {"end": end, "result": result, "outcomes": outcomes, "installed": otel_versions.installed(venv)}
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,18 @@ CONTRIB = (
     "opentelemetry-instrumentation-aiohttp-client",
     "opentelemetry-distro",
 )
-# The rest of tools/runner-venv's extras (keep the two lists in step).
-TEST_TOOLS = ("pytest", "rotel", "httpx", "import-linter==2.17")
+# tools/runner-venv's extras (keep them in step): the runner venv, unpinned, is shared as
+# the newest set's venv while it holds the newest minors.
+RUNNER_EXTRAS = (
+    "pytest",
+    "rotel",
+    "opentelemetry-proto",
+    "httpx",
+    "opentelemetry-instrumentation-aiohttp-client",
+    "opentelemetry-distro",
+    "import-linter==2.17",
+)
+TEST_TOOLS = tuple(e for e in RUNNER_EXTRAS if not e.startswith("opentelemetry-"))
 
 GYM_RELEASE = "0.4.0"  # the runner's Gym (Python 3.12)
 CONTRIB_MINOR_OFFSET = 21  # contrib 0.(N+21) goes with core 1.N
@@ -132,9 +142,21 @@ def otel_set(name: str) -> OtelSet:
     return {"floor": lambda: FLOOR, "newest": newest}[name]()
 
 
+def installed(venv) -> dict[str, str]:
+    """The versions of the OpenTelemetry packages (``CORE`` and ``CONTRIB``) in ``venv``."""
+    code = f"import importlib.metadata as m, json; print(json.dumps({{n: m.version(n) for n in {CORE + CONTRIB!r}}}))"
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def otel_venv(name: str):
-    """A runner-like venv (Gym 0.4.0, the project, the test tools) on the ``name`` set."""
+    """A runner-like venv (Gym 0.4.0, the project, the test tools) on the ``name`` set: the
+    runner venv itself when it is built and holds that set (it is unpinned: the newest
+    when built), so CI builds one venv less."""
     pins = otel_set(name)
+    runner = gym_install.built_gym_venv(GYM_RELEASE, extra=RUNNER_EXTRAS)
+    if runner is not None and all(pins.matches(n, v) for n, v in installed(runner).items()):
+        return runner
     return gym_install.gym_venv(GYM_RELEASE, extra=[*TEST_TOOLS, *pins.requirements()])
 
 
