@@ -111,6 +111,20 @@ if SUPPRESS_HTTP_INSTRUMENTATION_KEY is None:  # pragma: no cover (no API has ne
 CLEAN_ATTRIBUTE_VALUE = _from("opentelemetry.attributes", "_clean_attribute_value")
 CLEAN_ATTRIBUTE = _from("opentelemetry.attributes", "_clean_attribute")
 
+
+def _cleaned_by_key() -> bool:
+    """Which of the two the installed API's ``BoundedAttributes`` (what SDK spans store
+    attributes in) calls: API 1.39 has both functions but still cleans by key."""
+    try:
+        from opentelemetry.attributes import BoundedAttributes
+
+        return "_clean_attribute" in BoundedAttributes.__setitem__.__code__.co_names
+    except (ImportError, AttributeError):
+        return CLEAN_ATTRIBUTE is not None
+
+
+ATTRIBUTES_CLEANED_BY_KEY = _cleaned_by_key()
+
 # -- attribute names (read with getattr, where they were read before) ---------------------
 
 TRACER_PROVIDER_GLOBAL = "_TRACER_PROVIDER"  # opentelemetry.trace: the global provider once set
@@ -256,7 +270,7 @@ ROWS: tuple[Row, ...] = (
         "_clean_attribute_value",
         "opentelemetry.attributes",
         LEAN,
-        "function, API >= 1.40 (else _clean_attribute)",
+        "function; used when BoundedAttributes.__setitem__ does not call _clean_attribute (API >= 1.40)",
         lambda: CLEAN_ATTRIBUTE_VALUE is not None,
         optional=True,
     ),
@@ -264,7 +278,7 @@ ROWS: tuple[Row, ...] = (
         "_clean_attribute",
         "opentelemetry.attributes",
         LEAN,
-        "function, APIs before 1.40 (else _clean_attribute_value)",
+        "function; used when BoundedAttributes.__setitem__ calls it (APIs before 1.40, 1.39 has both)",
         lambda: CLEAN_ATTRIBUTE is not None,
         optional=True,
     ),

@@ -86,6 +86,29 @@ class _Point:
         self.pending: list = []
 
 
+def _kept_by_sdk(amount: float) -> bool:
+    """Whether the installed SDK's histogram keeps this negative or non-finite value: SDKs
+    before 1.44 drop only what is ``< 0`` (so they keep +inf and NaN); newer ones drop every
+    non-finite value too."""
+    if amount < 0 or (amount == amount and amount != _INFINITY):
+        return False
+    return _sdk_keeps_non_finite()
+
+
+_KEEPS_NON_FINITE: list[bool] = []  # computed once, on the first non-finite value
+
+
+def _sdk_keeps_non_finite() -> bool:
+    if not _KEEPS_NON_FINITE:
+        try:
+            from opentelemetry.sdk.metrics import Histogram  # the instrument (public), as it records
+
+            _KEEPS_NON_FINITE.append("isfinite" not in Histogram.record.__code__.co_names)
+        except Exception:  # a changed SDK: drop them, as the newest does
+            _KEEPS_NON_FINITE.append(False)
+    return _KEEPS_NON_FINITE[0]
+
+
 class FastHistogram:
     """An explicit-bucket histogram with the SDK's semantics for one instrument."""
 
@@ -106,7 +129,7 @@ class FastHistogram:
         if seen is not None and seen[0] is attributes:
             point = seen[1]
         else:
-            if not 0 <= amount < _INFINITY:  # the SDK drops them too (a known set's: at the fold)
+            if not 0 <= amount < _INFINITY and not _kept_by_sdk(amount):  # as the SDK (a known set's: at the fold)
                 warn_once(f"histogram-dropped:{self.name}", "%s: negative or non-finite value dropped", self.name)
                 return
             with self._lock:
@@ -130,13 +153,20 @@ class FastHistogram:
         del pending[:taken]
         total = sum(amounts)
         if not isfinite(total) or min(amounts) < 0:  # a negative, infinite or NaN value somewhere
-            kept = [a for a in amounts if 0 <= a < _INFINITY]
-            warn_once(
-                f"histogram-dropped:{self.name}",
-                "%s: %d negative or non-finite value(s) dropped",
-                self.name,
-                len(amounts) - len(kept),
-            )
+            kept = [a for a in amounts if 0 <= a < _INFINITY or _kept_by_sdk(a)]
+            if len(kept) != len(amounts):
+                warn_once(
+                    f"histogram-dropped:{self.name}",
+                    "%s: %d negative or non-finite value(s) dropped",
+                    self.name,
+                    len(amounts) - len(kept),
+                )
+            nans = [a for a in kept if a != a]
+            if nans:  # (an SDK that keeps them) NaN: counted, in the first bucket, the sum NaN
+                point.count += len(nans)
+                point.sum += nans[0]
+                point.buckets[0] += len(nans)
+                kept = [a for a in kept if a == a]
             amounts, total = kept, sum(kept)
             if not amounts:
                 return

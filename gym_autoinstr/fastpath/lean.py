@@ -34,6 +34,10 @@ from gym_autoinstr.fastpath.contract import CLEAN_ATTRIBUTE as _clean_key_value 
 from gym_autoinstr.fastpath.contract import CLEAN_ATTRIBUTE_VALUE as _clean_attribute_value  # None when absent
 from gym_autoinstr.fastpath.propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
 
+_CLEANS_BY_KEY = contract.ATTRIBUTES_CLEANED_BY_KEY
+# An invalid key: counted as a dropped attribute by newer APIs, left out uncounted by older ones.
+_INVALID_KEY_DROPS = 0 if _CLEANS_BY_KEY else 1
+
 # The flags a span is started with, each the instance propagation shares for its value
 # (a TraceFlags is an int with an instance dict, an object the GC tracks, and every span
 # holds one as long as it lives).
@@ -121,7 +125,7 @@ class LeanSpan(trace_api.Span):
             return
         if type(key) is not str or not key:
             logger.debug("invalid attribute key %r dropped", key)
-            self.dropped_attributes += 1
+            self.dropped_attributes += _INVALID_KEY_DROPS
             return
         if type(value) not in _PLAIN:
             value = _clean_value(key, value)
@@ -387,7 +391,7 @@ def _cleaned(attributes: Any) -> tuple[dict, int]:
         return values, invalid
     for key, value in attributes.items():
         if type(key) is not str or not key:
-            invalid += 1
+            invalid += _INVALID_KEY_DROPS
             continue
         if type(value) not in _PLAIN:
             value = _clean_value(key, value)
@@ -399,11 +403,11 @@ def _cleaned(attributes: Any) -> tuple[dict, int]:
 
 def _clean_value(key: str, value: Any) -> Any:
     """The value the installed SDK would store for ``key`` (its own validation), or _DROP."""
-    if _clean_attribute_value is not None:  # SDK >= 1.40: None is kept, odd types made str
-        return _clean_attribute_value(value, None)
-    if _clean_key_value is not None:  # older SDKs drop what they cannot keep
+    if _CLEANS_BY_KEY and _clean_key_value is not None:  # older APIs (1.39) drop what they cannot keep
         cleaned = _clean_key_value(key, value, None)
         return _DROP if cleaned is None else cleaned
+    if _clean_attribute_value is not None:  # newer: None is kept, odd types made str
+        return _clean_attribute_value(value, None)
     return value
 
 

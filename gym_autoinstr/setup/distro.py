@@ -8,11 +8,17 @@ Gym-friendly components:
 * contrib's FastAPI instrumentation off: our ingress gives exactly one SERVER span per
   request without ASGI ``http send/receive`` children.  Set
   ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` yourself to choose otherwise.
+
+And, at the end of the start-up (``opentelemetry_post_instrument`` entry point), the
+children keep OpenTelemetry's sitecustomize: contrib before 0.63b0 takes its directory
+off ``PYTHONPATH`` for good, so the servers ``gym env start`` spawns would run untraced
+(0.63b0+ puts it back itself).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,3 +62,26 @@ def active_distro() -> str:
     except Exception:
         first = None
     return first.name if first is not None else "none"
+
+
+def keep_sitecustomize_for_children() -> None:
+    """Put OpenTelemetry's sitecustomize directory back first on ``PYTHONPATH`` when this
+    process started from it and the start-up took it off (contrib < 0.63b0 does, for good;
+    newer contrib puts it back after this hook).  Nothing for a process that was not
+    started by ``opentelemetry-instrument``, or whose ``PYTHONPATH`` still has it."""
+    try:
+        started = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+        if not started:
+            return
+        directory = os.path.dirname(os.path.abspath(started))
+        from opentelemetry.instrumentation import auto_instrumentation
+
+        if directory != os.path.dirname(os.path.abspath(auto_instrumentation.__file__)):
+            return
+        current = os.environ.get("PYTHONPATH", "")
+        if directory not in current.split(os.pathsep):
+            os.environ["PYTHONPATH"] = directory + (os.pathsep + current if current else "")
+    except Exception:  # never into the start-up: children then run untraced, as before
+        from gym_autoinstr._log import warn_once
+
+        warn_once("sitecustomize-path", "could not keep OpenTelemetry's sitecustomize for child processes")

@@ -333,7 +333,11 @@ def test_resolution_matches_the_sdk_exporters(monkeypatch):
         assert resolve(env, "http/protobuf")["url"] == http._endpoint, env
         grpc_exporter = GrpcExporter()
         ours = resolve(env, "grpc")
-        assert ours["tls"] is (not grpc_exporter._insecure), env
+        if hasattr(grpc_exporter, "_insecure"):
+            their_tls = not grpc_exporter._insecure
+        else:  # older SDKs (1.39) keep no flag: credentials are made for a secure channel only
+            their_tls = hasattr(grpc_exporter, "_credentials")
+        assert ours["tls"] is their_tls, env
         # the SDK hands gRPC "host[:port]"; without a port gRPC dials 443
         theirs = urlsplit("//" + grpc_exporter._endpoint)
         assert (ours["host"], ours["port"]) == (theirs.hostname, theirs.port or 443), env

@@ -291,6 +291,18 @@ def gym_venv(version: str, *, with_project: bool = True, extra: Sequence[str] = 
     return venv
 
 
+def built_gym_venv(version: str, *, with_project: bool = True, extra: Sequence[str] = ()) -> pathlib.Path | None:
+    """The venv ``gym_venv`` would return, if it is built and current; else None (nothing is built)."""
+    extra = list(extra)
+    venv = cache_root() / _venv_name(version, with_project, extra)
+    want = _stamp_for(version, with_project, extra, find_python(python_minor_for(version)))
+    try:
+        current = json.loads((venv / "gym-autoinstr-stamp.json").read_text()) == want
+    except (OSError, ValueError):
+        return None
+    return venv if current and (venv / "bin" / "gym").exists() else None
+
+
 def tool_venv(name: str, requirements: Sequence[str], *, python_minor: str = "3.12", check: str = "") -> pathlib.Path:
     """A cached venv holding ``requirements`` alone (no Gym, no project): a backend such
     as MLflow runs from one, as its own process, as a user would install it.  Same cache,
