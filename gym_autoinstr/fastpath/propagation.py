@@ -362,13 +362,23 @@ def traceparent(span_context: SpanContext) -> str:
         return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
 
 
+# What a flags byte is sent as: the flags W3C reserves (all but sampled and random-trace-id)
+# as zero, as it asks.
+_SENT_FLAGS_HEX = tuple(f"{flags & _KNOWN_FLAGS:02x}" for flags in range(256))
+
+
 def sent_traceparent(span_context: SpanContext) -> str:
-    """The ``traceparent`` sent for a valid ``span_context``: ``traceparent``'s, with the
-    flags W3C reserves (all but sampled and random-trace-id) as zero, as it asks."""
-    header = traceparent(span_context)
-    if span_context.trace_flags & ~_KNOWN_FLAGS:
-        return f"{header[:-2]}{span_context.trace_flags & _KNOWN_FLAGS:02x}"
-    return header
+    """The ``traceparent`` sent for a valid ``span_context``: ``traceparent``'s (the SDK's),
+    but for the flags W3C reserves, sent as zero."""
+    try:
+        return (
+            f"00-{span_context.trace_id.to_bytes(16, 'big').hex()}-{span_context.span_id.to_bytes(8, 'big').hex()}"
+            f"-{_SENT_FLAGS_HEX[span_context.trace_flags]}"
+        )
+    except (OverflowError, IndexError, TypeError, AttributeError):  # out of range: as traceparent formats them
+        flags = span_context.trace_flags
+        flags = flags & _KNOWN_FLAGS if 0 <= flags <= 0xFF else flags
+        return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{flags:02x}"
 
 
 def parse_traceparent(header: Any) -> tuple[int, int, int] | None:
@@ -520,7 +530,8 @@ def inject_span(span: Any, carrier: dict, context: otel_context.Context | None =
             carrier["tracestate"] = hit[2]
         return
     span_context = span.get_span_context()
-    if not span_context.trace_flags & 0x01:
+    flags = span_context.trace_flags
+    if not flags & 0x01:
         # unsampled: the same parent goes out on every call of a dropped rollout
         hit = unsampled_entry(span)
         if hit is not None:
@@ -531,8 +542,10 @@ def inject_span(span: Any, carrier: dict, context: otel_context.Context | None =
     if not span_context.is_valid:
         return
     carrier["traceparent"] = sent_traceparent(span_context)
-    if span_context.trace_state:
-        carrier["tracestate"] = tracestate_header(span_context.trace_state)
+    state = span_context.trace_state
+    if state:
+        header = state.to_header()
+        carrier["tracestate"] = header if len(header) <= MAX_TRACESTATE_LENGTH else tracestate_header(state)
 
 
 def _inject_trace_context(span: Any, carrier: dict) -> None:

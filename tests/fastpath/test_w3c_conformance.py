@@ -467,3 +467,16 @@ def test_the_sdk_sends_reserved_flags_we_do_not():
     propagate.inject(theirs, context=trace.set_span_in_context(span))
     assert _sent(span) == {"traceparent": tp("00")}
     assert theirs["traceparent"] in (tp("04"), tp("00"))
+
+
+@pytest.mark.parametrize(
+    "trace_id,span_id,flags",
+    [(0xABC, 0xDEF, 1), (0xABC, 0xDEF, 0x86), ((1 << 128) - 1, (1 << 64) - 1, 3), (1 << 128, 5, 0xFF), (5, 1 << 64, 4)],
+)
+def test_the_sent_traceparent_is_the_sdks_but_for_reserved_flags(trace_id, span_id, flags):
+    """Ids and version as ``traceparent`` (the SDK's form) writes them, in range or not (a
+    custom id generator's: never an exception on the request path); flags but sampled and
+    random as zero whenever the byte is in range."""
+    span_context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))
+    sdk_form = propagation.traceparent(span_context)
+    assert propagation.sent_traceparent(span_context) == sdk_form[:-2] + f"{flags & 0x03:02x}"
