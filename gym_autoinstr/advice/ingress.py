@@ -49,10 +49,6 @@ def excluded_paths() -> frozenset[str]:
     return frozenset(settings.EXCLUDED_PATHS.read())
 
 
-# W3C lets a receiver drop a tracestate longer than this; a bigger one is only cost.
-MAX_TRACESTATE_LENGTH = 512
-
-
 def accept_inbound_baggage() -> bool:
     return settings.ACCEPT_BAGGAGE.read()
 
@@ -160,8 +156,8 @@ def _carrier(scope: dict) -> dict[str, str]:
             # Repeated headers are joined the way HTTP folds them (two traceparents
             # then make an invalid one: the request starts a new trace, as W3C asks).
             carrier[name] = f"{carrier[name]},{value.decode('latin-1')}" if name in carrier else value.decode("latin-1")
-    if len(carrier.get("tracestate", "")) > MAX_TRACESTATE_LENGTH:
-        del carrier["tracestate"]
+    # (a long tracestate is truncated by whole members where it is read, as W3C asks:
+    # propagation.parse_tracestate, which reads no more than 16 KiB of it)
     return carrier
 
 

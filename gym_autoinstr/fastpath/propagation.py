@@ -3,11 +3,26 @@
 ``propagate.inject``/``extract`` go through the global composite propagator, a getter
 and a setter per field and a regular expression; on Gym's request path that is several
 µs per hop.  When the global propagator is the default (W3C Trace Context, with or
-without W3C Baggage) and no baggage is in play, the same headers are written and read
-here directly, with the Trace Context rules the SDK's propagator applies (version ``ff``
-and all-zero ids rejected, version ``00`` takes no extra fields, tracestate over 512
-characters dropped).  Any other propagator configuration (``OTEL_PROPAGATORS=b3``, a
-custom one) goes through ``propagate`` as before.
+without W3C Baggage) the same headers are written and read here directly (baggage, when
+a caller sends it, by the Baggage propagator itself), by the rules of W3C Trace Context
+Level 2 (https://www.w3.org/TR/trace-context-2/), more strictly than the SDK's
+propagator (``tests/fastpath/test_w3c_conformance.py`` lists every rule and where the
+SDK differs):
+
+- ``traceparent``: version ``00`` exactly 55 characters; a higher version (``01``-``fe``)
+  read by its ``00`` prefix, more fields allowed only after a ``-``, its flags other than
+  sampled and random-trace-id ignored; version ``ff``, upper-case hex, all-zero ids and
+  repeated ``traceparent`` headers invalid; spaces and tabs around it ignored.  Flags
+  W3C reserves are sent as zero.
+- ``tracestate``: read only with a valid ``traceparent`` and never invalidating it;
+  repeated headers combined; each member checked on its own (Level 2 keys, values of
+  printable ASCII without ``,``/``=``, spaces and tabs around members ignored, empty
+  members skipped), an invalid or repeated key's member dropped, not the header; at most
+  32 members (the right-most dropped); longer than ``MAX_TRACESTATE_LENGTH`` truncated by
+  whole members, those over 128 characters first, then from the right, on the way in and
+  on the way out.
+Any other propagator configuration (``OTEL_PROPAGATORS=b3``, a custom one) goes through
+``propagate`` as before.
 """
 
 from __future__ import annotations
@@ -26,20 +41,31 @@ from gym_autoinstr.fastpath import contract
 from gym_autoinstr.fastpath.contract import BAGGAGE_KEY as _BAGGAGE_KEY  # None when absent
 from gym_autoinstr.fastpath.contract import SPAN_KEY as _SPAN_KEY  # None when absent
 
-_MAX_TRACESTATE = 512
-_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$")
+# traceparent: version 00 exactly (55 characters); any other version by the same prefix.
+_VERSION_00 = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_VERSION_PREFIX = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_OWS = " \t"  # optional whitespace (RFC 9110): around a header, a tracestate member
+_KNOWN_FLAGS = 0x03  # sampled, random-trace-id: the flags Level 2 defines; the rest are sent as zero
+# tracestate (Level 2): key, value; members, and the length propagated (W3C: at least 512)
+_KEY = re.compile(r"[a-z0-9][a-z0-9_\-*/@]{0,255}")
+_VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+_MAX_MEMBERS = 32
+MAX_TRACESTATE_LENGTH = 512
+_LONG_MEMBER = 128  # members longer than this are the first truncated
+# Of a tracestate longer than this (a valid one has at most 32 members of 513 characters),
+# only the members before it are read: the rest would be truncated anyway.
+_MAX_TRACESTATE_READ = 16 * 1024
 # The form the SDK writes an unsampled context in (version 00, nothing around it), flags
 # 00 or, from an SDK that marks random trace ids (W3C level 2; every root ours makes), 02.
 _SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[02]")
 _UNSAMPLED_ENDS = ("-00", "-02")  # how _SDK_UNSAMPLED's headers end
-_ZERO_TRACE = "0" * 32
-_ZERO_SPAN = "0" * 16
 
 
 @dataclass(slots=True)
 class _TextmapChecked:
     textmap: Any = None  # the global textmap last checked
     w3c: bool = False  # whether it is W3C's
+    baggage: tuple = ()  # its W3C Baggage propagators (when w3c)
 
 
 _known = _TextmapChecked()
@@ -319,6 +345,7 @@ def w3c_default() -> bool:
         and all(k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds)
     )
     _known.textmap, _known.w3c = textmap, w3c
+    _known.baggage = tuple(p for p in inner or () if type(p) is W3CBaggagePropagator) if w3c else ()
     return w3c
 
 
@@ -337,11 +364,189 @@ def traceparent(span_context: SpanContext) -> str:
         return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
 
 
+# What a flags byte is sent as: the flags W3C reserves (all but sampled and random-trace-id)
+# as zero, as it asks.
+_SENT_FLAGS_HEX = tuple(f"{flags & _KNOWN_FLAGS:02x}" for flags in range(256))
+
+
+def sent_traceparent(span_context: SpanContext) -> str:
+    """The ``traceparent`` sent for a valid ``span_context``: ``traceparent``'s (the SDK's),
+    but for the flags W3C reserves, sent as zero."""
+    try:
+        return (
+            f"00-{span_context.trace_id.to_bytes(16, 'big').hex()}-{span_context.span_id.to_bytes(8, 'big').hex()}"
+            f"-{_SENT_FLAGS_HEX[span_context.trace_flags]}"
+        )
+    except (OverflowError, IndexError, TypeError, AttributeError):  # out of range: as traceparent formats them
+        flags = span_context.trace_flags
+        flags = flags & _KNOWN_FLAGS if 0 <= flags <= 0xFF else flags
+        return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{flags:02x}"
+
+
+def parse_traceparent(header: Any) -> tuple[int, int, int] | None:
+    """(trace id, parent id, flags) of a ``traceparent`` value by W3C Trace Context Level 2,
+    or None when it is invalid (then the trace restarts): version ``00`` exactly, any
+    higher one but ``ff`` by its prefix (at least 55 characters, more only after a ``-``,
+    flags but sampled and random-trace-id ignored); lower-case hex, ids not all zero;
+    spaces and tabs around it ignored.  A list or tuple (a carrier's repeated headers) is
+    valid only of one value: W3C makes several ``traceparent`` headers invalid."""
+    if type(header) is not str:
+        if not isinstance(header, (list, tuple)) or len(header) != 1 or type(header[0]) is not str:
+            return None
+        header = header[0]
+    if len(header) != 55 or _VERSION_00.fullmatch(header) is None:
+        header = header.strip(_OWS)
+        if header[:3] == "00-":
+            if len(header) != 55 or _VERSION_00.fullmatch(header) is None:
+                return None
+        elif _VERSION_PREFIX.match(header) is None or header[:2] == "ff" or (len(header) > 55 and header[55] != "-"):
+            return None
+        else:  # a higher version: only the flags this one knows
+            trace_id, span_id = int(header[3:35], 16), int(header[36:52], 16)
+            if not trace_id or not span_id:
+                return None
+            return trace_id, span_id, int(header[53:55], 16) & _KNOWN_FLAGS
+    trace_id, span_id = int(header[3:35], 16), int(header[36:52], 16)
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, int(header[53:55], 16)
+
+
+def parse_tracestate(value: Any) -> dict[str, str]:
+    """The members of a ``tracestate`` value (a list or tuple: repeated headers, combined
+    with commas as RFC 9110 does), in order, by W3C Trace Context Level 2: spaces and tabs
+    around a member ignored, empty members skipped; a member whose key or value is
+    invalid, or whose key came before (the left-most is the latest), dropped alone; at
+    most 32 (the right-most dropped), truncated to ``MAX_TRACESTATE_LENGTH`` as
+    ``truncated`` does.  Never raises: anything else reads as no members."""
+    if type(value) is not str:
+        try:
+            value = ",".join(value)
+        except TypeError:
+            return {}
+    if len(value) > _MAX_TRACESTATE_READ:  # the members before the limit (whole members only)
+        value = value[: max(value.rfind(",", 0, _MAX_TRACESTATE_READ + 1), 0)]
+    members: dict[str, str] = {}
+    for member in value.split(","):
+        member = member.strip(_OWS)
+        if not member:
+            continue
+        key, equals, member_value = member.partition("=")
+        if not equals or key in members or _KEY.fullmatch(key) is None or _VALUE.fullmatch(member_value) is None:
+            continue
+        members[key] = member_value
+        if len(members) == _MAX_MEMBERS:
+            break
+    return truncated(members)
+
+
+def _header_length(members: dict[str, str]) -> int:
+    return sum(len(key) + len(value) for key, value in members.items()) + 2 * len(members) - 1
+
+
+def truncated(members: dict[str, str]) -> dict[str, str]:
+    """``members`` when their header fits in ``MAX_TRACESTATE_LENGTH``; else a copy with
+    whole members taken out as W3C asks: those longer than 128 characters first (the
+    right-most first), then from the right, until it fits."""
+    if _header_length(members) <= MAX_TRACESTATE_LENGTH:
+        return members
+    kept = dict(members)
+    for key, value in reversed(list(members.items())):
+        if len(key) + 1 + len(value) > _LONG_MEMBER:
+            del kept[key]
+            if _header_length(kept) <= MAX_TRACESTATE_LENGTH:
+                return kept
+    while kept and _header_length(kept) > MAX_TRACESTATE_LENGTH:
+        kept.popitem()
+    return kept
+
+
+class W3CTraceState(TraceState):
+    """A ``TraceState`` of members read by ``parse_tracestate``: its changes follow W3C
+    Trace Context Level 2 too (the API's would check keys by Level 1's grammar, dropping
+    the members Level 2 allows, and refuse a 33rd member instead of dropping the
+    right-most): a member added or updated goes first (left), and a change that would
+    make 33 members drops the right-most."""
+
+    @classmethod
+    def of(cls, members: dict[str, str]) -> W3CTraceState:
+        """A W3CTraceState holding ``members`` (checked by the caller), not copied; by the
+        API's constructor (Level 1's keys only) where TraceState is laid out otherwise."""
+        if not _STATE_BY_LAYOUT:  # pragma: no cover (another API)
+            return cls(list(members.items()))
+        state = cls.__new__(cls)
+        state._dict = members  # contract row: TraceState._dict
+        return state
+
+    def add(self, key: str, value: str) -> TraceState:
+        if key in self or not valid_member(key, value):
+            return self
+        return self.update(key, value)
+
+    def update(self, key: str, value: str) -> TraceState:
+        if not valid_member(key, value):
+            return self
+        members = {key: value}
+        for other, other_value in self.items():
+            if other != key and len(members) < _MAX_MEMBERS:
+                members[other] = other_value
+        return self.of(members)
+
+    def delete(self, key: str) -> TraceState:
+        if key not in self:
+            return self
+        return self.of({other: value for other, value in self.items() if other != key})
+
+
+def _state_by_layout() -> bool:
+    """Whether a TraceState keeps its members in its ``_dict`` (checked once, against the
+    API's own methods): then ``W3CTraceState.of`` fills it directly."""
+    try:  # (while _STATE_BY_LAYOUT is True, as set before this runs)
+        made = W3CTraceState.of({"t@1sys": "a", "k": "v"})
+        return (
+            made.to_header() == "t@1sys=a,k=v"
+            and list(made.items()) == [("t@1sys", "a"), ("k", "v")]
+            and made["k"] == "v"
+            and len(made) == 2
+            and "k" in made
+        )
+    except Exception:  # pragma: no cover (another API)
+        return False
+
+
+_STATE_BY_LAYOUT = True  # (for the check)
+_STATE_BY_LAYOUT = _state_by_layout()
+
+
+def valid_member(key: Any, value: Any) -> bool:
+    """Whether ``key=value`` is a valid tracestate member (W3C Trace Context Level 2)."""
+    return (
+        type(key) is str
+        and type(value) is str
+        and _KEY.fullmatch(key) is not None
+        and _VALUE.fullmatch(value) is not None
+    )
+
+
+def tracestate_header(trace_state: TraceState) -> str:
+    """The ``tracestate`` sent for ``trace_state`` (not empty): its members, in order
+    (a changed one first: the TraceState's own order), truncated as ``truncated`` does."""
+    header = trace_state.to_header()
+    if len(header) <= MAX_TRACESTATE_LENGTH:
+        return header
+    return ",".join(f"{key}={value}" for key, value in truncated(dict(trace_state.items())).items())
+
+
 def inject_span(span: Any, carrier: dict, context: otel_context.Context | None = None) -> None:
     """Write ``span``'s context (and the baggage of ``context``, default the current one)
     into ``carrier`` as the global propagator would with ``span`` current."""
-    if not w3c_default() or not _no_baggage(context):
+    if not w3c_default():
         propagate.inject(carrier, context=trace.set_span_in_context(span, context))
+        return
+    if not _no_baggage(context):  # the trace context here, the baggage by its propagators
+        _inject_trace_context(span, carrier)
+        for baggage_propagator in _known.baggage:
+            baggage_propagator.inject(carrier, context=trace.set_span_in_context(span, context))
         return
     hit = unsampled_spans.get(id(span))
     if hit is not None and hit[0] is span:  # unsampled, written before
@@ -350,7 +555,8 @@ def inject_span(span: Any, carrier: dict, context: otel_context.Context | None =
             carrier["tracestate"] = hit[2]
         return
     span_context = span.get_span_context()
-    if not span_context.trace_flags & 0x01:
+    flags = span_context.trace_flags
+    if not flags & 0x01:
         # unsampled: the same parent goes out on every call of a dropped rollout
         hit = unsampled_entry(span)
         if hit is not None:
@@ -360,9 +566,19 @@ def inject_span(span: Any, carrier: dict, context: otel_context.Context | None =
         return
     if not span_context.is_valid:
         return
-    carrier["traceparent"] = traceparent(span_context)
-    if span_context.trace_state:
-        carrier["tracestate"] = span_context.trace_state.to_header()
+    carrier["traceparent"] = sent_traceparent(span_context)
+    state = span_context.trace_state
+    if state:
+        header = state.to_header()
+        carrier["tracestate"] = header if len(header) <= MAX_TRACESTATE_LENGTH else tracestate_header(state)
+
+
+def _inject_trace_context(span: Any, carrier: dict) -> None:
+    span_context = span.get_span_context()
+    if span_context.is_valid:
+        carrier["traceparent"] = sent_traceparent(span_context)
+        if span_context.trace_state:
+            carrier["tracestate"] = tracestate_header(span_context.trace_state)
 
 
 def unsampled_entry(span: Any) -> tuple[Any, str, str | None] | None:
@@ -376,8 +592,8 @@ def unsampled_entry(span: Any) -> tuple[Any, str, str | None] | None:
         return None
     if len(unsampled_spans) >= _CACHE_MAX:
         unsampled_spans.clear()
-    header = span_context.trace_state.to_header() if span_context.trace_state else None
-    hit = unsampled_spans[id(span)] = (span, traceparent(span_context), header)
+    header = tracestate_header(span_context.trace_state) if span_context.trace_state else None
+    hit = unsampled_spans[id(span)] = (span, sent_traceparent(span_context), header)
     return hit
 
 
@@ -452,35 +668,52 @@ def sampled_caller(context: otel_context.Context) -> bool:
 
 def extract(carrier: dict) -> otel_context.Context:
     """A context holding the caller's span context read from ``carrier`` (header names in
-    lower case), as the global propagator would extract it (an unsampled caller's without
-    tracestate may be a context handed out before: contexts are never changed in place)."""
-    if not w3c_default() or "baggage" in carrier:
+    lower case; a value a string, or a list of a repeated header's values) by W3C Trace
+    Context Level 2 (``parse_traceparent``, ``parse_tracestate``), with its baggage read by
+    the global propagator's W3C Baggage propagator (an unsampled caller's without
+    tracestate or baggage may be a context handed out before: contexts are never changed
+    in place)."""
+    if not w3c_default():
         return propagate.extract(carrier)
+    if "baggage" in carrier:
+        context = extract({name: value for name, value in carrier.items() if name != "baggage"})
+        for baggage_propagator in _known.baggage:
+            context = baggage_propagator.extract(carrier, context)
+        return context
     header = carrier.get("traceparent")
     if not header:
         return otel_context.Context()
     tracestate = carrier.get("tracestate")
     if tracestate is None:
-        known = _extracted.get(header)
+        try:
+            known = _extracted.get(header)
+        except TypeError:  # (a list: repeated headers)
+            known = None
         if known is not None:
             return known
-    match = _TRACEPARENT.search(header)
-    if match is None:
-        return otel_context.Context()
-    version, trace_id, span_id, flags, rest = match.groups()
-    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN or version == "ff" or (version == "00" and rest):
-        return otel_context.Context()
+    if type(header) is str and len(header) == 55 and _VERSION_00.fullmatch(header) is not None:
+        # the usual header: version 00, nothing around it
+        trace_id, span_id, flags = int(header[3:35], 16), int(header[36:52], 16), int(header[53:55], 16)
+        if not trace_id or not span_id:
+            return otel_context.Context()
+    else:
+        parsed = parse_traceparent(header)
+        if parsed is None:
+            return otel_context.Context()
+        trace_id, span_id, flags = parsed
     state = None
-    if tracestate is not None and len(tracestate) <= _MAX_TRACESTATE:
-        state = TraceState.from_header([tracestate])
-    trace_flags = _TRACE_FLAGS[int(flags, 16)]
-    span = NonRecordingSpan(span_context(int(trace_id, 16), int(span_id, 16), True, trace_flags, state))
+    if tracestate is not None:
+        members = parse_tracestate(tracestate)
+        if members:
+            state = W3CTraceState.of(members)
+    trace_flags = _TRACE_FLAGS[flags]
+    span = NonRecordingSpan(span_context(trace_id, span_id, True, trace_flags, state))
     context = context_of_span(span)
-    if tracestate is None and not trace_flags & 0x01:
+    if tracestate is None and not flags & 0x01 and type(header) is str:
         if len(_extracted) >= _CACHE_MAX:
             _extracted.clear()
         _extracted[header] = context
-        if version == "00" and len(header) == 55:
+        if len(header) == 55 and header[:2] == "00" and not flags & ~_KNOWN_FLAGS:
             # already the traceparent this unsampled context is sent on with (the dropped
             # path forwards its caller's context): unsampled_entry's, without formatting
             if len(unsampled_spans) >= _CACHE_MAX:
