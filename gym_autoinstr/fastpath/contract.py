@@ -130,6 +130,7 @@ ATTRIBUTES_CLEANED_BY_KEY = _cleaned_by_key()
 TRACER_PROVIDER_GLOBAL = "_TRACER_PROVIDER"  # opentelemetry.trace: the global provider once set
 RUNTIME_CONTEXT_VAR = "_current_context"  # ContextVarsRuntimeContext: its ContextVar
 COMPOSITE_PROPAGATORS = "_propagators"  # CompositePropagator: its propagators
+TRACESTATE_MEMBERS = "_dict"  # TraceState: its members, in order (filled directly for Level 2 keys)
 TRACER_SCOPE = "_instrumentation_scope"  # sdk Tracer
 TRACER_SPAN_LIMITS = "_span_limits"  # sdk Tracer
 ACTIVE_SPAN_PROCESSOR = "_active_span_processor"  # sdk TracerProvider: its multi-processor
@@ -265,6 +266,14 @@ ROWS: tuple[Row, ...] = (
         lambda: hasattr(
             importlib.import_module("opentelemetry.propagators.composite").CompositePropagator([]), "_propagators"
         ),
+    ),
+    Row(
+        TRACESTATE_MEMBERS,
+        "opentelemetry.trace.TraceState",
+        W3C,
+        "instance attribute; checked again by behaviour at import (else the API's constructor, Level 1 keys only)",
+        _attribute_of(lambda: importlib.import_module("opentelemetry.trace").TraceState(), TRACESTATE_MEMBERS),
+        optional=True,
     ),
     Row(
         "_clean_attribute_value",

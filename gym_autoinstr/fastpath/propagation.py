@@ -475,7 +475,7 @@ class W3CTraceState(TraceState):
         if not _STATE_BY_LAYOUT:  # pragma: no cover (another API)
             return cls(list(members.items()))
         state = cls.__new__(cls)
-        state._dict = members  # contract row: TraceState._dict
+        setattr(state, contract.TRACESTATE_MEMBERS, members)
         return state
 
     def add(self, key: str, value: str) -> TraceState:
@@ -499,7 +499,7 @@ class W3CTraceState(TraceState):
 
 
 def _state_by_layout() -> bool:
-    """Whether a TraceState keeps its members in its ``_dict`` (checked once, against the
+    """Whether a TraceState keeps its members where ``contract.TRACESTATE_MEMBERS`` says (checked once, against the
     API's own methods): then ``W3CTraceState.of`` fills it directly."""
     try:  # (while _STATE_BY_LAYOUT is True, as set before this runs)
         made = W3CTraceState.of({"t@1sys": "a", "k": "v"})
