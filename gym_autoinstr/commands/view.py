@@ -702,7 +702,7 @@ def _html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
         '<select id="status-filter"><option value="">any status</option><option value="ok">ok</option>'
         '<option value="error">error</option></select> '
         f'<select id="service-filter"><option value="">any service</option>{options}</select> '
-        '<label><input id="startup-filter" type="checkbox" checked> start-up traces</label> '
+        '<label><input id="startup-filter" type="checkbox" checked> start-up traces</label>'
         f'<span id="shown-count">{len(listed)} of {len(listed)} shown</span></p>'
         f"{_duration_chart(listed)}"
         '<div class="index-table"><table id="index"><thead><tr><th>trace</th><th>start (UTC)</th><th>root</th>'
@@ -806,7 +806,7 @@ table#index{border-collapse:collapse;width:100%}table#index th{position:sticky;t
 table#index td,table#index th{padding:1px 8px;white-space:nowrap}table#index tr.error td{color:#b00}
 table#index td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure.chart{margin:8px 0}figure.chart rect{fill:#4a8fd8}figure.chart text{font-size:11px;fill:#555}
-figcaption{color:#555;font-size:12px}
+figcaption{color:#555;font-size:12px}#shown-count{margin-left:12px;color:#555}
 details.span summary,.axis{display:grid;grid-template-columns:330px 320px 1fr 90px;gap:8px;padding:1px 0}
 details.span summary{cursor:pointer;list-style:none}details.span summary::-webkit-details-marker{display:none}
 details.span summary:hover{background:#f3f6fa}
