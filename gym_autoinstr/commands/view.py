@@ -539,10 +539,10 @@ def render_text(trace: Trace, *, bar_width: int = 24, width: int | None = None) 
     service_width = max(len(service(r.span)) for r in trace.rows)
     name_width = max(len(n) for n in names)
     if width is not None:
-        service_width = min(service_width, max(10, width // 6))
+        service_width = min(service_width, max(10, width // 4))
         bar_width = min(bar_width, max(8, width // 8))
         fixed = 2 + service_width + 2 + 2 + 24 + 2 + bar_width + 7
-        name_width = min(name_width, max(16, width - fixed - 20))
+        name_width = min(name_width, max(16, width - fixed - 8))  # names first, attributes in what is left
     for row, name in zip(trace.rows, names):
         span = row.span
         offset = (span["start_ns"] - start) / 1e6

@@ -51,7 +51,7 @@ def _command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
 
 
-def _cli(*args: str, stdin: str | None = None, columns: int = 250) -> subprocess.CompletedProcess:
+def _cli(*args: str, stdin: str | None = None, columns: int = 300) -> subprocess.CompletedProcess:
     """The command as a user runs it, in a terminal ``columns`` wide (``COLUMNS``)."""
     env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run(_command() + list(args), input=stdin, capture_output=True, text=True, timeout=120, env=env)
