@@ -863,10 +863,32 @@ def detail_for_page(traces: Sequence[Trace], limit: int) -> list[Trace]:
 # ----------------------------------------------------------------------------- the command
 
 
-def _terminal_width() -> int:
-    import shutil
+UNLIMITED = 1_000_000
 
-    return max(shutil.get_terminal_size((120, 24)).columns, 40)
+
+def _terminal_width() -> int | None:
+    """The columns to fit: ``COLUMNS``, else the terminal's width when standard output is
+    one, else the terminal standard error is on (``view | head``, ``view | grep``: the
+    lines still end up there); None when there is no terminal at all (a file, a script
+    reading the output): nothing is cut."""
+    import os
+    import shutil
+    import sys
+
+    def is_terminal(stream) -> bool:
+        try:
+            return stream is not None and stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    try:
+        if os.environ.get("COLUMNS", "").strip().isdigit() or is_terminal(sys.stdout):
+            return max(shutil.get_terminal_size((120, 24)).columns, 40)
+        if is_terminal(sys.stderr):
+            return max(os.get_terminal_size(sys.stderr.fileno()).columns, 40)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _write(lines: Iterable[str]) -> int:
@@ -996,7 +1018,7 @@ def main(
         blocks = []
         for item in group_by_job(traces, everything):
             if isinstance(item, Job):
-                blocks.append(cut(job_line(item), width))
+                blocks.append(cut(job_line(item), width or UNLIMITED))
                 blocks.extend(render_text(t, width=width) for t in item.traces)
             else:
                 blocks.append(render_text(item, width=width))
@@ -1005,4 +1027,4 @@ def main(
     startup = [t for t in traces if t.is_startup]
     rest = [t for t in traces if not t.is_startup]
     items: Sequence[Job | Trace] = rest if keep_order else group_by_job(rest, everything)
-    return _write(render_list(items, startup, width))
+    return _write(render_list(items, startup, width or UNLIMITED))

@@ -51,9 +51,12 @@ def _command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
 
 
-def _cli(*args: str, stdin: str | None = None, columns: int = 300) -> subprocess.CompletedProcess:
-    """The command as a user runs it, in a terminal ``columns`` wide (``COLUMNS``)."""
-    env = {**os.environ, "COLUMNS": str(columns)}
+def _cli(*args: str, stdin: str | None = None, columns: int | None = 300) -> subprocess.CompletedProcess:
+    """The command as a user runs it, in a terminal ``columns`` wide (``COLUMNS``; None: no
+    terminal at all, output captured as a script would)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     return subprocess.run(_command() + list(args), input=stdin, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -750,3 +753,13 @@ def test_callee_of_older_files_comes_from_the_url():
     assert callee(named) == "→ m /v1/responses"
     assert callee({"kind": "SERVER", "attributes": {"url.full": "http://x/y"}}) == ""
     assert callee({"kind": "CLIENT", "attributes": {}}) == ""
+
+
+def test_without_a_terminal_nothing_is_cut(handbuilt_run):
+    """Output to a file or a script (no terminal, no ``COLUMNS``): whole lines."""
+    directory = str(handbuilt_run["dir"])
+    drawn = _cli("view", directory, "--rollout", "7-1", columns=None).stdout
+    assert "…" not in drawn and max(len(line) for line in drawn.splitlines()) > 120
+    assert "ERROR route=/get_weather error=TimeoutError" in drawn
+    listed = _cli("view", directory, columns=None).stdout
+    assert "…" not in listed and "agent,model,resources" in listed
