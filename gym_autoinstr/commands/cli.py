@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--offline", action="store_true", help="do not contact the OTLP endpoint (air-gapped checks)")
     view = commands.add_parser(
         "view",
-        help="list a run's traces, draw one as a waterfall, or write one HTML page",
+        help="show traces as waterfalls in the terminal, or as one HTML page",
         description="Read a run directory written by the embedded default (or OTLP-JSON files, or - for "
         "standard input) and join every process's spans by trace. Lists the traces, one line each (start-up "
         "traces apart); --trace or --rollout draws that trace as a waterfall. Lines fit the terminal.",
