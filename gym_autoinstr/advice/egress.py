@@ -212,6 +212,19 @@ def _rollout_id_in_path(url: str) -> str | None:
     return url[at + len("/ng-rollout/") :].partition("/")[0] or None
 
 
+def _route(full: str) -> str | None:
+    """The path of a redacted URL to a Gym server, without 0.5+'s ``/ng-rollout/<id>``
+    prefix: ``/verify``, ``/v1/responses`` (a route, not a per-rollout path)."""
+    scheme_end = full.find("://")
+    at = full.find("/", scheme_end + 3 if scheme_end >= 0 else 0)
+    if at < 0:
+        return None
+    path = full[at:]
+    if path.startswith("/ng-rollout/"):
+        path = "/" + path[len("/ng-rollout/") :].partition("/")[2]
+    return path
+
+
 def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None) -> tuple[Any, job.JobState | None]:
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
@@ -223,6 +236,9 @@ def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None)
     callee = pool.server_name_for(host, port)
     if callee:
         attributes[pool.DESTINATION] = callee
+        route = _route(full)
+        if route:
+            attributes[pool.DESTINATION_ROUTE] = route
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id

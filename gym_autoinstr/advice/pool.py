@@ -45,6 +45,9 @@ from gym_autoinstr._log import warn_once
 from gym_autoinstr.telemetry import metrics
 
 DESTINATION = "nemo.gym.http.destination.server.name"
+# The route called on that Gym server (on CLIENT spans only, and only for a Gym server of
+# the fleet: a handful of fixed routes), without the ``/ng-rollout/<id>`` prefix of 0.5+.
+DESTINATION_ROUTE = "nemo.gym.http.destination.route"
 QUEUE_OUTCOME = "nemo.gym.http.connection_pool.queue_outcome"
 BOUNDARIES_MS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 5_000, 30_000)
 

@@ -44,14 +44,36 @@ def main(argv: list[str] | None = None) -> int:
         "view",
         help="show traces as waterfalls in the terminal, or as one HTML page",
         description="Read a run directory written by the embedded default (or OTLP-JSON files, or - for "
-        "standard input), join every process's spans, and draw each trace as a waterfall.",
+        "standard input) and join every process's spans by trace. Lists the traces, one line each (start-up "
+        "traces apart); --trace or --rollout draws that trace as a waterfall. Lines fit the terminal.",
     )
     view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
-    view.add_argument("--rollout", metavar="ID", help="only the trace of this rollout id")
-    view.add_argument("--trace", metavar="TRACE_ID", help="only the trace with this trace id")
-    view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces")
-    view.add_argument("--errors", action="store_true", help="only traces with an error")
+    view.add_argument("--trace", metavar="ID", help="draw the trace whose id starts with ID (any unique prefix)")
+    view.add_argument("--rollout", metavar="ID", help="draw the trace of this rollout id")
+    view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces, slowest first")
+    view.add_argument("--sort", choices=("start", "duration"), default="start", help="list order (default: start time)")
+    view.add_argument(
+        "--service", metavar="NAME", help="only traces with a span of this service (agent or nemo-gym/agent)"
+    )
+    view.add_argument(
+        "--attr",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only traces with a span or resource attribute KEY equal to VALUE (repeatable)",
+    )
+    view.add_argument("--status", choices=("ok", "error"), help="only traces without / with an error")
+    view.add_argument("--errors", action="store_true", help="only traces with an error (same as --status error)")
+    view.add_argument("--json", action="store_true", help="print the list (or the chosen trace's spans) as JSON")
     view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
+    view.add_argument(
+        "--html-max-traces",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="draw at most N traces on the page (errors and the slowest first; every trace is listed; default "
+        "800, about 20 MB at most)",
+    )
     view.add_argument(
         "--metrics",
         action="store_true",
@@ -70,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
             html_file=args.html,
             metrics=args.metrics,
             trace_id=args.trace,
+            service_name=args.service,
+            attributes=args.attr,
+            status=args.status,
+            sort=args.sort,
+            as_json=args.json,
+            **({"max_detail": args.html_max_traces} if args.html_max_traces else {}),
         )
 
     if args.command == "doctor":

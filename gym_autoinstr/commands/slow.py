@@ -175,18 +175,36 @@ def render_text(summary: dict[str, dict[str, Any]]) -> str:
     return "\n\n".join(blocks)
 
 
+CHART_WIDTH = 160  # px of the inline p50/p99 bar of a row
+
+
+def _bar(p50: float, p99: float, scale: float) -> str:
+    """An inline SVG bar: p99 (light) and p50 (dark), as long as their share of ``scale``."""
+    wide = max(1.0, CHART_WIDTH * p99 / scale) if scale > 0 else 1.0
+    narrow = max(1.0, CHART_WIDTH * p50 / scale) if scale > 0 else 1.0
+    return (
+        f'<svg class="p-bar" xmlns="http://www.w3.org/2000/svg" width="{CHART_WIDTH}" height="10">'
+        f"<title>p50 {p50:.1f} ms, p99 {p99:.1f} ms</title>"
+        f'<rect class="p99" x="0" y="1" width="{wide:.1f}" height="8" fill="#a3c6ec"/>'
+        f'<rect class="p50" x="0" y="1" width="{narrow:.1f}" height="8" fill="#4a8fd8"/></svg>'
+    )
+
+
 def render_html(summary: dict[str, dict[str, Any]]) -> str:
-    """A ``<section>`` for the view's HTML page (empty when there are no metrics)."""
+    """A ``<section>`` for the view's HTML page (empty when there are no metrics): per
+    server, a table of its rows with an inline bar each (p50 and p99, to the scale of the
+    server's slowest p99)."""
     parts = []
     for service, lines in rows(summary):
+        scale = max(p99 for *_, p99, _total in lines)
         body = "".join(
             f"<tr><td>{html.escape(section)}</td><td>{html.escape(label)}</td><td>{count}</td>"
-            f"<td>{p50:.1f}</td><td>{p99:.1f}</td><td>{total:.1f}</td></tr>"
+            f"<td>{p50:.1f}</td><td>{p99:.1f}</td><td>{total:.1f}</td><td>{_bar(p50, p99, scale)}</td></tr>"
             for section, label, count, p50, p99, total in lines
         )
         parts.append(
             f'<h3>{html.escape(service)}</h3><table class="metrics"><tr><th></th><th></th><th>count</th>'
-            f"<th>p50 ms</th><th>p99 ms</th><th>total ms</th></tr>{body}</table>"
+            f"<th>p50 ms</th><th>p99 ms</th><th>total ms</th><th>p50 / p99</th></tr>{body}</table>"
         )
     if not parts:
         return ""

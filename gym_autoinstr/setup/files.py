@@ -251,7 +251,12 @@ def _value(any_value: dict) -> Any:
 
 
 def _attributes(key_values: list[dict] | None) -> dict[str, Any]:
-    return {kv["key"]: _value(kv.get("value", {})) for kv in key_values or ()}
+    attributes: dict[str, Any] = {}
+    for kv in key_values or ():
+        value = kv.get("value") or {}
+        text = value.get("stringValue")  # most attributes: read without the general walk
+        attributes[kv["key"]] = text if text is not None else _value(value)
+    return attributes
 
 
 _KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}

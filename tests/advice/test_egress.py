@@ -366,3 +366,34 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
         assert span.gym_attempts == 2
     (span,) = _client_spans(spans)
     assert "http.request.resend_count" not in span.attributes  # one attempt: no resend
+
+
+# -- the callee, named on the CLIENT span ------------------------------------------------
+
+
+def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeypatch):
+    """A call to a Gym server of the fleet: the callee's server name and its route (no
+    per-rollout prefix) as attributes; the span name stays ``HTTP POST``."""
+    from gym_autoinstr.advice import pool
+
+    names: dict[str, str] = {}
+    monkeypatch.setattr(pool._state, "names", names)
+    app = _echo_app()
+
+    @app.post("/ng-rollout/{rollout_id}/v1/responses")
+    async def prefixed(rollout_id: str):
+        return {}
+
+    with serve(app) as base:
+        assert _call(f"{base}/echo", json={}) == 200  # not (yet) a server of the fleet
+        names[base[len("http://") :]] = "my_resources"
+        assert _call(f"{base}/echo?api_key=SECRET", json={}) == 200
+        assert _call(f"{base}/ng-rollout/4-2/v1/responses", json={}) == 200
+    outside, echo, prefixed_call = _client_spans(spans)
+    assert {s.name for s in (outside, echo, prefixed_call)} == {"HTTP POST"}
+    assert pool.DESTINATION not in outside.attributes and pool.DESTINATION_ROUTE not in outside.attributes
+    assert echo.attributes[pool.DESTINATION] == "my_resources"
+    assert echo.attributes[pool.DESTINATION_ROUTE] == "/echo"
+    assert prefixed_call.attributes[pool.DESTINATION] == "my_resources"
+    assert prefixed_call.attributes[pool.DESTINATION_ROUTE] == "/v1/responses"
+    assert prefixed_call.attributes["nemo.gym.rollout.id"] == "4-2"

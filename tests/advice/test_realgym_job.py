@@ -16,6 +16,7 @@ start time (the run's own spans start after it is launched) and by its ``gym.job
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -278,7 +279,8 @@ def test_an_embedders_span_parents_the_rollouts(fleets):
 
 def test_view_groups_rollout_traces_under_their_job(fleets):
     """The file default (no endpoint) in the collection process: ``gym-autoinstr view``
-    reads its run directory back, a job line above the rollouts linked to it."""
+    reads its run directory back and lists its traces, a job line above the rollouts
+    linked to it."""
     fleet = fleets("0.4.0")
     run_dir = fleet.workdir / "view-run"
     fleet.collect(
@@ -293,10 +295,12 @@ def test_view_groups_rollout_traces_under_their_job(fleets):
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "COLUMNS": "250"},  # a terminal wide enough for the whole job line
     )
     assert shown.returncode == 0, shown.stderr
-    blocks = shown.stdout.strip().split("\n\n")
-    job_line = blocks[0]
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith("start (UTC)")
+    job_line = lines[1]
     match = re.fullmatch(
         r"job ([0-9a-f]{32})  \S+  [\d.]+ ms  sent=2 failed=0 repeats=2  \| 2 linked rollout traces below "
         r"\(job trace ([0-9a-f]{32})\)",
@@ -310,7 +314,9 @@ def test_view_groups_rollout_traces_under_their_job(fleets):
     assert (match.group(1), match.group(2)) == (job["attributes"]["nemo.gym.job.id"], job["trace_id"])
     roots = linked_rollout_roots(spans, job)
     assert len(roots) == 2
-    shown_ids = [re.match(r"trace ([0-9a-f]{32})", block).group(1) for block in blocks[1:]]
+    # one line per trace (start, id prefix, ...); start-up traces are listed apart, after a blank line
+    listed = lines[2 : lines.index("")]
+    shown_ids = [re.match(r"\d\d:\d\d:\d\d\.\d{3}  ([0-9a-f]{12})  ", line).group(1) for line in listed]
     # under the line: the job's own trace (its /aggregate_metrics call), then its rollouts, nothing else
-    assert shown_ids[0] == job["trace_id"]
-    assert sorted(shown_ids[1:]) == sorted(r["trace_id"] for r in roots)
+    assert shown_ids[0] == job["trace_id"][:12]
+    assert sorted(shown_ids[1:]) == sorted(r["trace_id"][:12] for r in roots)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
+        # output captured, no terminal: `view` cuts nothing (pytest sets COLUMNS=80 for its own
+        # terminal, which would make the waterfall fit 80 columns)
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout

@@ -20,6 +20,7 @@ from tests.commands.test_view import (
     _assert_tree_shape,
     _cli,
     _header_trace_id,
+    _listed,
     _png_size,
     _probe_layout,
     _rendered_dom,
@@ -146,13 +147,24 @@ def test_real_run_summary_counts_the_callees_server_spans(real_rollouts):
 # ------------------------------------------------------------------------- real run: CLI
 
 
-def test_cli_draws_every_real_trace_as_its_tree(real_run, real_spans):
+def test_cli_lists_every_real_trace_then_draws_each_as_its_tree(real_run, real_spans):
     result = _cli("view", str(real_run))
     assert result.returncode == 0, result.stderr
     traces = build_traces(real_spans)
-    blocks = _text_blocks(result.stdout)
-    assert [_header_trace_id(b) for b in blocks] == [t.trace_id for t in traces]
-    for block, trace in zip(blocks, traces):
+    # the list: the rollouts in start order, then the start-up traces apart
+    startup = [t for t in traces if t.is_startup]
+    assert startup and all(t.root["name"] in ("gym.startup", "gym.server.startup") for t in startup)
+    rollouts_first = [t for t in traces if not t.is_startup] + startup
+    assert [r["id"] for r in _listed(result.stdout)] == [t.trace_id[:12] for t in rollouts_first]
+    assert "start-up traces (processes starting, not rollouts): " in result.stdout
+    # CLIENT rows name the Gym server and route they called
+    first = _cli("view", str(real_run), "--trace", traces[-1].trace_id[:10]).stdout
+    assert "HTTP POST → " in first and " /v1/responses" in first
+    for trace in traces:
+        shown = _cli("view", str(real_run), "--trace", trace.trace_id[:16])
+        assert shown.returncode == 0, shown.stderr
+        (block,) = _text_blocks(shown.stdout)
+        assert _header_trace_id(block) == trace.trace_id
         assert block[0].startswith(f"trace {trace.trace_id}  {len(trace.spans)} spans, {len(trace.services)} services")
         numbers = summary(trace)
         assert block[1].strip() == (
@@ -171,7 +183,9 @@ def test_cli_slowest_errors_and_rollout_on_the_real_run(real_run, real_spans):
         assert [t.trace_id for t in chosen] == [t.trace_id for t in by_duration[:n]]
         result = _cli("view", str(real_run), "--slowest", str(n))
         assert result.returncode == 0, result.stderr
-        assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [t.trace_id for t in by_duration[:n]]
+        # the N slowest, slowest first, start-up traces among them listed apart (after the rest)
+        chosen = [t for t in by_duration[:n] if not t.is_startup] + [t for t in by_duration[:n] if t.is_startup]
+        assert [r["id"] for r in _listed(result.stdout)] == [t.trace_id[:12] for t in chosen]
     # a healthy 0.4.0 run: no errors, and no rollout ids to select by
     for args in (["--errors"], ["--rollout", "0-0"]):
         result = _cli("view", str(real_run), *args)
@@ -184,7 +198,7 @@ def test_cli_reads_standard_input(real_run):
     from_stdin = _cli("view", "-", stdin=joined)
     from_dir = _cli("view", str(real_run))
     assert from_stdin.returncode == 0, from_stdin.stderr
-    assert from_stdin.stdout == from_dir.stdout and from_stdin.stdout.startswith("trace ")
+    assert from_stdin.stdout == from_dir.stdout and from_stdin.stdout.startswith("start (UTC)")
 
 
 def test_html_page_of_the_real_run_in_chromium(real_run, real_spans, tmp_path):

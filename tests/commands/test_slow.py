@@ -70,3 +70,19 @@ def test_waits_for_gyms_semaphores_and_sandbox_times_are_summarised(tmp_path):
     assert "SimpleModelServer._semaphore" in wait and wait.split()[-4] == "3"
     (sandbox,) = [line for line in lines if "sandbox execs" in line]
     assert "docker" in sandbox and sandbox.split()[-4] == "1"
+
+
+def test_the_page_section_draws_p50_and_p99_bars(tmp_path):
+    import re
+
+    _process(tmp_path, "nemo-gym/agent", [float(v) for v in range(1, 101)])
+    summary = slow.summarise(slow.read_run(tmp_path))
+    (row,) = summary["nemo-gym/agent"]["gym.rollout.duration_ms"]
+    section = slow.render_html(summary)
+    (bar,) = re.findall(r"<svg class=\"p-bar\"[^>]*>.*?</svg>", section)
+    p99 = float(re.search(r'class="p99"[^>]*width="([\d.]+)"', bar)[1])
+    p50 = float(re.search(r'class="p50"[^>]*width="([\d.]+)"', bar)[1])
+    # the row with the slowest p99 fills the bar; its p50 is its share of that
+    assert p99 == slow.CHART_WIDTH
+    assert p50 == round(slow.CHART_WIDTH * row["p50_ms"] / row["p99_ms"], 1)
+    assert f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms" in bar

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from gym_autoinstr.commands.view import build_traces, select, summary
+from gym_autoinstr.commands.view import callee as callee_text
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -44,16 +45,38 @@ def _service(span: dict) -> str:
     return span["resource"].get("service.name", "")
 
 
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """The installed ``gym-autoinstr`` command (the console script), as a user runs it."""
+def _command() -> list[str]:
+    """The installed ``gym-autoinstr`` command (the console script)."""
     script = Path(sys.executable).parent / "gym-autoinstr"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
-    return subprocess.run(command + list(args), input=stdin, capture_output=True, text=True, timeout=60)
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
+
+
+def _cli(*args: str, stdin: str | None = None, columns: int | None = 300) -> subprocess.CompletedProcess:
+    """The command as a user runs it, in a terminal ``columns`` wide (``COLUMNS``; None: no
+    terminal at all, output captured as a script would)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run(_command() + list(args), input=stdin, capture_output=True, text=True, timeout=120, env=env)
 
 
 def _text_blocks(stdout: str) -> list[list[str]]:
     """The text output split into one list of lines per trace."""
     return [block.splitlines() for block in stdout.strip().split("\n\n")]
+
+
+LIST_ROW = re.compile(r"(\d\d:\d\d:\d\d\.\d{3})  ([0-9a-f]{12})  +(\S+ m?s)  +(\d+)  (ok|ERROR) +(.*)")
+
+
+def _listed(stdout: str) -> list[dict]:
+    """The list's trace lines: start, id prefix, duration, spans, status, and the rest."""
+    rows = []
+    for line in stdout.splitlines():
+        match = LIST_ROW.fullmatch(line)
+        if match:
+            start, prefix, took, spans, status, rest = match.groups()
+            rows.append({"start": start, "id": prefix, "spans": int(spans), "status": status, "rest": rest})
+    return rows
 
 
 def _header_trace_id(block: list[str]) -> str:
@@ -173,6 +196,7 @@ def handbuilt_run(tmp_path) -> dict:
         ]
         at = t0 + 2
         for tracer, name, route, duration, error in calls:
+            callee = "model" if tracer is model else "resources"
             client = span(
                 agent,
                 "HTTP POST",
@@ -180,7 +204,13 @@ def handbuilt_run(tmp_path) -> dict:
                 at,
                 at + duration + 2,
                 seam,
-                **{"http.request.method": "POST", "url.full": f"http://127.0.0.1:1{route}"},
+                **{
+                    "http.request.method": "POST",
+                    "url.full": f"http://127.0.0.1:1/ng-rollout/{rollout_id}{route}",
+                    # what egress adds for a Gym server of the fleet
+                    "nemo.gym.http.destination.server.name": callee,
+                    "nemo.gym.http.destination.route": route,
+                },
             )
             server = span(
                 tracer,
@@ -255,8 +285,15 @@ def test_errors_filter_selects_the_trace_with_an_error_span(handbuilt_run):
     traces = build_traces(read_path(handbuilt_run["dir"]))
     (chosen,) = select(traces, errors=True)
     assert chosen.rollout_ids == {"7-1"}
-    result = _cli("view", str(handbuilt_run["dir"]), "--errors")
-    assert result.returncode == 0, result.stderr
+    for flag in (["--errors"], ["--status", "error"]):
+        result = _cli("view", str(handbuilt_run["dir"]), *flag)
+        assert result.returncode == 0, result.stderr
+        (row,) = _listed(result.stdout)
+        assert row["id"] == chosen.trace_id[:12] and row["status"] == "ERROR" and row["rest"].startswith("7-1 ")
+    healthy = _listed(_cli("view", str(handbuilt_run["dir"]), "--status", "ok").stdout)
+    assert [r["id"] for r in healthy] == [traces[0].trace_id[:12], traces[2].trace_id[:12]]
+    # its waterfall: the failing span's line says ERROR and why
+    result = _cli("view", str(handbuilt_run["dir"]), "--rollout", "7-1")
     (block,) = _text_blocks(result.stdout)
     assert _header_trace_id(block) == chosen.trace_id and block[0].endswith(", ERROR")
     error_lines = [line for line in block[2:] if " ERROR " in line]
@@ -271,7 +308,10 @@ def test_slowest_returns_n_traces_longest_first(handbuilt_run):
     assert [t.duration_ms for t in select(traces, slowest=5)] == pytest.approx([300, 200, 100])
     result = _cli("view", str(handbuilt_run["dir"]), "--slowest", "2")
     assert result.returncode == 0
-    assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [traces[1].trace_id, traces[2].trace_id]
+    assert [r["id"] for r in _listed(result.stdout)] == [traces[1].trace_id[:12], traces[2].trace_id[:12]]
+    by_duration = _cli("view", str(handbuilt_run["dir"]), "--sort", "duration")
+    longest_first = [traces[1], traces[2], traces[0]]
+    assert [r["id"] for r in _listed(by_duration.stdout)] == [t.trace_id[:12] for t in longest_first]
 
 
 def test_exit_codes(tmp_path, handbuilt_run):
@@ -286,13 +326,17 @@ def test_exit_codes(tmp_path, handbuilt_run):
     mixed = _cli("view", str(handbuilt_run["dir"]), str(tmp_path / "no-such-run"))
     assert mixed.returncode == 2 and mixed.stdout == ""
     ok = _cli("view", str(handbuilt_run["dir"]))
-    assert ok.returncode == 0 and len(_text_blocks(ok.stdout)) == 3
+    assert ok.returncode == 0 and [r["id"] for r in _listed(ok.stdout)] == [
+        t.trace_id[:12] for t in build_traces(read_path(handbuilt_run["dir"]))
+    ]
     # a directory and a file inside it: each span is shown once
     twice = _cli("view", str(handbuilt_run["dir"]), str(sorted(handbuilt_run["dir"].glob("*.jsonl"))[0]))
     assert twice.returncode == 0 and twice.stdout == ok.stdout
     for bad in ("0", "-1", "many"):
         refused = _cli("view", str(handbuilt_run["dir"]), "--slowest", bad)
         assert refused.returncode == 2 and "--slowest" in refused.stderr and refused.stdout == ""
+    refused = _cli("view", str(handbuilt_run["dir"]), "--attr", "no-equals-sign")
+    assert refused.returncode == 2 and "KEY=VALUE" in refused.stderr and refused.stdout == ""
 
 
 def test_stdin_reads_a_single_file_the_same_as_the_directory(handbuilt_run):
@@ -417,7 +461,9 @@ def _rendered_dom(tmp_path: Path, page: Path) -> _Element:
 
 def _assert_self_contained(page: Path, document: _Element) -> None:
     raw = page.read_text()
-    assert "<script" not in raw and "<link" not in raw and "@import" not in raw
+    # inline script and style only: nothing fetched
+    assert not re.search(r"<script[^>]*\bsrc\s*=", raw) and "<link" not in raw and "@import" not in raw
+    assert not re.search(r"\b(fetch|XMLHttpRequest|import)\s*\(", raw)
     assert not re.search(r"url\(\s*['\"]?\s*(https?:)?//", raw)
     for element in document.walk():
         for name in ("src", "href", "srcset", "poster", "data", "action", "background"):
@@ -436,7 +482,11 @@ def _assert_page_matches_traces(document: _Element, traces) -> None:
         assert [r.attrs["data-kind"] for r in rows] == [r.span["kind"] for r in trace.rows]
         for row, model_row in zip(rows, trace.rows):
             (summary_element,) = [c for c in row.children if c.tag == "summary"]
-            assert summary_element.find("span", "name")[0].all_text() == model_row.span["name"]
+            assert summary_element.find("span", "label")[0].all_text() == model_row.span["name"]
+            callee = summary_element.find("span", "callee")
+            expected = callee_text(model_row.span)
+            assert [c.all_text() for c in callee] == ([expected] if expected else [])
+            assert int(row.attrs["data-depth"]) == model_row.depth
             assert ("error" in row.classes) == (model_row.span["status"] == "ERROR")
 
 
@@ -529,7 +579,8 @@ def test_a_ray_worker_span_is_drawn_under_its_submit_span_with_its_wait(tmp_path
     )
     execute.end(end_time=BASE_NS + 90 * MS)
     verify.end(end_time=BASE_NS + 95 * MS)
-    result = _cli("view", str(directory))
+    (only,) = build_traces(read_path(directory))
+    result = _cli("view", str(directory), "--trace", only.trace_id[:6])  # a prefix is enough
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     (submit_line,) = [line for line in lines if "ray.submit check_correctness_remote" in line]
@@ -543,3 +594,172 @@ def test_a_ray_worker_span_is_drawn_under_its_submit_span_with_its_wait(tmp_path
         == verify_line.index("POST /verify") + 4
     )
     assert "wait=38.5ms" in execute_line and "node=8f182d92" in execute_line
+
+
+# Added to a copy of the page only: drives the page's own controls like a user, and
+# records what the browser then shows (laid out, not just flagged).
+INTERACTION_PROBE = """<script>
+const out = {};
+const shown = (selector) => [...document.querySelectorAll(selector)].filter((e) => e.offsetHeight > 0);
+const ids = (elements) => elements.map((e) => e.dataset.traceId);
+const set = (id, value, event) => {
+  const control = document.getElementById(id);
+  if (typeof value === 'boolean') control.checked = value; else control.value = value;
+  control.dispatchEvent(new Event(event));
+};
+out.initial = ids(shown('#index tbody tr'));
+set('search', '7-1', 'input');
+out.search = {rows: ids(shown('#index tbody tr')), sections: ids(shown('section.trace')),
+              count: document.getElementById('shown-count').textContent};
+set('search', 'POST 7-2', 'input');
+out.searchWords = ids(shown('#index tbody tr'));
+set('search', document.querySelectorAll('#index tbody tr')[2].dataset.traceId.slice(0, 7), 'input');
+out.searchId = ids(shown('#index tbody tr'));
+set('search', '', 'input');
+set('status-filter', 'error', 'change');
+out.status = ids(shown('#index tbody tr'));
+set('status-filter', '', 'change');
+set('service-filter', 'model', 'change');
+out.service = ids(shown('#index tbody tr'));
+set('service-filter', '', 'change');
+const rows = [...document.querySelector('section.trace').querySelectorAll(':scope > details.span')];
+const visible = () => rows.map((r) => r.offsetHeight > 0);
+const fold = (row) => row.querySelector('button.fold').click();
+fold(rows[2]);
+out.foldInner = visible();
+fold(rows[1]);
+out.foldOuter = visible();
+out.outerOpen = rows[1].open;
+fold(rows[1]);
+out.unfoldOuter = visible();
+out.buttons = rows.map((r) => (r.querySelector('button.fold') || {}).textContent || '');
+document.body.setAttribute('data-probe', JSON.stringify(out));
+</script>"""
+
+
+def test_html_page_search_filters_and_folding_in_chromium(handbuilt_run, tmp_path):
+    """The index's search and filters, and folding a subtree, driven in Chromium; the time
+    axis, resource attributes, callee names and the durations chart on the page."""
+    page = tmp_path / "page.html"
+    assert _cli("view", str(handbuilt_run["dir"]), "--html", str(page)).returncode == 0
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    ids = [t.trace_id for t in traces]
+    probe = tmp_path / "interaction.html"
+    probe.write_text(page.read_text().replace("</body>", INTERACTION_PROBE + "</body>"))
+    document = _rendered_dom(tmp_path, probe)
+    (body,) = document.find("body")
+    seen = json.loads(body.attrs["data-probe"])
+    assert seen["initial"] == ids
+    assert seen["search"] == {"rows": [ids[1]], "sections": [ids[1]], "count": "1 of 3 shown"}
+    assert seen["searchWords"] == [ids[2]]  # every word, case-insensitive
+    assert seen["searchId"] == [ids[2]]  # a prefix of the trace id
+    assert seen["status"] == [ids[1]]
+    assert seen["service"] == ids
+    # rows of the first trace: depths 0 1 2 3 2 3 2 3; folding row 2 hides row 3, folding
+    # row 1 hides everything below it, unfolding row 1 leaves row 2's fold as it was
+    assert seen["foldInner"] == [True, True, True, False, True, True, True, True]
+    assert seen["foldOuter"] == [True, True, False, False, False, False, False, False]
+    assert seen["outerOpen"] is False  # the fold button does not open the attributes
+    assert seen["unfoldOuter"] == [True, True, True, False, True, True, True, True]
+    assert seen["buttons"] == ["−", "−", "+", "", "−", "", "−", ""]
+
+    document = _rendered_dom(tmp_path, page)
+    _assert_self_contained(page, document)
+    sections = document.find("section", "trace")
+    # the time axis: five ticks from 0 to the trace's duration
+    ticks = [t.all_text() for t in sections[1].find("span", "tick")]
+    assert ticks == ["0.0 ms", "75.0 ms", "150 ms", "225 ms", "300 ms"]
+    # resource attributes, one table per service
+    (resources,) = sections[1].find("div", "resources")
+    assert [h.all_text() for h in resources.find("h4")] == [
+        "nemo-gym/agent",
+        "nemo-gym/model",
+        "nemo-gym/resources",
+    ]
+    assert "resources_servers" in resources.all_text()
+    # CLIENT rows name the Gym server and route they called
+    callees = [c.all_text() for c in sections[0].find("span", "callee")]
+    assert callees == ["→ model /v1/responses", "→ resources /get_weather", "→ resources /verify"]
+    # the index links each drawn trace; the chart counts the traces
+    links = [a.attrs["href"] for a in document.find("a")]
+    assert links == [f"#t-{i}" for i in ids]
+    (chart,) = document.find("figure", "chart")
+    assert chart.find("svg") and len(chart.find("rect")) >= 2
+    assert "durations of 3 traces" in chart.all_text()
+    assert not document.find("p", "note")
+
+
+def test_html_page_draws_at_most_the_limit_and_says_how_to_see_the_rest(handbuilt_run, tmp_path):
+    page = tmp_path / "bounded.html"
+    result = _cli("view", str(handbuilt_run["dir"]), "--html", str(page), "--html-max-traces", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"wrote 3 traces to {page} (2 drawn, every one listed)"
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    document = _dom(page.read_text())
+    # the error trace and the slowest of the rest, in start order; all three listed
+    assert [s.attrs["data-trace-id"] for s in document.find("section", "trace")] == [
+        traces[1].trace_id,
+        traces[2].trace_id,
+    ]
+    assert len(document.find("table")[0].find("tbody")[0].find("tr")) == 3
+    (note,) = document.find("p", "note")
+    assert "2 of the 3 traces listed are drawn" in note.all_text() and "--trace" in note.all_text()
+
+
+def test_list_json_filters_and_width(handbuilt_run):
+    directory = str(handbuilt_run["dir"])
+    traces = build_traces(read_path(handbuilt_run["dir"]))
+    listed = json.loads(_cli("view", directory, "--json").stdout)["traces"]
+    assert [r["trace_id"] for r in listed] == [t.trace_id for t in traces]
+    first = listed[0]
+    assert first["span_count"] == 8 and first["status"] == "ok" and first["rollout_ids"] == ["7-0"]
+    assert first["duration_ms"] == pytest.approx(100) and first["root"] == "POST /run" and not first["startup"]
+    assert first["services"] == ["nemo-gym/agent", "nemo-gym/model", "nemo-gym/resources"]
+    assert "spans" not in first
+    # one trace: its spans, depth-first, CLIENT spans with their callee
+    (one,) = json.loads(_cli("view", directory, "--rollout", "7-2", "--json").stdout)["traces"]
+    assert [s["span_id"] for s in one["spans"]] == [r.span["span_id"] for r in traces[2].rows]
+    assert [s["callee"] for s in one["spans"] if s["kind"] == "CLIENT"] == [
+        "→ model /v1/responses",
+        "→ resources /get_weather",
+        "→ resources /verify",
+    ]
+    # filters: a service (short or full name), an attribute (span or resource)
+    assert len(_listed(_cli("view", directory, "--service", "model").stdout)) == 3
+    assert len(_listed(_cli("view", directory, "--service", "nemo-gym/model").stdout)) == 3
+    assert _cli("view", directory, "--service", "judge").returncode == 1
+    (row,) = _listed(_cli("view", directory, "--attr", "nemo.gym.rollout.id=7-2").stdout)
+    assert row["id"] == traces[2].trace_id[:12]
+    resource_attr = "nemo.gym.server.type=resources_servers"
+    both = _cli("view", directory, "--attr", "error.type=TimeoutError", "--attr", resource_attr)
+    assert [r["id"] for r in _listed(both.stdout)] == [traces[1].trace_id[:12]]
+    # a narrow terminal: no line wider, names cut with an ellipsis
+    for args in ([], ["--rollout", "7-1"]):
+        narrow = _cli("view", directory, *args, columns=60)
+        assert narrow.returncode == 0
+        lines = narrow.stdout.splitlines()
+        assert lines and max(len(line) for line in lines) <= 60
+        assert any(line.endswith("…") for line in lines)
+    wide = _cli("view", directory, "--rollout", "7-1").stdout
+    assert "HTTP POST → resources /get_weather" in wide and "POST /get_weather" in wide
+
+
+def test_callee_of_older_files_comes_from_the_url():
+    from gym_autoinstr.commands.view import callee
+
+    client = {"kind": "CLIENT", "attributes": {"url.full": "http://10.0.0.2:8000/ng-rollout/3-1/v1/responses"}}
+    assert callee(client) == "→ 10.0.0.2:8000 /v1/responses"
+    named = {"kind": "CLIENT", "attributes": {**client["attributes"], "nemo.gym.http.destination.server.name": "m"}}
+    assert callee(named) == "→ m /v1/responses"
+    assert callee({"kind": "SERVER", "attributes": {"url.full": "http://x/y"}}) == ""
+    assert callee({"kind": "CLIENT", "attributes": {}}) == ""
+
+
+def test_without_a_terminal_nothing_is_cut(handbuilt_run):
+    """Output to a file or a script (no terminal, no ``COLUMNS``): whole lines."""
+    directory = str(handbuilt_run["dir"])
+    drawn = _cli("view", directory, "--rollout", "7-1", columns=None).stdout
+    assert "…" not in drawn and max(len(line) for line in drawn.splitlines()) > 120
+    assert "ERROR route=/get_weather error=TimeoutError" in drawn
+    listed = _cli("view", directory, columns=None).stdout
+    assert "…" not in listed and "agent,model,resources" in listed

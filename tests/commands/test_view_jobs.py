@@ -4,6 +4,7 @@ real collection driver's files are read back in ``tests/advice/test_realgym_job.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -61,7 +62,9 @@ def test_rollout_traces_are_grouped_under_their_jobs_line(tmp_path):
     assert isinstance(only, Job) and [t.trace_id for t in only.traces] == [ids["rollouts"][1]]
     # the page: the job heading, then the job's traces in order, then the unrelated trace
     page = render_html(items)
-    order = re.findall(r'<h2 class="job" data-job-id="(\w+)"|<section class="trace" data-trace-id="(\w+)"', page)
+    order = re.findall(
+        r'<h2 class="job" data-job-id="(\w+)"|<section class="trace" id="t-\w+" data-trace-id="(\w+)"', page
+    )
     assert order == [
         ("j" * 32, ""),
         ("", ids["job"]),
@@ -71,15 +74,27 @@ def test_rollout_traces_are_grouped_under_their_jobs_line(tmp_path):
     ]
 
 
-def test_the_command_prints_the_job_line_first(tmp_path):
+def test_the_command_lists_the_job_line_above_its_rollouts(tmp_path):
     ids = _write_run(tmp_path / "run")
     script = Path(sys.executable).parent / "gym-autoinstr"
-    shown = subprocess.run([str(script), "view", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "COLUMNS": "250"}
+    shown = subprocess.run(
+        [str(script), "view", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, env=env
+    )
     assert shown.returncode == 0, shown.stderr
-    blocks = shown.stdout.strip().split("\n\n")
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith("start (UTC)")
     assert re.fullmatch(
         r"job j{32}  nemo-gym/orchestrator  [\d.]+ ms  sent=2 failed=0  \| 2 linked rollout traces below "
         rf"\(job trace {ids['job']}\)",
-        blocks[0],
-    ), blocks[0]
-    assert [re.match(r"trace (\w+)", b).group(1) for b in blocks[1:]] == [ids["job"], *ids["rollouts"], ids["alone"]]
+        lines[1],
+    ), lines[1]
+    # one list line per trace under it: the job's own trace, its rollouts; then the unrelated trace
+    listed = [line.split()[1] for line in lines[2:] if re.match(r"\d\d:\d\d:\d\d\.\d{3}  ", line)]
+    assert listed == [t[:12] for t in (ids["job"], *ids["rollouts"], ids["alone"])]
+    # --rollout draws that rollout's waterfall, its job line above it
+    drawn = subprocess.run(
+        [str(script), "view", str(tmp_path / "run"), "--rollout", "0-1"], capture_output=True, text=True, env=env
+    )
+    job_line, block = drawn.stdout.strip().split("\n\n")
+    assert job_line.startswith("job " + "j" * 32) and block.startswith(f"trace {ids['rollouts'][1]}  2 spans")
