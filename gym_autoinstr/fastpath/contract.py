@@ -136,7 +136,7 @@ TRACER_SPAN_LIMITS = "_span_limits"  # sdk Tracer
 ACTIVE_SPAN_PROCESSOR = "_active_span_processor"  # sdk TracerProvider: its multi-processor
 SPAN_PROCESSORS = "_span_processors"  # the multi-processor's tuple of processors
 PROVIDER_RESOURCE = "_resource"  # sdk TracerProvider
-PROVIDER_TRACERS = "_tracers"  # sdk TracerProvider (1.39+): the tracers it handed out
+PROVIDER_TRACERS = "_tracers"  # sdk TracerProvider (newer SDKs, not 1.39): the tracers it handed out
 GRPC_TRANSLATE = "_translate_data"  # OTLP/gRPC span exporter: the method that calls encode_spans
 PARENT_BASED_ROOT = "_root"  # ParentBased: the root sampler
 REMOTE_PARENT_SAMPLED = "_remote_parent_sampled"  # ParentBased's four delegates
@@ -439,7 +439,7 @@ ROWS: tuple[Row, ...] = (
         PROVIDER_TRACERS,
         "opentelemetry.sdk.trace.TracerProvider",
         SETUP,
-        "instance attribute, SDK >= 1.39 (absent: nothing to update)",
+        "instance attribute, SDKs after 1.39 (absent: no tracers kept, nothing to update)",
         _attribute_of(_sdk_provider, PROVIDER_TRACERS),
         optional=True,
     ),

@@ -471,7 +471,7 @@ def _ray_worker_becomes_orchestrator(extra: dict[str, Any]) -> bool:
     )
     try:
         setattr(provider, contract.PROVIDER_RESOURCE, resource)
-        for handed_out in list(getattr(provider, contract.PROVIDER_TRACERS, {}).values()):  # SDK 1.39+ keeps them
+        for handed_out in list(getattr(provider, contract.PROVIDER_TRACERS, {}).values()):  # SDKs after 1.39 keep them
             handed_out.resource = resource
     except Exception as error:
         warn_once("ray-orchestrator-upgrade", "this Ray actor's spans keep the Ray worker's identity: %r", error)
