@@ -42,8 +42,9 @@ class Read:
         return f"Read{self.seen}"
 
 
-def _read(carrier: dict) -> tuple | None:
-    span_context = trace.get_current_span(propagation.extract(carrier)).get_span_context()
+def _read(carrier: dict, extract=propagation.extract) -> tuple | None:
+    """What ``extract`` (ours unless told) reads: ids, flags and the tracestate header, or None."""
+    span_context = trace.get_current_span(extract(carrier)).get_span_context()
     if not span_context.is_valid:
         return None
     return (
@@ -392,15 +393,7 @@ def test_baggage_goes_by_its_propagator_and_the_trace_context_by_these_rules():
 
 
 def _sdk_read(carrier: dict) -> tuple | None:
-    span_context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
-    if not span_context.is_valid:
-        return None
-    return (
-        f"{span_context.trace_id:032x}",
-        f"{span_context.span_id:016x}",
-        int(span_context.trace_flags),
-        span_context.trace_state.to_header() if span_context.trace_state else "",
-    )
+    return _read(carrier, propagate.extract)
 
 
 # Where the SDK's TraceContextTextMapPropagator (API 1.45) reads otherwise: (name, carrier,
