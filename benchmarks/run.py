@@ -127,7 +127,8 @@ VARIANT_HELP = {
     "inert": f"ours loaded and patched with {_env_text(INERT)}: the footprint alone",
     "off": "ours, span groups none, metrics on",
     "default": "ours, the default preset",
-    "stock": f"ours default with {_env_text({'GYM_AUTOINSTR_FAST_PATH': 'off'})}: the stock SDK path, what the fast path buys",
+    "stock": f"ours default with {_env_text({'GYM_AUTOINSTR_FAST_PATH': 'off'})}: the stock SDK path, "
+    "what the fast path buys",
     "sampled": f"ours default with {_env_text(SAMPLED_OUT)}, rollouts sent without traceparent",
     "per_rollout": "ours, the per_rollout preset",
     "all": "ours, every span group",

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         description="OpenTelemetry tracing for NeMo Gym. Tracing itself needs no command: run Gym under\n"
         "opentelemetry-instrument; these commands check an install and read what it wrote.",
         epilog="examples:\n"
-        "  opentelemetry-instrument gym env start \"+config_paths=[...]\"   trace a Gym run\n"
+        '  opentelemetry-instrument gym env start "+config_paths=[...]"   trace a Gym run\n'
         "  gym-autoinstr doctor                                            would this environment trace Gym?\n"
         "  gym-autoinstr view gym-autoinstr-runs/<run id>                  read the traces of a run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
