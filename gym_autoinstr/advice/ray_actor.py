@@ -237,11 +237,28 @@ def install_init(cls: Any, missing: list | None = None) -> None:
     cls.__init__ = wrapper
 
 
+def join_as_driver() -> None:
+    """A process held back at start-up (it is not Gym's: nothing set up, nothing written)
+    that hands work to Ray is a Ray driver, maybe running Gym in its actors (NeMo RL's
+    ``NemoGym`` actor): it gets its pipeline now, before the span of its first submission,
+    so its spans join the rollouts its actors run."""
+    if _HELD_BACK[0] is None:
+        from gym_autoinstr.setup import configurator
+
+        _HELD_BACK[0] = configurator
+    if _HELD_BACK[0].STATE.held_back:
+        _HELD_BACK[0].configure_gym_process()
+
+
+_HELD_BACK: list[Any] = [None]  # the configurator module, imported on the first submission
+
+
 def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ActorClass._remote``: the carrier joins the creation arguments when Ray's actor
     class took it (``ray.actor`` pointcut)."""
     from gym_autoinstr.telemetry import groups
 
+    join_as_driver()
     if groups.RAY not in groups.ENABLED:
         return wrapped(*args, **kwargs)
     try:

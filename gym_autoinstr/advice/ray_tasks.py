@@ -292,6 +292,7 @@ def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict
 
 def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``RemoteFunction._remote``: a PRODUCER span around the submission, the carrier added."""
+    ray_actor.join_as_driver()
     if groups.RAY not in groups.ENABLED:
         return wrapped(*args, **kwargs)
     try:
@@ -443,6 +444,7 @@ def _actor_flusher(timeout: float) -> Any:
 
 def actor_method_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ActorMethod._remote``: as for tasks, when the actor's class took the carrier."""
+    ray_actor.join_as_driver()
     if groups.RAY not in groups.ENABLED:
         return wrapped(*args, **kwargs)
     try:
@@ -495,6 +497,7 @@ CLIENT_UNTRACED_MESSAGE = (
 def client_call_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``ClientRemoteMethod.remote`` / ``ClientRemoteFunc.remote`` / ``OptionWrapper.remote``
     (Ray client mode): a PRODUCER span and the carrier, when the stub takes it."""
+    ray_actor.join_as_driver()
     if groups.RAY not in groups.ENABLED or CARRIER in kwargs:
         return wrapped(*args, **kwargs)
     try:
