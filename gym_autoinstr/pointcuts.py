@@ -43,6 +43,7 @@ from gym_autoinstr.advice import (
     ray_tasks,
     routes,
     sandbox,
+    slurm,
     startup,
     venvs,
 )
@@ -177,6 +178,31 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="gym.job per run_examples call (the entry an embedder such as NeMo RL's NemoGym actor calls); "
         "its rollouts root traces linked to it, or nested, as for job; none inside run_from_config's",
         optional=True,
+    ),
+    Pointcut(
+        name="slurm.submit",
+        module="nemo_gym.orchestration.executors.slurm",
+        attribute="SlurmExecutor.run",
+        advice=slurm.executor_run_advice,
+        versions="0.7.0+",
+        group=groups.JOB,
+        purpose="gym.submit PRODUCER span around `gym eval submit` on Slurm: cluster, benchmarks, the submission "
+        "id and each job id; the jobs' gym.job spans link to it",
+        optional=True,
+        parameters=("config",),
+    ),
+    Pointcut(
+        name="slurm.script",
+        module="nemo_gym.orchestration.executors.slurm_script",
+        attribute="build_sbatch_script",
+        advice=slurm.sbatch_script_advice,
+        versions="0.7.0+",
+        group=None,  # plumbing: what the job needs to be traced rides in its driver command
+        purpose="the sbatch script's driver command starts under opentelemetry-instrument where the job's "
+        "environment has gym-autoinstr, with this process's settings and gym.submit's context",
+        rebind_copies=True,
+        optional=True,
+        parameters=("config", "benchmark_name", "remote_bench_dir"),
     ),
     Pointcut(
         name="sandbox.start",

@@ -312,6 +312,9 @@ SERVER_REQUIREMENT = Text(
 )
 STARTUP_TRACEPARENT = Text(PREFIX + "STARTUP_TRACEPARENT", None, "internal: a spawned server's start-up span context")
 SPAWN_NS = Text(PREFIX + "SPAWN_NS", None, "internal: when the orchestrator spawned this server (time.time_ns)")
+SUBMIT_TRACEPARENT = Text(
+    PREFIX + "SUBMIT_TRACEPARENT", None, "internal: the gym.submit span a Slurm job's gym.job links to"
+)
 
 # -- NeMo Gym's (and the cluster's) -----------------------------------------------------
 
@@ -327,6 +330,14 @@ GYM_FASTAPI_WORKER = Text(
     "IS_NEMO_GYM_FASTAPI_WORKER", None, "set by Gym in each uvicorn worker of a multi-worker server"
 )
 SLURM_JOB_ID = Text("SLURM_JOB_ID", None, "the Slurm job, a run id when Gym's is unset")
+# Read for the resource of a process in a Slurm job (``slurm.*``, ``host.name``).
+SLURM_STEP_ID = Text("SLURM_STEP_ID", None, "the Slurm job step (slurm.step.id)")
+SLURM_JOB_NAME = Text("SLURM_JOB_NAME", None, "the Slurm job's name (slurm.job.name)")
+SLURM_ARRAY_JOB_ID = Text("SLURM_ARRAY_JOB_ID", None, "the job array's id (slurm.array.job.id)")
+SLURM_ARRAY_TASK_ID = Text("SLURM_ARRAY_TASK_ID", None, "the index in the job array (slurm.array.task.id)")
+SLURM_CLUSTER_NAME = Text("SLURM_CLUSTER_NAME", None, "the Slurm cluster (slurm.cluster.name)")
+SLURM_JOB_PARTITION = Text("SLURM_JOB_PARTITION", None, "the job's partition (slurm.partition)")
+SLURMD_NODENAME = Text("SLURMD_NODENAME", None, "the node Slurm runs this step on (host.name)")
 
 # -- OpenTelemetry's --------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ with a span link to that ``ray.execute``, and the rollouts follow the mode as ab
 Anything else upstream (a span the driver opened, carried by our propagation or by the
 embedder's own carrier; a span opened in the actor) is an embedder's.
 
+A Slurm job queued by a traced ``gym eval submit`` (``advice/slurm.py``): ``gym.job``
+also carries a span link to that ``gym.submit``.
+
 Gym releases up to 0.7.x have no switch of their own for this (0.7.0's native ``gym.job``
 always nests), so only ours is read.  ``gym.job`` ends with the counts it saw:
 ``nemo.gym.job.rollouts.sent`` / ``.failed`` and ``nemo.gym.job.num_repeats``.
@@ -46,11 +49,12 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
+from gym_autoinstr.fastpath.propagation import parse_traceparent
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
@@ -98,6 +102,16 @@ _current_job: contextvars.ContextVar[JobState | None] = contextvars.ContextVar("
 _EMPTY = otel_context.Context()
 
 
+def submission(environ: dict[str, str] | os._Environ[str] | None = None) -> SpanContext | None:
+    """The ``gym.submit`` span of the ``gym eval submit`` that queued this Slurm job, from
+    the driver command's ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT`` (``advice/slurm.py``)."""
+    parsed = parse_traceparent(settings.SUBMIT_TRACEPARENT.raw(environ) or "")
+    if parsed is None:
+        return None
+    trace_id, span_id, flags = parsed
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+
+
 def _num_repeats(args: tuple, kwargs: dict) -> int | None:
     config = args[0] if args else kwargs.get("config")
     value = getattr(config, "num_repeats", None)
@@ -118,6 +132,9 @@ def _open_job(repeats: int | None, entry: str) -> JobState:
     options: dict[str, Any] = {}
     if actor_call is not None:
         options = {"context": _EMPTY, "links": [Link(actor_call.get_span_context())]}
+    submitted = submission()
+    if submitted is not None:
+        options["links"] = [*options.get("links", ()), Link(submitted)]
     span = tracer().start_span("gym.job", kind=SpanKind.INTERNAL, attributes=attributes, **options)
     state = JobState(span=span, job_id=job_id, reroot=mode is JobTrace.PER_ROLLOUT)
     if state.reroot:

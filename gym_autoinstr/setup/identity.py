@@ -186,6 +186,30 @@ def resource_attributes(
     version = gym_version()
     if version:
         attributes["nemo.gym.version"] = version
+    attributes.update(slurm_attributes(environ))
+    return attributes
+
+
+# Where a process of a Slurm job runs.  OpenTelemetry has no semantic convention for Slurm:
+# ``slurm.*`` are ours, named after Slurm's own terms; the node is ``host.name``.
+_SLURM = (
+    (settings.SLURM_JOB_ID, "slurm.job.id"),
+    (settings.SLURM_STEP_ID, "slurm.step.id"),
+    (settings.SLURM_JOB_NAME, "slurm.job.name"),
+    (settings.SLURM_ARRAY_JOB_ID, "slurm.array.job.id"),
+    (settings.SLURM_ARRAY_TASK_ID, "slurm.array.task.id"),
+    (settings.SLURM_CLUSTER_NAME, "slurm.cluster.name"),
+    (settings.SLURM_JOB_PARTITION, "slurm.partition"),
+)
+
+
+def slurm_attributes(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, str]:
+    """The Slurm job, step, array index and node of a process in a Slurm job; none outside."""
+    environ = os.environ if environ is None else environ
+    if not settings.SLURM_JOB_ID.raw(environ):
+        return {}
+    attributes = {key: value for setting, key in _SLURM if (value := setting.raw(environ))}
+    attributes["host.name"] = settings.SLURMD_NODENAME.raw(environ) or _host_name()
     return attributes
 
 

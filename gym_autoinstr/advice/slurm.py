@@ -1,0 +1,269 @@
+"""Gym 0.7's Slurm jobs (``gym eval submit``): traced on the compute nodes as a local run is.
+
+``SlurmExecutor.run`` writes one sbatch script per benchmark and submits it, locally or
+over SSH.  The script's driver step (``srun --container-image=... "${GYM_CMD[@]}"``) runs
+``gym eval run`` on a compute node, in a pyxis container: nothing of the submitting
+process's environment can be counted on there (SSH, ``SBATCH_EXPORT=NONE``, an image
+that does not see the host's files).  So what the job needs rides in the command itself:
+
+* ``gym.submit`` (PRODUCER), in the submitting process, around ``SlurmExecutor.run``:
+  executor, cluster, benchmarks, and once submitted the submission id and each job id.
+* ``build_sbatch_script``: the driver's ``GYM_CMD`` array starts with
+  ``env <settings> sh -c <guard> gym-autoinstr`` before ``gym eval run``.  The settings
+  are this process's OpenTelemetry and gym-autoinstr settings that mean the same on
+  another machine (never headers, certificates or keys: they may hold credentials and
+  the script is a file; never paths of this host), and ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT``
+  (``gym.submit``'s context: the job's ``gym.job`` carries a span link to it).  The guard
+  starts the command under ``opentelemetry-instrument`` when the driver's environment (its
+  image) has gym-autoinstr, else says so once in the driver's log and runs it untraced.
+* Gym's collector step on (``otel.enabled``): the job's telemetry goes to that collector
+  (OTLP/HTTP on the driver's node, where Gym points its own); ours is not carried.
+* The embedded file default: the files go to ``<job dir>/gym-autoinstr``, which the driver
+  step mounts, not to a path of the submitting host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gym_autoinstr import settings
+from gym_autoinstr._log import warn_once
+from gym_autoinstr.fastpath.propagation import traceparent
+from gym_autoinstr.telemetry import groups
+from gym_autoinstr.telemetry.spans import mark_error, tracer
+
+SUBMIT_SPAN = "gym.submit"
+EXECUTOR = "nemo.gym.submit.executor"
+CLUSTER = "nemo.gym.submit.cluster"
+BENCHMARKS = "nemo.gym.submit.benchmarks"
+DRY_RUN = "nemo.gym.submit.dry_run"
+SUBMISSION_ID = "nemo.gym.submit.id"
+JOB_IDS = "nemo.gym.submit.slurm.job_ids"
+FAILED = "nemo.gym.submit.failed"
+
+# Where the embedded file default writes inside a job: under the job directory, which the
+# driver step mounts at the same path.
+JOB_OUTPUT_SUBDIR = "gym-autoinstr"
+# Gym's collector receives OTLP/HTTP here, beside the driver (0.7.0: otel.OTLP_HTTP_PORT).
+GYM_COLLECTOR_HTTP_PORT = 4318
+
+# Settings that mean the same on a compute node.  Exporter destinations are left out when
+# Gym's collector step is on (the job's telemetry goes to it).
+_DESTINATION = (
+    settings.TRACES_EXPORTER,
+    settings.METRICS_EXPORTER,
+    settings.LOGS_EXPORTER,
+    settings.OTLP_ENDPOINT,
+    settings.OTLP_TRACES_ENDPOINT,
+    settings.OTLP_PROTOCOL,
+    settings.OTLP_TRACES_PROTOCOL,
+    settings.OTLP_METRICS_PROTOCOL,
+    settings.OTLP_LOGS_PROTOCOL,
+    settings.OTLP_INSECURE,
+    settings.OTLP_TRACES_INSECURE,
+)
+_CARRIED_OTEL = (
+    settings.SDK_DISABLED,
+    settings.SERVICE_NAME,
+    settings.PYTHON_DISABLED_INSTRUMENTATIONS,
+    settings.TRACES_SAMPLER,
+    settings.TRACES_SAMPLER_ARG,
+    settings.METRIC_EXPORT_INTERVAL,
+    settings.BSP_SCHEDULE_DELAY,
+    settings.BSP_MAX_QUEUE_SIZE,
+    settings.BSP_MAX_EXPORT_BATCH_SIZE,
+    settings.BSP_EXPORT_TIMEOUT,
+    settings.OTLP_TIMEOUT,
+    settings.OTLP_TRACES_TIMEOUT,
+    settings.OTLP_METRICS_TEMPORALITY,
+    settings.PROPAGATORS,
+)
+# Ours that belong to this host or this process: a path here, ids minted for this run.
+_NOT_CARRIED = frozenset(
+    setting.name
+    for setting in (
+        settings.OUTPUT_DIR,
+        settings.RUN_ID,
+        settings.SHARD,
+        settings.STARTUP_TRACEPARENT,
+        settings.SPAWN_NS,
+        settings.SERVER_REQUIREMENT,
+        settings.SUBMIT_TRACEPARENT,
+    )
+)
+# May hold credentials or name files of this host: never written into a job script.
+_SECRET = re.compile(r"^OTEL_EXPORTER_OTLP_(\w+_)?(HEADERS|CERTIFICATE|CLIENT_KEY|CLIENT_CERTIFICATE)$")
+
+_submitting: ContextVar[Any] = ContextVar("gym_autoinstr_submit", default=None)
+
+# What the job's driver runs first: the command under opentelemetry-instrument when the
+# driver's environment has gym-autoinstr, else the command as is, with one line in its log.
+_GUARD = (
+    "if command -v opentelemetry-instrument >/dev/null 2>&1 && command -v gym-autoinstr >/dev/null 2>&1; "
+    'then exec opentelemetry-instrument "$@"; fi; '
+    'echo "gym-autoinstr: gym-autoinstr is not installed where this job runs ({where}), so the job runs '
+    'untraced. Fix: install gym-autoinstr in the driver image (see docs/slurm.md)." >&2; '
+    'exec "$@"'
+)
+_GYM_CMD = "GYM_CMD=(\n    gym eval run\n"
+_PRINTABLE = re.compile(r"[^A-Za-z0-9._:/@+-]")
+
+
+def _config_arg(args: tuple, kwargs: dict) -> Any:
+    return args[0] if args else kwargs.get("config")
+
+
+def executor_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``gym.submit`` around ``SlurmExecutor.run(config, *, dry_run)``."""
+    if groups.JOB not in groups.ENABLED:
+        return wrapped(*args, **kwargs)
+    try:
+        span = tracer().start_span(SUBMIT_SPAN, kind=SpanKind.PRODUCER, attributes=_submit_attributes(args, kwargs))
+    except Exception as error:
+        warn_once("slurm:submit", "gym.submit skipped (%r); the submission is unaffected.", error)
+        return wrapped(*args, **kwargs)
+    token = _submitting.set(span)
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            record = wrapped(*args, **kwargs)
+    except BaseException as error:
+        if isinstance(error, Exception):
+            mark_error(span, error)
+        raise
+    else:
+        _record_jobs(span, record)
+        return record
+    finally:
+        _submitting.reset(token)
+        span.end()
+
+
+def _submit_attributes(args: tuple, kwargs: dict) -> dict[str, Any]:
+    attributes: dict[str, Any] = {EXECUTOR: "slurm", DRY_RUN: bool(kwargs.get("dry_run", False))}
+    config = _config_arg(args, kwargs)
+    try:
+        attributes[CLUSTER] = str(next(iter(config.compute)))
+        attributes[BENCHMARKS] = len(config.driver.benchmarks)
+    except Exception:
+        pass
+    return attributes
+
+
+def _record_jobs(span: Any, record: Any) -> None:
+    if record is None or not span.is_recording():  # a dry run returns no record
+        return
+    try:
+        span.set_attribute(SUBMISSION_ID, str(record.gym_job_id))
+        jobs = list(record.benchmarks)
+        span.set_attribute(JOB_IDS, [str(job.job_id) for job in jobs if job.job_id])
+        failed = [job for job in jobs if not job.job_id]
+        span.set_attribute(FAILED, len(failed))
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, f"{len(failed)} of {len(jobs)} sbatch submissions failed"))
+            span.set_attribute("error.type", "sbatch")
+    except Exception as error:
+        warn_once("slurm:record", "gym.submit: could not read the submission record (%r)", error)
+
+
+def sbatch_script_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> str:
+    """``build_sbatch_script(config, benchmark_name, benchmark, compute, remote_bench_dir)``:
+    the script, its driver command carrying what the job needs to be traced."""
+    script = wrapped(*args, **kwargs)
+    try:
+        return _carry(script, *_bind(args, kwargs))
+    except Exception as error:
+        warn_once(
+            "slurm:script",
+            "gym-autoinstr could not prepare the Slurm job to be traced (%r); it is submitted as Gym wrote it.",
+            error,
+        )
+        return script
+
+
+def _bind(args: tuple, kwargs: dict) -> tuple[Any, str, Path]:
+    names = ("config", "benchmark_name", "benchmark", "compute", "remote_bench_dir")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    return bound["config"], str(bound["benchmark_name"]), Path(bound["remote_bench_dir"])
+
+
+def _carry(script: str, config: Any, benchmark_name: str, job_dir: Path) -> str:
+    if _GYM_CMD not in script:
+        warn_once(
+            f"slurm:command:{benchmark_name}",
+            "gym-autoinstr: benchmark %r runs its own command, not `gym eval run`, so its Slurm job is not "
+            "traced. Fix: start the command under opentelemetry-instrument in the benchmark's `command`.",
+            benchmark_name,
+        )
+        return script
+    carried = job_settings(config, job_dir)
+    where = "image " + _PRINTABLE.sub("?", str(getattr(config.driver, "container", None) or "none"))
+    tokens = ["env", *(f"{name}={value}" for name, value in carried.items())]
+    tokens += ["sh", "-c", _GUARD.format(where=where), "gym-autoinstr"]
+    prefix = "".join(f"    {shlex.quote(token)}\n" for token in tokens)
+    return script.replace(_GYM_CMD, f"GYM_CMD=(\n{prefix}    gym eval run\n", 1)
+
+
+def _gym_collector_on(config: Any) -> bool:
+    otel = getattr(config, "otel", None)
+    return bool(getattr(otel, "enabled", False))
+
+
+def job_settings(config: Any, job_dir: Path, environ: Any = None) -> dict[str, str]:
+    """What a job's driver is started with: this process's settings that hold on a compute
+    node, where its telemetry goes, and the submission's span context."""
+    environ = os.environ if environ is None else environ
+    carried: dict[str, str] = {}
+    for name in sorted(environ):
+        if name.startswith(settings.PREFIX) and name in settings.ALL and name not in _NOT_CARRIED:
+            carried[name] = environ[name]
+    for setting in _CARRIED_OTEL:
+        if environ.get(setting.name):
+            carried[setting.name] = environ[setting.name]
+    secrets = sorted(name for name in environ if _SECRET.match(name) and environ[name])
+    if _gym_collector_on(config):
+        port = _collector_port()
+        carried[settings.OTLP_ENDPOINT.name] = f"http://localhost:{port}"
+        carried[settings.OTLP_PROTOCOL.name] = "http/protobuf"
+    else:
+        for setting in _DESTINATION:
+            if environ.get(setting.name):
+                carried[setting.name] = environ[setting.name]
+        if not any(environ.get(s.name) for s in (settings.OTLP_ENDPOINT, settings.OTLP_TRACES_ENDPOINT)) and not (
+            environ.get(settings.TRACES_EXPORTER.name)
+        ):
+            carried[settings.OUTPUT_DIR.name] = str(job_dir / JOB_OUTPUT_SUBDIR)
+        if secrets:
+            warn_once(
+                "slurm:secrets",
+                "gym-autoinstr: %s is not written into the Slurm job script (it may hold credentials); the job "
+                "has it only if its environment carries it (a local submit with sbatch's default --export=ALL). "
+                "Over SSH or with SBATCH_EXPORT=NONE, pass it yourself: driver.env: {%s: host:%s} (Gym writes "
+                "it into job.sh, readable by you alone).",
+                ", ".join(secrets),
+                secrets[0],
+                secrets[0],
+            )
+    span = _submitting.get()
+    if span is not None:
+        context = span.get_span_context()
+        if context.is_valid:
+            carried[settings.SUBMIT_TRACEPARENT.name] = traceparent(context)
+    return carried
+
+
+def _collector_port() -> int:
+    try:
+        from nemo_gym.orchestration.executors import otel
+
+        return int(otel.OTLP_HTTP_PORT)
+    except Exception:
+        return GYM_COLLECTOR_HTTP_PORT
