@@ -106,11 +106,15 @@ _submitting: ContextVar[Any] = ContextVar("gym_autoinstr_submit", default=None)
 
 # What the job's driver runs first: the command under opentelemetry-instrument when the
 # driver's environment has gym-autoinstr, else the command as is, with one line in its log.
+# Installed beside the command (in the environment of the `gym` it runs) is what counts: an
+# opentelemetry-instrument of another environment would start Gym without our distro.
 _GUARD = (
-    "if command -v opentelemetry-instrument >/dev/null 2>&1 && command -v gym-autoinstr >/dev/null 2>&1; "
-    'then exec opentelemetry-instrument "$@"; fi; '
-    'echo "gym-autoinstr: gym-autoinstr is not installed where this job runs ({where}), so the job runs '
-    'untraced. Fix: install gym-autoinstr in the driver image (see docs/slurm.md)." >&2; '
+    'bin=$(dirname "$(command -v "$1")"); '
+    'if [ -x "$bin/opentelemetry-instrument" ] && [ -x "$bin/gym-autoinstr" ]; '
+    'then exec "$bin/opentelemetry-instrument" "$@"; fi; '
+    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs ({where}), so the job '
+    "runs untraced. Fix: install gym-autoinstr into the environment that runs Gym in the driver image "
+    '(see docs/slurm.md)." >&2; '
     'exec "$@"'
 )
 _GYM_CMD = "GYM_CMD=(\n    gym eval run\n"

@@ -10,6 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
@@ -131,7 +132,7 @@ def test_a_failing_rewrite_keeps_gyms_script(environ, caplog):
     assert "could not prepare the Slurm job" in caplog.text
 
 
-def _run_driver(script: str, tmp_path: Path, tools: dict[str, str]) -> subprocess.CompletedProcess:
+def _run_driver(script: str, tmp_path: Path, tools: dict[str, str], extra_path: str = "") -> Any:
     """The driver command as the job runs it, with ``gym`` (and maybe the tracer's
     commands) as scripts on PATH that print what they were started with."""
     bin_dir = tmp_path / "bin"
@@ -141,7 +142,7 @@ def _run_driver(script: str, tmp_path: Path, tools: dict[str, str]) -> subproces
         path.write_text("#!/bin/sh\n" + body)
         path.chmod(0o755)
     block = script[script.index("GYM_CMD=(") : script.index(")\n", script.index("GYM_CMD=(")) + 2]
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    env = {"PATH": f"{bin_dir}:{extra_path}:/usr/bin:/bin" if extra_path else f"{bin_dir}:/usr/bin:/bin"}
     return subprocess.run(["bash", "-c", block + '"${GYM_CMD[@]}"'], capture_output=True, text=True, env=env)
 
 
@@ -155,17 +156,32 @@ def test_the_guard_runs_the_job_untraced_with_one_line_when_the_image_lacks_us(e
     assert done.stdout.startswith("gym eval run +output_jsonl_fpath=")
     assert "endpoint=http://collector.example:4318" in done.stdout
     assert done.stderr.strip() == (
-        "gym-autoinstr: gym-autoinstr is not installed where this job runs (image nvcr.io/team/gym:1.0), so the job "
-        "runs untraced. Fix: install gym-autoinstr in the driver image (see docs/slurm.md)."
+        "gym-autoinstr: gym-autoinstr is not installed beside gym where this job runs (image nvcr.io/team/gym:1.0), "
+        "so the job runs untraced. Fix: install gym-autoinstr into the environment that runs Gym in the driver "
+        "image (see docs/slurm.md)."
     )
 
 
+TRACER = {"gym-autoinstr": "exit 1\n", "opentelemetry-instrument": 'echo instrumented; exec "$@"\n'}
+
+
 def test_the_guard_starts_the_job_under_opentelemetry_instrument_where_we_are_installed(environ, tmp_path):
-    tools = {"gym": GYM, "gym-autoinstr": "exit 1\n", "opentelemetry-instrument": 'echo instrumented; exec "$@"\n'}
-    done = _run_driver(_build(_config()), tmp_path, tools)
+    done = _run_driver(_build(_config()), tmp_path, {"gym": GYM, **TRACER})
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.splitlines()[0] == "instrumented"
     assert done.stdout.splitlines()[1].startswith("gym eval run +output_jsonl_fpath=")
+
+
+def test_the_guard_wants_us_beside_gym_not_in_another_environment(environ, tmp_path):
+    elsewhere = tmp_path / "other-venv"
+    elsewhere.mkdir()
+    for name, body in TRACER.items():
+        (elsewhere / name).write_text("#!/bin/sh\n" + body)
+        (elsewhere / name).chmod(0o755)
+    script = _build(_config())
+    done = _run_driver(script, tmp_path, {"gym": GYM}, extra_path=str(elsewhere))
+    assert done.returncode == 0 and "instrumented" not in done.stdout
+    assert "runs untraced" in done.stderr
 
 
 def test_gym_submit_records_the_jobs_and_the_job_links_to_it(environ, spans):
