@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping
 
@@ -93,7 +94,14 @@ class SlurmCluster:
         self.start_timeout = start_timeout
         self.hostname = socket.gethostname().split(".")[0]
         self.conf = self.workdir / "etc" / "slurm.conf"
-        self.munge_socket = self.workdir / "munge" / "munge.socket"
+        # UNIX sockets (munged's; slurmstepd's in the spool, <spool>/<node>_<job>.<step>) have room
+        # for 107 bytes of path: under a long workdir they go to a short directory of their own.
+        self._short_dir: pathlib.Path | None = None
+        if len(str(self.workdir)) > 60:
+            self._short_dir = pathlib.Path(tempfile.mkdtemp(prefix="gym-slurm-"))
+        sockets = self._short_dir or self.workdir
+        self.munge_socket = sockets / "munge" / "munge.socket"
+        self.spool = sockets / "spool"
         self._procs: dict[str, subprocess.Popen] = {}
         self._logs: list = []
 
@@ -129,8 +137,9 @@ class SlurmCluster:
         if lacking:
             raise SlurmError(f"Slurm is not installed: missing {', '.join(lacking)} (apt-get install {APT_PACKAGES})")
         plugin = build_plugin()
-        for sub in ("etc", "munge", "state", "spool", "log", "run"):
+        for sub in ("etc", "munge", "state", "log", "run"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)
         try:
             self._start_munge()
             self._write_config(plugin)
@@ -154,6 +163,7 @@ class SlurmCluster:
         key = self.workdir / "munge" / "munge.key"
         if not key.exists():
             subprocess.run([_which("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        self.munge_socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.workdir / "munge", 0o700)
         os.chmod(key, 0o600)
         self._spawn(
@@ -198,7 +208,7 @@ class SlurmCluster:
                     f"AuthInfo=socket={self.munge_socket}",
                     f"PlugStackConfig={w / 'etc' / 'plugstack.conf'}",
                     f"StateSaveLocation={w / 'state'}",
-                    f"SlurmdSpoolDir={w / 'spool'}",
+                    f"SlurmdSpoolDir={self.spool}",
                     f"SlurmctldPidFile={w / 'run' / 'slurmctld.pid'}",
                     f"SlurmdPidFile={w / 'run' / 'slurmd.pid'}",
                     f"SlurmctldLogFile={w / 'log' / 'slurmctld.log'}",
@@ -289,6 +299,8 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait(timeout=5)
         self._procs.clear()
+        if self._short_dir is not None:
+            shutil.rmtree(self._short_dir, ignore_errors=True)
         for log in self._logs:
             log.close()
         self._logs.clear()
