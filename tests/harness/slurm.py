@@ -188,7 +188,7 @@ class SlurmCluster:
 
     def _write_config(self, plugin: pathlib.Path) -> None:
         ctld_port, slurmd_port = reserve_ports(2)
-        cpus = os.cpu_count() or 1
+        cpus = len(os.sched_getaffinity(0)) or 1  # what nproc says
         available_mb = _available_memory_mb()
         real_memory = max(256, available_mb // 4)
         w = self.workdir
