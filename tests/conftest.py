@@ -109,3 +109,24 @@ def collector(tmp_path):
 
     with Collector(log_dir=tmp_path / "collector") as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node Slurm cluster (tests/harness/slurm.py), started on first use and
+    shared by the session.  Without Slurm (``./run-tests`` installs it as root) or root, the
+    tests skip; under ``CI=true`` they fail instead."""
+    from tests.harness.slurm import APT_PACKAGES, SlurmCluster, missing
+
+    lacking = missing()
+    reason = ""
+    if lacking:
+        reason = f"Slurm is not installed (missing {', '.join(lacking)}; apt-get install {APT_PACKAGES})"
+    elif os.geteuid() != 0:
+        reason = "the Slurm test cluster runs its daemons as root"
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
