@@ -157,3 +157,20 @@ def test_the_cluster_is_its_own(slurm_cluster):
         assert os.path.exists(f"/proc/{pid}")
     partition, state = slurm_cluster.run("sinfo", "-h", "-o", "%P %T").split()
     assert partition == "main*" and state in ("idle", "mixed", "allocated"), state
+
+
+def test_an_image_that_is_a_directory_puts_its_bin_first_on_the_steps_path(slurm_cluster, tmp_path):
+    """A test's stand-in for an image with software in it (a venv as ``driver.container``):
+    its ``bin`` leads the step's PATH, even under SBATCH_EXPORT=NONE (a step with no PATH)."""
+    image = tmp_path / "image"
+    (image / "bin").mkdir(parents=True)
+    tool = image / "bin" / "imagetool"
+    tool.write_text("#!/bin/sh\necho imagetool=ran\n")
+    tool.chmod(0o755)
+    body = (
+        f"srun --overlap --container-image={image} imagetool\nsrun --overlap --container-image=python:3.12 imagetool\n"
+    )
+    result, output = _submit(slurm_cluster, tmp_path, body, env_extra={"SBATCH_EXPORT": "NONE"})
+    assert result.state == "FAILED", (result.fields, output)  # the second step: no such image here
+    assert _values(output)["imagetool"] == "ran"
+    assert "execve(): imagetool: No such file or directory" in output
