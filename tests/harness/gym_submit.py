@@ -105,6 +105,7 @@ class SubmitJob:
         env: Mapping[str, str] | None = None,
         srun_dirs: Sequence[str] = (),
         gym_version: str = "0.7.0",
+        container: str | None = None,
     ) -> None:
         self.workdir = pathlib.Path(workdir).absolute()
         self.venv = pathlib.Path(venv).absolute()
@@ -113,6 +114,9 @@ class SubmitJob:
         self.rows, self.repeats, self.parallel = rows, repeats, parallel
         self.account, self.partition, self.walltime = account, partition, walltime
         self.instrument = instrument
+        # driver.container (Gym's default when None); a directory stands for an image whose
+        # software is that tree: the test cluster's pyxis_noop puts its bin first on PATH.
+        self.container = container
         self.extra_env = dict(env or {})
         # Where the job finds `srun` (and bash, curl...): `env PATH=<driver PATH> srun ...`
         # looks srun up on the driver's PATH, not the batch script's.
@@ -176,6 +180,7 @@ class SubmitJob:
                 "policy_model_type": "",
                 "env": {k: f"lit:{v}" for k, v in self.driver_env().items()},
                 "benchmarks": {self.benchmark: {"run": self.run_args()}},
+                **({"container": self.container} if self.container else {}),
             },
             "job": {"output_path": str(self.output_path)},
             "otel": {"enabled": False},

@@ -1,0 +1,156 @@
+"""``opentelemetry-instrument gym eval submit`` on a real Slurm cluster (issue #48).
+
+A real single-node cluster (``tests/harness/slurm.py``: munged, slurmctld, slurmd; pyxis
+flags accepted by our no-op SPANK plugin), a real ``gym eval submit`` (Gym 0.7.0) of one
+benchmark against our policy model (``tests/harness/gym_submit.py``), a real collector.
+The job's driver step runs ``gym eval run``: Ray, the head server and the trio, on the
+"compute node".  Each case submits one job and waits for it:
+
+* the default (``--export=ALL``): the submission's ``gym.submit``, the job's ``gym.job``
+  linked to it, every rollout a whole trace linked to the job, Slurm's identity on every
+  process of the job;
+* ``SBATCH_EXPORT=NONE`` with the driver in an "image" (a venv standing in for one, its
+  ``bin`` the step's PATH): nothing of the submitting shell reaches the job, not even Gym's
+  ``driver.env``; our settings ride in the driver's command and the job is traced the same;
+* an image without gym-autoinstr: the job runs untraced, its rollouts written, and the
+  driver's log says why in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.harness.collector import Collector
+from tests.harness.gym_install import gym_venv
+from tests.harness.gym_submit import SubmitJob, write_submit
+from tests.harness.traces import assert_whole_rollout, by_trace, linked_rollout_roots, otel_env, service_of
+
+pytestmark = pytest.mark.realgym
+
+VERSION = "0.7.0"
+EXTRA = ["mlflow-skinny>=3.16.1", "datasets"]  # what `gym eval run` (serving) imports; see gym_submit
+REPEATS = 2
+JOB_TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def module_collector(tmp_path_factory):
+    with Collector(log_dir=tmp_path_factory.mktemp("slurm-collector")) as running:
+        yield running
+
+
+def _submit(
+    job: SubmitJob, cluster, collector: Collector, *, env: dict[str, str] | None = None
+) -> tuple[dict, str, int]:
+    """Submit under opentelemetry-instrument; wait for the job; its record, Slurm id and start time."""
+    environment = {
+        **job.environment(),
+        **cluster.env,
+        **otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200"),
+        **(env or {}),
+    }
+    start_ns = time.time_ns()
+    done = subprocess.run(
+        [str(job.venv / "bin" / "opentelemetry-instrument"), *job.argv()],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(done.stdout[done.stdout.index("{") :])
+    (benchmark,) = record["benchmarks"]
+    slurm_id = benchmark["job_id"]
+    assert slurm_id and not benchmark["error"], record
+    result = cluster.wait(slurm_id, timeout=JOB_TIMEOUT)
+    run_dir = job.run_dirs()[-1]
+    log = job.driver_log(run_dir, slurm_id)
+    assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), (
+        result.fields,
+        log.read_text()[-4000:] if log.exists() else "no driver log",
+    )
+    rollouts = job.rollouts_path(run_dir).read_text().splitlines()
+    assert len(rollouts) == REPEATS
+    return record, slurm_id, start_ns
+
+
+def _traced_job(collector: Collector, record: dict, slurm_id: str, start_ns: int, job: SubmitJob) -> None:
+    """The submission, its job and the job's rollouts, as exported."""
+    collector.sink.wait_for(
+        lambda spans: (
+            sum(s["name"] == "POST /verify" and s["start_ns"] >= start_ns for s in spans) >= REPEATS
+            and any(s["name"] == "gym.job" and s["start_ns"] >= start_ns for s in spans)
+        ),
+        timeout=60,
+    )
+    time.sleep(1.5)  # the last batch of each process (batch delay 200 ms)
+    spans = [s for s in collector.sink.spans() if s["start_ns"] >= start_ns]
+    (submit,) = [s for s in spans if s["name"] == "gym.submit"]
+    assert submit["kind"] == "PRODUCER"
+    assert submit["attributes"]["nemo.gym.submit.executor"] == "slurm"
+    assert submit["attributes"]["nemo.gym.submit.id"] == record["gym_job_id"]
+    assert list(submit["attributes"]["nemo.gym.submit.slurm.job_ids"]) == [slurm_id]
+    assert "slurm.job.id" not in submit["resource"]  # the submitting process is not in the job
+
+    (gym_job,) = [s for s in spans if s["name"] == "gym.job"]
+    assert {"trace_id": submit["trace_id"], "span_id": submit["span_id"]} in gym_job["links"]
+    assert gym_job["trace_id"] != submit["trace_id"]  # linked, not nested: the job is a trace of its own
+    roots = linked_rollout_roots(spans, gym_job)
+    assert len(roots) == REPEATS
+    traces = by_trace(spans)
+    for root in roots:
+        assert_whole_rollout(traces[root["trace_id"]], root, job.trio)
+
+    # every process of the job says where it ran: the job, its driver step, the node
+    in_job = [s for s in spans if s is not submit]
+    services = {service_of(s) for s in in_job}
+    assert services >= {f"nemo-gym/{name}" for name in job.trio.server_names}
+    for span in in_job:
+        resource = span["resource"]
+        assert resource["slurm.job.id"] == slurm_id, (span["name"], resource)
+        assert resource["slurm.step.id"] == "0"
+        assert resource["slurm.job.name"] == f"gym-{job.benchmark}"
+        assert resource["slurm.partition"] == "main"
+        assert resource["host.name"]
+        assert resource["nemo.gym.run.id"] == slurm_id
+
+
+def test_a_submitted_job_is_traced_whole_and_linked_to_its_submission(
+    slurm_cluster, policy_model, module_collector, tmp_path
+):
+    venv = gym_venv(VERSION, extra=EXTRA)
+    job = write_submit(
+        tmp_path / "submit", venv, policy_model.url, tmp_path / "jobs", partition="main", repeats=REPEATS
+    )
+    try:
+        record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector)
+        _traced_job(module_collector, record, slurm_id, start_ns, job)
+        script = job.script_path(job.run_dirs()[-1]).read_text()
+        assert "GYM_AUTOINSTR_SUBMIT_TRACEPARENT=00-" in script
+    finally:
+        job.cleanup()
+
+
+def test_with_sbatch_export_none_the_settings_ride_in_the_driver_command(
+    slurm_cluster, policy_model, module_collector, tmp_path
+):
+    venv = gym_venv(VERSION, extra=EXTRA)
+    # the driver's "image" is the venv: its bin leads the step's PATH (pyxis_noop)
+    job = write_submit(
+        tmp_path / "submit",
+        venv,
+        policy_model.url,
+        tmp_path / "jobs",
+        partition="main",
+        repeats=REPEATS,
+        container=str(venv),
+    )
+    try:
+        record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector, env={"SBATCH_EXPORT": "NONE"})
+        _traced_job(module_collector, record, slurm_id, start_ns, job)
+    finally:
+        job.cleanup()
