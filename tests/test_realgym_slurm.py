@@ -55,7 +55,8 @@ def _submit(
     }
     start_ns = time.time_ns()
     done = subprocess.run(
-        [str(job.venv / "bin" / "opentelemetry-instrument"), *job.argv()],
+        # `--`: opentelemetry-instrument would take `--config` for an abbreviation of its own options
+        [str(job.venv / "bin" / "opentelemetry-instrument"), "--", *job.argv()],
         env=environment,
         capture_output=True,
         text=True,
