@@ -2,14 +2,9 @@
 
 The submit config is ``tests/harness/gym_submit.py``'s: no model services, a local Slurm
 compute, Gym's collector step off, ``gym`` found on the driver's ``PATH``.  Without a Slurm
-cluster these tests take what the job would run from ``gym eval submit --dry-run`` and:
+cluster (the real cluster's run is ``tests/test_realgym_slurm.py``) these tests:
 
 * check the rendered sbatch script (directives, the driver's ``srun`` line, ``GYM_CMD``);
-* run the job body -- the script's ``gym eval run`` (no ``--no-serve``: Ray, the head
-  server and every server of the trio start inside it) -- in a subprocess under
-  ``opentelemetry-instrument`` (the ``gym`` the driver's ``PATH`` finds first is the harness's
-  shim), with the driver step's environment, in the job directory, and check the rollouts it
-  writes and the trace it exports;
 * submit for real through a stand-in ``sbatch`` (it only answers a job id), and check what
   the submit stages and records: ``job.sh``, the manifest, the resolved config.
 """
@@ -19,17 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
-import signal
 import subprocess
-import time
 
 import pytest
 
-from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.gym_submit import DryRun, SubmitJob, write_submit
-from tests.harness.traces import assert_whole_rollout, by_trace, job_spans, linked_rollout_roots, otel_env, service_of
 from tests.harness.trio import AGENT
 
 pytestmark = pytest.mark.realgym
@@ -121,76 +111,6 @@ def test_dry_run_renders_the_driver_step(make_job):
         "+require_complete=True",
     }
     assert len(args) == len(set(args))
-
-
-def _run_job_body(argv: list[str], cwd, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """Run it in a session of its own; on timeout everything it started is killed."""
-    proc = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the job body did not finish in {timeout}s:\n{out[-3000:]}\n{err[-3000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def test_the_job_body_runs_traced_outside_slurm(tmp_path, policy_model, make_job):
-    rows, repeats = 1, 3
-    with Collector(log_dir=tmp_path / "collector") as collector:
-        telemetry = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200")
-        # instrument=True: `gym` on the driver's PATH is opentelemetry-instrument around Gym's
-        job = make_job(policy_model.url, rows=rows, repeats=repeats, env=telemetry, instrument=True)
-        venv = job.venv
-        rendered = dry_run(job)
-        # what the submit stages before sbatch; the script's --chdir is the job dir
-        job_dir = rendered.job_dir
-        (job_dir / "artifacts").mkdir(parents=True)
-        (job_dir / "logs").mkdir()
-        # the job's environment (sbatch exports the submitting shell's), then the step's own
-        env = {**job.environment(), **driver_step_env(rendered.driver_line)}
-        # GYM_CMD as srun runs it: its first word looked up on the step's PATH
-        gym = shutil.which(rendered.gym_cmd[0], path=env["PATH"])
-        assert gym == str(job.bin_dir / "gym")
-        assert f"{venv}/bin/opentelemetry-instrument" in open(gym).read()
-        argv = [gym, *rendered.gym_cmd[1:]]
-        started = time.monotonic()
-        done = _run_job_body(argv, job_dir, env, timeout=600)
-        took = time.monotonic() - started
-        # the driver's log, where srun --output=logs/driver-$SLURM_JOB_ID.log would put it
-        (job_dir / "logs" / "driver-local.log").write_text(done.stdout + done.stderr)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-        assert "Error in sitecustomize" not in done.stderr
-        print(f"job body: {took:.1f}s")
-
-        rollouts = [json.loads(line) for line in (job_dir / "artifacts" / "rollouts.jsonl").read_text().splitlines()]
-        assert len(rollouts) == rows * repeats
-        assert [r["reward"] for r in rollouts] == [1.0] * (rows * repeats)  # the policy model answers right
-
-        collector.sink.wait_for(
-            lambda spans: job_spans(spans) and sum(s["name"] == "POST /verify" for s in spans) >= rows * repeats,
-            timeout=60,
-        )
-        time.sleep(1.5)  # every server's last batch (batch delay 200 ms)
-        spans = collector.sink.spans()
-
-    traces = by_trace(spans)
-    (job_span,) = job_spans(spans)
-    assert job_span["parent_span_id"] is None
-    attributes = job_span["attributes"]
-    assert attributes["nemo.gym.job.rollouts.sent"] == rows * repeats
-    assert attributes["nemo.gym.job.rollouts.failed"] == 0
-    assert attributes["nemo.gym.job.num_repeats"] == repeats
-    roots = linked_rollout_roots(spans, job_span)
-    assert len(roots) == rows * repeats
-    assert len({r["trace_id"] for r in roots}) == rows * repeats
-    for root in roots:
-        # the rollout's root: the collecting process's call to /run -- the same process that served the trio
-        assert (root["kind"], root["name"], service_of(root)) == ("CLIENT", "HTTP POST", service_of(job_span))
-        assert root["attributes"]["url.full"].endswith("/run")
-        assert_whole_rollout(traces[root["trace_id"]], root, job.trio)
 
 
 def test_a_submit_stages_the_script_and_records_the_job(tmp_path, make_job):

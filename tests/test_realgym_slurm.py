@@ -74,8 +74,8 @@ def _submit(
         result.fields,
         log.read_text()[-4000:] if log.exists() else "no driver log",
     )
-    rollouts = job.rollouts_path(run_dir).read_text().splitlines()
-    assert len(rollouts) == REPEATS
+    rollouts = [json.loads(line) for line in job.rollouts_path(run_dir).read_text().splitlines()]
+    assert [r["reward"] for r in rollouts] == [1.0] * REPEATS  # the policy model answers right
     return record, slurm_id, start_ns
 
 
@@ -100,10 +100,17 @@ def _traced_job(collector: Collector, record: dict, slurm_id: str, start_ns: int
     (gym_job,) = [s for s in spans if s["name"] == "gym.job"]
     assert {"trace_id": submit["trace_id"], "span_id": submit["span_id"]} in gym_job["links"]
     assert gym_job["trace_id"] != submit["trace_id"]  # linked, not nested: the job is a trace of its own
+    assert gym_job["parent_span_id"] is None
+    counts = {
+        k: gym_job["attributes"][f"nemo.gym.job.{k}"] for k in ("rollouts.sent", "rollouts.failed", "num_repeats")
+    }
+    assert counts == {"rollouts.sent": REPEATS, "rollouts.failed": 0, "num_repeats": REPEATS}
     roots = linked_rollout_roots(spans, gym_job)
-    assert len(roots) == REPEATS
+    assert len({root["trace_id"] for root in roots}) == len(roots) == REPEATS
     traces = by_trace(spans)
     for root in roots:
+        # the rollout's root: the driver's call to /run (the driver also serves the head server)
+        assert (root["kind"], root["name"], service_of(root)) == ("CLIENT", "HTTP POST", service_of(gym_job))
         assert_whole_rollout(traces[root["trace_id"]], root, job.trio)
 
     # every process of the job says where it ran: the job, its driver step, the node

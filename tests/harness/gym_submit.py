@@ -18,8 +18,6 @@ What is written under ``workdir`` (nothing else is needed by the job):
   ``gym/<type>/<impl>/.venv`` symlinks to ``venv``, found through ``+uv_venv_dir`` and
   reused with ``+skip_venv_if_present`` (no uv venv per server).
 * ``gym/rows.jsonl`` -- the task rows.
-* ``bin/gym`` (``instrument=True``) -- ``opentelemetry-instrument <venv>/bin/gym "$@"``,
-  first on the driver's ``PATH``, since the script runs a bare ``gym eval run``.
 
 After a submit: the run directory is ``<output_path>/<gym job id>``; it holds the manifest
 ``gym-job.json`` (a SubmissionRecord; also printed with ``--json`` and indexed under
@@ -101,7 +99,6 @@ class SubmitJob:
         account: str = DEFAULT_ACCOUNT,
         partition: str = DEFAULT_PARTITION,
         walltime: str = "00:20:00",
-        instrument: bool = False,
         env: Mapping[str, str] | None = None,
         srun_dirs: Sequence[str] = (),
         gym_version: str = "0.7.0",
@@ -113,7 +110,6 @@ class SubmitJob:
         self.benchmark = benchmark
         self.rows, self.repeats, self.parallel = rows, repeats, parallel
         self.account, self.partition, self.walltime = account, partition, walltime
-        self.instrument = instrument
         # driver.container (Gym's default when None); a directory stands for an image whose
         # software is that tree: the test cluster's pyxis_noop puts its bin first on PATH.
         self.container = container
@@ -122,7 +118,6 @@ class SubmitJob:
         # looks srun up on the driver's PATH, not the batch script's.
         self.srun_dirs = list(srun_dirs) or _default_srun_dirs()
         self.config_path = self.workdir / "submit.yaml"
-        self.bin_dir = self.workdir / "bin"
         self.rows_path = self.workdir / "gym" / "rows.jsonl"
         dataset = {"name": benchmark, "type": SPLIT, "jsonl_fpath": str(self.rows_path), "license": "MIT"}
         self.trio = GymTrio(
@@ -152,7 +147,7 @@ class SubmitJob:
 
     def driver_env(self) -> dict[str, str]:
         """``driver.env`` before its ``lit:`` prefixes: the environment of the driver step."""
-        path = ([str(self.bin_dir)] if self.instrument else []) + [str(self.venv / "bin")] + self.srun_dirs
+        path = [str(self.venv / "bin"), *self.srun_dirs]
         env = {
             "PATH": os.pathsep.join(dict.fromkeys(path)),
             "RAY_TMPDIR": self.ray_tmpdir,
@@ -192,15 +187,6 @@ class SubmitJob:
         self.trio.prepare()
         row = json.dumps(self.trio.default_row())
         self.rows_path.write_text("".join(row + "\n" for _ in range(self.rows)))
-        if self.instrument:
-            self.bin_dir.mkdir(exist_ok=True)
-            shim = self.bin_dir / "gym"
-            shim.write_text(
-                "#!/bin/sh\n"
-                f"exec {shlex.quote(str(self.venv / 'bin' / 'opentelemetry-instrument'))} "
-                f'{shlex.quote(str(self.venv / "bin" / "gym"))} "$@"\n'
-            )
-            shim.chmod(0o755)
         self.config_path.write_text(_to_yaml(self.submit_config()) + "\n")
         return self
 
