@@ -18,6 +18,21 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 REALGYM_PREFIX = "test_realgym_"
+# Compares the in-process selection's outcomes at both ends of the OpenTelemetry range, the
+# newest end's possibly from this session's own: it runs after every other test.
+RUNS_LAST = "test_sdk_matrix.py"
+
+
+def pytest_addoption(parser):
+    from tests.harness import selection
+
+    selection.addoption(parser)
+
+
+def pytest_configure(config):
+    from tests.harness import selection
+
+    selection.register(config, REPO)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: every collected test is checked
@@ -25,7 +40,9 @@ def pytest_collection_modifyitems(config, items):
     """The ``realgym`` marker and the file name agree: a test that starts real Gym processes
     is marked ``realgym`` and lives in a ``test_realgym_*.py`` file, and every test in such a
     file is marked (``pytestmark = pytest.mark.realgym``).  A mismatch fails the collection:
-    ``-m "not realgym"`` would otherwise run a real fleet, or skip an in-process test."""
+    ``-m "not realgym"`` would otherwise run a real fleet, or skip an in-process test.
+
+    Then the tests of ``RUNS_LAST`` are moved to the end (in their order)."""
     wrong = []
     for item in items:
         named = item.path.name.startswith(REALGYM_PREFIX)
@@ -40,6 +57,7 @@ def pytest_collection_modifyitems(config, items):
             "`pytestmark = pytest.mark.realgym` and name it test_realgym_*.py, or move the "
             "test):\n  " + "\n  ".join(wrong)
         )
+    items.sort(key=lambda item: item.path.name == RUNS_LAST)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

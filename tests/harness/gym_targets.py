@@ -28,7 +28,7 @@ HOST_RELEASE = {"3.12": "0.4.0", "3.13": "0.7.0"}
 SUPPORT_DEPS = {"3.12": ("mlflow-skinny", "datasets")}
 
 # Settings a test process may carry that would change what a Gym process does.
-_INHERITED_PREFIXES = ("OTEL_", "GYM_AUTOINSTR_", "NEMO_GYM_", "NEMO_LENS_")
+INHERITED_PREFIXES = ("OTEL_", "GYM_AUTOINSTR_", "NEMO_GYM_", "NEMO_LENS_")
 
 
 def host_venv(version: str) -> pathlib.Path:
@@ -104,7 +104,7 @@ def support_directory(version: str) -> pathlib.Path | None:
 
 def clean_environment(**overrides: str) -> dict[str, str]:
     """The test process's environment without Gym/OpenTelemetry settings, plus ``overrides``."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES) and k != "PYTHONPATH"}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES) and k != "PYTHONPATH"}
     environ.update(overrides)
     return environ
 
