@@ -51,9 +51,7 @@ class Recorder:
         self.outcomes: dict[str, str] = {}
         self.finished: set[str] = set()
         self._wanted: set[str] = set()
-        dropped = sorted(
-            k for k in os.environ if k.startswith(INHERITED_PREFIXES) and k not in HARNESS_VARIABLES
-        )
+        dropped = sorted(k for k in os.environ if k.startswith(INHERITED_PREFIXES) and k not in HARNESS_VARIABLES)
         # Why this session's outcomes cannot stand for a subprocess run of the selection, if they cannot.
         self.unlike_subprocess = f"settings a subprocess would drop are set: {dropped}" if dropped else ""
         self._repo = repo
