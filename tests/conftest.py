@@ -148,3 +148,25 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(reason)
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def ssh_server(tmp_path_factory):
+    """A real sshd on loopback (tests/harness/ssh.py), started on first use and shared by the
+    session; ``ssh_server.client({...})`` gives a client whose sessions carry those variables.
+    Without OpenSSH's server or rsync (``./run-tests`` installs them as root) or root, the
+    tests skip; under ``CI=true`` they fail instead."""
+    from tests.harness.ssh import APT_PACKAGES, SshServer, missing
+
+    lacking = missing()
+    reason = ""
+    if lacking:
+        reason = f"OpenSSH or rsync is not installed (missing {', '.join(lacking)}; apt-get install {APT_PACKAGES})"
+    elif os.geteuid() != 0:
+        reason = "the test sshd runs as root (and logs in as root)"
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with SshServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server

@@ -9,9 +9,12 @@ The job's driver step runs ``gym eval run``: Ray, the head server and the trio, 
 * the default (``--export=ALL``): the submission's ``gym.submit``, the job's ``gym.job``
   linked to it, every rollout a whole trace linked to the job, Slurm's identity on every
   process of the job;
-* ``SBATCH_EXPORT=NONE`` with the driver in an "image" (a venv standing in for one, its
-  ``bin`` the step's PATH): nothing of the submitting shell reaches the job, not even Gym's
-  ``driver.env``; our settings ride in the driver's command and the job is traced the same;
+* over SSH (``compute.local.hostname``: a real sshd, ``tests/harness/ssh.py``) to a "login
+  node" whose environment has ``SBATCH_EXPORT=NONE`` (the site's policy) and the cluster's
+  ``SLURM_CONF``, with the driver in an "image" (a venv standing in for one, its ``bin`` the
+  step's PATH): nothing of the submitting process reaches ``sbatch``, and nothing of the
+  login shell reaches the job, not even Gym's ``driver.env``; our settings ride in the
+  driver's command and the job is traced the same;
 * an image without gym-autoinstr: the job runs untraced, its rollouts written, and the
   driver's log says why in one line.
 """
@@ -27,6 +30,7 @@ import pytest
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.gym_submit import SubmitJob, write_submit
+from tests.harness.ssh import SshClient
 from tests.harness.traces import assert_whole_rollout, by_trace, linked_rollout_roots, otel_env, service_of
 
 pytestmark = pytest.mark.realgym
@@ -44,15 +48,22 @@ def module_collector(tmp_path_factory):
 
 
 def _submit(
-    job: SubmitJob, cluster, collector: Collector, *, env: dict[str, str] | None = None
+    job: SubmitJob, cluster, collector: Collector, *, env: dict[str, str] | None = None, ssh: SshClient | None = None
 ) -> tuple[dict, str, int]:
-    """Submit under opentelemetry-instrument; wait for the job; its record, Slurm id and start time."""
+    """Submit under opentelemetry-instrument; wait for the job; its record, Slurm id and start time.
+
+    ``ssh``: the config names its host; Gym's ``ssh``/``rsync`` find the client's wrapper first
+    on PATH, and the submitting process has no ``SLURM_CONF`` (the login node's sessions do)."""
     environment = {
         **job.environment(),
         **cluster.env,
         **otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200"),
         **(env or {}),
     }
+    if ssh is not None:
+        assert job.hostname == ssh.host
+        del environment["SLURM_CONF"]
+        environment = ssh.environment(environment)
     start_ns = time.time_ns()
     done = subprocess.run(
         # `--`: opentelemetry-instrument would take `--config` for an abbreviation of its own options
@@ -143,10 +154,13 @@ def test_a_submitted_job_is_traced_whole_and_linked_to_its_submission(
         job.cleanup()
 
 
-def test_with_sbatch_export_none_the_settings_ride_in_the_driver_command(
-    slurm_cluster, policy_model, module_collector, tmp_path
+def test_over_ssh_with_sbatch_export_none_the_settings_ride_in_the_driver_command(
+    slurm_cluster, ssh_server, policy_model, module_collector, tmp_path
 ):
     venv = gym_venv(VERSION, extra=EXTRA)
+    # the login node's environment: the cluster's config and the site's policy (sshd AcceptEnv);
+    # the submitting process's environment never reaches sbatch over SSH
+    login = ssh_server.client({"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "SBATCH_EXPORT": "NONE"})
     # the driver's "image" is the venv: its bin leads the step's PATH (pyxis_noop)
     job = write_submit(
         tmp_path / "submit",
@@ -156,9 +170,18 @@ def test_with_sbatch_export_none_the_settings_ride_in_the_driver_command(
         partition="main",
         repeats=REPEATS,
         container=str(venv),
+        hostname=login.host,
     )
+    sessions = len(ssh_server.sessions())
+    logins = ssh_server.log_text().count("Accepted publickey for ")
     try:
-        record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector, env={"SBATCH_EXPORT": "NONE"})
+        record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector, ssh=login)
+        # the transport was SSH: the record names the host, and sshd served Gym's commands
+        # (mkdir, rsync, the sbatch commands on bash's stdin, the manifest) over its connection
+        assert record["hostname"] == login.host
+        assert job.record()["hostname"] == login.host  # the manifest Gym wrote over SSH
+        assert ssh_server.log_text().count("Accepted publickey for ") > logins
+        assert len(ssh_server.sessions()) >= sessions + 3, ssh_server.sessions()[sessions:]
         _traced_job(module_collector, record, slurm_id, start_ns, job)
     finally:
         job.cleanup()

@@ -9,7 +9,8 @@ What is written under ``workdir`` (nothing else is needed by the job):
 
 * ``submit.yaml`` -- the SubmitConfig: no ``services`` (our policy model already runs; its URL
   is in the trio config), one Slurm compute with no ``hostname`` (a local connection: sbatch
-  runs on this machine, no SSH), ``otel.enabled: false`` (Gym's collector step off), no
+  runs on this machine, no SSH; ``hostname=<alias>`` sets it: Gym submits over SSH, see
+  ``tests/harness/ssh.py``), ``otel.enabled: false`` (Gym's collector step off), no
   ``driver.gym_install`` (the driver finds ``gym`` on ``PATH``, set through ``driver.env``
   ``lit:`` values: no container runtime here, the step runs on the host).
 * ``gym/gym_trio_config.yaml`` -- the ``GymTrio`` config (fixed ports; the agent declares
@@ -103,6 +104,7 @@ class SubmitJob:
         srun_dirs: Sequence[str] = (),
         gym_version: str = "0.7.0",
         container: str | None = None,
+        hostname: str | None = None,
     ) -> None:
         self.workdir = pathlib.Path(workdir).absolute()
         self.venv = pathlib.Path(venv).absolute()
@@ -113,6 +115,8 @@ class SubmitJob:
         # driver.container (Gym's default when None); a directory stands for an image whose
         # software is that tree: the test cluster's pyxis_noop puts its bin first on PATH.
         self.container = container
+        # compute.local.hostname: Gym submits over SSH to that host (None: sbatch runs here)
+        self.hostname = hostname
         self.extra_env = dict(env or {})
         # Where the job finds `srun` (and bash, curl...): `env PATH=<driver PATH> srun ...`
         # looks srun up on the driver's PATH, not the batch script's.
@@ -168,6 +172,7 @@ class SubmitJob:
                     "account": self.account,
                     "walltime": self.walltime,
                     "node_pools": {"main": {"partition": self.partition, "nodes": 1, "ntasks_per_node": 1}},
+                    **({"hostname": self.hostname} if self.hostname else {}),
                 }
             },
             "driver": {
