@@ -184,7 +184,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         module="nemo_gym.orchestration.executors.slurm",
         attribute="SlurmExecutor.run",
         advice=slurm.executor_run_advice,
-        versions="0.7.0+",
+        versions="0.6.0+",
         group=groups.JOB,
         purpose="gym.submit PRODUCER span around `gym eval submit` on Slurm: cluster, benchmarks, the submission "
         "id and each job id; the jobs' gym.job spans link to it",
@@ -196,7 +196,7 @@ POINTCUTS: tuple[Pointcut, ...] = (
         module="nemo_gym.orchestration.executors.slurm_script",
         attribute="build_sbatch_script",
         advice=slurm.sbatch_script_advice,
-        versions="0.7.0+",
+        versions="0.6.0+",
         group=None,  # plumbing: what the job needs to be traced rides in its driver command
         purpose="the sbatch script's driver command starts under opentelemetry-instrument where the job's "
         "environment has gym-autoinstr, with this process's settings and gym.submit's context",

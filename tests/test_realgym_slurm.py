@@ -55,8 +55,8 @@ def _submit(
     ``ssh``: the config names its host; Gym's ``ssh``/``rsync`` find the client's wrapper first
     on PATH, and the submitting process has no ``SLURM_CONF`` (the login node's sessions do)."""
     environment = {
-        **job.environment(),
-        **cluster.env,
+        **job.environment(),  # without the test process's own Gym and telemetry settings
+        "SLURM_CONF": cluster.env["SLURM_CONF"],
         **otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200"),
         **(env or {}),
     }

@@ -1,4 +1,4 @@
-"""Gym 0.7's Slurm jobs (``gym eval submit``): traced on the compute nodes as a local run is.
+"""Gym's Slurm jobs (``gym eval submit``, 0.6.0+): traced on the compute nodes as a local run is.
 
 ``SlurmExecutor.run`` writes one sbatch script per benchmark and submits it, locally or
 over SSH.  The script's driver step (``srun --container-image=... "${GYM_CMD[@]}"``) runs
