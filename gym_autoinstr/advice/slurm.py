@@ -250,8 +250,9 @@ def job_settings(config: Any, job_dir: Path, environ: Any = None) -> dict[str, s
                 "slurm:secrets",
                 "gym-autoinstr: %s is not written into the Slurm job script (it may hold credentials); the job "
                 "has it only if its environment carries it (a local submit with sbatch's default --export=ALL). "
-                "Over SSH or with SBATCH_EXPORT=NONE, pass it yourself: driver.env: {%s: host:%s} (Gym writes "
-                "it into job.sh, readable by you alone).",
+                "Over SSH, pass it yourself: driver.env: {%s: host:%s} (Gym writes it into job.sh, readable by "
+                "you alone); under SBATCH_EXPORT=NONE not even driver.env reaches the driver: set it in the "
+                "driver image's environment.",
                 ", ".join(secrets),
                 secrets[0],
                 secrets[0],
