@@ -129,6 +129,19 @@ def collector(tmp_path):
         yield running
 
 
+def _require_system(what: str, lacking: list[str], packages: str, root_reason: str) -> None:
+    """Skip (fail under ``CI=true``) a test whose harness needs Debian packages or root."""
+    reason = ""
+    if lacking:
+        reason = f"{what} (missing {', '.join(lacking)}; apt-get install {packages})"
+    elif os.geteuid() != 0:
+        reason = root_reason
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real single-node Slurm cluster (tests/harness/slurm.py), started on first use and
@@ -136,16 +149,9 @@ def slurm_cluster(tmp_path_factory):
     tests skip; under ``CI=true`` they fail instead."""
     from tests.harness.slurm import APT_PACKAGES, SlurmCluster, missing
 
-    lacking = missing()
-    reason = ""
-    if lacking:
-        reason = f"Slurm is not installed (missing {', '.join(lacking)}; apt-get install {APT_PACKAGES})"
-    elif os.geteuid() != 0:
-        reason = "the Slurm test cluster runs its daemons as root"
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    _require_system(
+        "Slurm is not installed", missing(), APT_PACKAGES, "the Slurm test cluster runs its daemons as root"
+    )
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
 
@@ -158,15 +164,8 @@ def ssh_server(tmp_path_factory):
     tests skip; under ``CI=true`` they fail instead."""
     from tests.harness.ssh import APT_PACKAGES, SshServer, missing
 
-    lacking = missing()
-    reason = ""
-    if lacking:
-        reason = f"OpenSSH or rsync is not installed (missing {', '.join(lacking)}; apt-get install {APT_PACKAGES})"
-    elif os.geteuid() != 0:
-        reason = "the test sshd runs as root (and logs in as root)"
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    _require_system(
+        "OpenSSH or rsync is not installed", missing(), APT_PACKAGES, "the test sshd runs as root (and logs in as root)"
+    )
     with SshServer(tmp_path_factory.mktemp("sshd")) as server:
         yield server

@@ -5,30 +5,22 @@ compute, Gym's collector step off, ``gym`` found on the driver's ``PATH``.  With
 cluster (the real cluster's run is ``tests/test_realgym_slurm.py``) these tests:
 
 * check the rendered sbatch script (directives, the driver's ``srun`` line, ``GYM_CMD``);
-* submit for real through a stand-in ``sbatch`` (it only answers a job id), and check what
-  the submit stages and records: ``job.sh``, the manifest, the resolved config.
+* the same dry run under ``opentelemetry-instrument``: our prefix in front of Gym's own
+  ``GYM_CMD``, and the submitting process's ``gym.submit``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
 
 import pytest
 
-from tests.harness.gym_install import gym_venv
-from tests.harness.gym_submit import DryRun, SubmitJob, write_submit
+from tests.harness.gym_submit import DryRun, SubmitJob, serving_venv, write_submit
 from tests.harness.trio import AGENT
 
 pytestmark = pytest.mark.realgym
-
-VERSION = "0.7.0"
-# gym eval run (serving) prepares its data through train_data_utils, which imports mlflow (via
-# gitlab_utils) and datasets (via hf_utils): base requirements of nemo-gym that the minimal test
-# venv leaves out. mlflow-skinny has all of mlflow that Gym imports.
-EXTRA = ["mlflow-skinny>=3.16.1", "datasets"]
 
 
 @pytest.fixture
@@ -37,8 +29,7 @@ def make_job(tmp_path):
     jobs: list[SubmitJob] = []
 
     def make(policy_url: str, **options) -> SubmitJob:
-        venv = gym_venv(VERSION, extra=EXTRA)
-        job = write_submit(tmp_path / "submit", venv, policy_url, tmp_path / "jobs", **options)
+        job = write_submit(tmp_path / "submit", serving_venv(), policy_url, tmp_path / "jobs", **options)
         jobs.append(job)
         return job
 
@@ -113,36 +104,49 @@ def test_dry_run_renders_the_driver_step(make_job):
     assert len(args) == len(set(args))
 
 
-def test_a_submit_stages_the_script_and_records_the_job(tmp_path, make_job):
-    """The submit side, up to sbatch: a stand-in sbatch on PATH records its call and answers a job id."""
+def test_an_instrumented_dry_run_prints_the_driver_command_as_it_would_be_submitted(tmp_path, make_job):
+    """Under opentelemetry-instrument the scripts carry our prefix in front of Gym's own GYM_CMD,
+    and the submitting process records ``gym.submit`` (a dry run: no ids)."""
     job = make_job("http://127.0.0.1:9/v1")
-    fake = tmp_path / "fake-slurm"
-    fake.mkdir()
-    calls = tmp_path / "sbatch-calls"
-    (fake / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho 4242\n')
-    (fake / "sbatch").chmod(0o755)
-    env = job.environment()
-    env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
-    done = subprocess.run(job.argv(), env=env, capture_output=True, text=True, timeout=120)
+    plain = dry_run(job)
+    env = {**job.environment(), "GYM_AUTOINSTR_JOB_TRACE": "single", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    done = subprocess.run(
+        [str(job.venv / "bin" / "opentelemetry-instrument"), "--", *job.argv(dry_run=True)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rendered = DryRun(done.stdout, job.benchmark)
+    at = rendered.gym_cmd.index("sh")
+    assert rendered.gym_cmd[at + 1] == "-c" and rendered.gym_cmd[at + 3] == "gym-autoinstr"
+    # Gym's own command, untouched behind ours (each submission has a run directory of its own)
+    assert rendered.gym_cmd[at + 4 :] == [w.replace(str(plain.run_dir), str(rendered.run_dir)) for w in plain.gym_cmd]
+    carried = dict(item.split("=", 1) for item in rendered.gym_cmd[1:at])
+    assert rendered.gym_cmd[0] == "env"
+    # no exporter configured: the embedded files go into the job directory; the submission's context rides
+    assert carried.pop("GYM_AUTOINSTR_OUTPUT_DIR") == f"{rendered.job_dir}/gym-autoinstr"
+    submitted = carried.pop("GYM_AUTOINSTR_SUBMIT_TRACEPARENT")
+    assert carried == {
+        "GYM_AUTOINSTR_JOB_TRACE": "single",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi",  # our distro's default, set in the submitting process
+    }
+    assert rendered.driver_line == plain.driver_line.replace(str(plain.run_dir), str(rendered.run_dir))
 
-    printed = json.loads(done.stdout)  # --json: the SubmissionRecord
-    (run_dir,) = job.run_dirs()
-    assert job.record(run_dir) == printed
-    assert printed["run_dir"] == str(run_dir) and printed["cluster"] == "local" and printed["hostname"] is None
-    assert printed["executor"] == "slurm"
-    assert printed["benchmarks"] == [
-        {"benchmark": job.benchmark, "job_dir": str(job.job_dir(run_dir)), "job_id": "4242", "error": None}
-    ]
-    # the local index, under the submit's XDG_CACHE_HOME
-    assert json.loads((job.workdir / "cache" / "nemo-gym" / "jobs" / f"{run_dir.name}.json").read_text()) == printed
-    assert (run_dir / "resolved-config.yaml").is_file()
+    # the dry run's gym.submit, in the submitting process's own files (./gym-autoinstr-runs/<run id>)
+    from gym_autoinstr.setup.files import read_path
 
-    script = job.script_path(run_dir)
-    assert calls.read_text().split() == ["--parsable", str(script)]
-    assert oct(script.stat().st_mode & 0o777) == "0o600"
-    assert (job.job_dir(run_dir) / "logs").is_dir() and (job.job_dir(run_dir) / "artifacts").is_dir()
-    text = script.read_text()
-    assert f"#SBATCH --chdir={job.job_dir(run_dir)}" in text
-    assert f"+output_jsonl_fpath={job.rollouts_path(run_dir)}" in text
-    assert not job.rollouts_path(run_dir).exists()  # nothing ran
+    (submit,) = [s for s in read_path(tmp_path / "gym-autoinstr-runs") if s["name"] == "gym.submit"]
+    assert (submit["kind"], submit["parent_span_id"]) == ("PRODUCER", None)
+    assert submit["attributes"] == {
+        "nemo.gym.submit.executor": "slurm",
+        "nemo.gym.submit.dry_run": True,
+        "nemo.gym.submit.cluster": "local",
+        "nemo.gym.submit.benchmarks": 1,
+    }
+    version, trace_id, span_id, flags = submitted.split("-")
+    assert (version, trace_id, span_id) == ("00", submit["trace_id"], submit["span_id"])
+    assert int(flags, 16) & 1  # sampled

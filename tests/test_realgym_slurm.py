@@ -28,15 +28,12 @@ import time
 import pytest
 
 from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
-from tests.harness.gym_submit import SubmitJob, write_submit
+from tests.harness.gym_submit import SubmitJob, serving_venv, write_submit
 from tests.harness.ssh import SshClient
 from tests.harness.traces import assert_whole_rollout, by_trace, linked_rollout_roots, otel_env, service_of
 
 pytestmark = pytest.mark.realgym
 
-VERSION = "0.7.0"
-EXTRA = ["mlflow-skinny>=3.16.1", "datasets"]  # what `gym eval run` (serving) imports; see gym_submit
 REPEATS = 2
 JOB_TIMEOUT = 600
 
@@ -141,23 +138,43 @@ def _traced_job(collector: Collector, record: dict, slurm_id: str, start_ns: int
 def test_a_submitted_job_is_traced_whole_and_linked_to_its_submission(
     slurm_cluster, policy_model, module_collector, tmp_path
 ):
-    venv = gym_venv(VERSION, extra=EXTRA)
+    venv = serving_venv()
     job = write_submit(
         tmp_path / "submit", venv, policy_model.url, tmp_path / "jobs", partition="main", repeats=REPEATS
     )
     try:
         record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector)
         _traced_job(module_collector, record, slurm_id, start_ns, job)
-        script = job.script_path(job.run_dirs()[-1]).read_text()
-        assert "GYM_AUTOINSTR_SUBMIT_TRACEPARENT=00-" in script
+        _staged_and_recorded(job, record, slurm_id, slurm_cluster)
     finally:
         job.cleanup()
+
+
+def _staged_and_recorded(job: SubmitJob, record: dict, slurm_id: str, cluster) -> None:
+    """What a local submit stages and records, around the job Slurm ran."""
+    (run_dir,) = job.run_dirs()
+    assert job.record(run_dir) == record  # the manifest is what --json printed
+    assert record["run_dir"] == str(run_dir) and record["cluster"] == "local" and record["hostname"] is None
+    assert record["executor"] == "slurm"
+    assert record["benchmarks"] == [
+        {"benchmark": job.benchmark, "job_dir": str(job.job_dir(run_dir)), "job_id": slurm_id, "error": None}
+    ]
+    # the local index, under the submit's XDG_CACHE_HOME
+    assert json.loads((job.workdir / "cache" / "nemo-gym" / "jobs" / f"{run_dir.name}.json").read_text()) == record
+    assert (run_dir / "resolved-config.yaml").is_file()
+    script = job.script_path(run_dir)
+    assert cluster.job(slurm_id)["Command"] == str(script)  # sbatch ran the staged job.sh
+    assert oct(script.stat().st_mode & 0o777) == "0o600"
+    text = script.read_text()
+    assert f"#SBATCH --chdir={job.job_dir(run_dir)}" in text
+    assert f"+output_jsonl_fpath={job.rollouts_path(run_dir)}" in text
+    assert "GYM_AUTOINSTR_SUBMIT_TRACEPARENT=00-" in text
 
 
 def test_over_ssh_with_sbatch_export_none_the_settings_ride_in_the_driver_command(
     slurm_cluster, ssh_server, policy_model, module_collector, tmp_path
 ):
-    venv = gym_venv(VERSION, extra=EXTRA)
+    venv = serving_venv()
     # the login node's environment: the cluster's config and the site's policy (sshd AcceptEnv);
     # the submitting process's environment never reaches sbatch over SSH
     login = ssh_server.client({"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "SBATCH_EXPORT": "NONE"})

@@ -37,6 +37,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath.propagation import traceparent
+from gym_autoinstr.setup import files
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
@@ -241,9 +242,7 @@ def job_settings(config: Any, job_dir: Path, environ: Any = None) -> dict[str, s
         for setting in _DESTINATION:
             if environ.get(setting.name):
                 carried[setting.name] = environ[setting.name]
-        if not any(environ.get(s.name) for s in (settings.OTLP_ENDPOINT, settings.OTLP_TRACES_ENDPOINT)) and not (
-            environ.get(settings.TRACES_EXPORTER.name)
-        ):
+        if files.embedded_default_applies(environ):
             carried[settings.OUTPUT_DIR.name] = str(job_dir / JOB_OUTPUT_SUBDIR)
         if secrets:
             warn_once(

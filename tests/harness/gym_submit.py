@@ -46,6 +46,11 @@ from typing import Any
 
 from tests.harness.trio import AGENT, GymTrio
 
+GYM_VERSION = "0.7.0"
+# gym eval run (serving) prepares its data through train_data_utils, which imports mlflow (via
+# gitlab_utils) and datasets (via hf_utils): base requirements of nemo-gym that the minimal test
+# venv leaves out. mlflow-skinny has all of mlflow that Gym imports.
+SERVING_EXTRA = ("mlflow-skinny>=3.16.1", "datasets")
 DEFAULT_BENCHMARK = "tiny"
 SPLIT = "validation"
 # What a single-node test cluster takes; overridable per call.
@@ -232,6 +237,13 @@ class SubmitJob:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
+
+
+def serving_venv() -> pathlib.Path:
+    """The Gym venv a submitted job runs (``gym eval run`` serving needs ``SERVING_EXTRA``)."""
+    from tests.harness.gym_install import gym_venv
+
+    return gym_venv(GYM_VERSION, extra=SERVING_EXTRA)
 
 
 def write_submit(
