@@ -21,6 +21,45 @@ REALGYM_PREFIX = "test_realgym_"
 # Compares the in-process selection's outcomes at both ends of the OpenTelemetry range, the
 # newest end's possibly from this session's own: it runs after every other test.
 RUNS_LAST = "test_sdk_matrix.py"
+# Under pytest-xdist with ``--dist loadgroup`` (``./run-tests``: a worker per core) a file's
+# tests run on one worker (they share module fixtures: a fleet, a cluster), and so do the
+# files of one group here: they share a session fixture (a Slurm cluster, an sshd) that would
+# otherwise start once per worker.
+SHARED_WORKER = {
+    "test_harness_slurm.py": "slurm",
+    "test_harness_ssh.py": "slurm",
+    "test_realgym_slurm.py": "slurm",
+}
+# The files that take longest (tests/README.md, "Where the time goes"), longest first: under
+# xdist they are handed out first, so the short ones fill the workers' gaps at the end.
+LONGEST_FIRST = (
+    "test_realgym_faults.py",
+    "test_realgym_seams.py",
+    "test_realgym_venvs.py",
+    "test_realgym_trace.py",
+    "test_realgym_job.py",
+    "test_realgym_backends.py",
+    "test_doctor.py",
+    "test_realgym_coexistence.py",
+    "test_realgym_ray.py",
+    "test_realgym_harness_trio.py",
+    "test_realgym_ray_actor.py",
+    "test_realgym_sdk_floor.py",
+    "test_realgym_eval_submit.py",
+    "test_realgym_version_matrix.py",
+    "test_realgym_slurm.py",
+    "test_realgym_sandbox.py",
+    "test_realgym_metrics.py",
+    "test_realgym_secrets.py",
+    "test_view_scale.py",
+    "test_ray_actor.py",
+    "test_realgym_view.py",
+    "test_realgym_demo.py",
+    "test_realgym_doctor.py",
+    "test_doctor_pipeline.py",
+    "test_patch_lifecycle.py",
+    "test_harness_slurm.py",
+)
 
 
 def pytest_addoption(parser):
@@ -42,7 +81,8 @@ def pytest_collection_modifyitems(config, items):
     file is marked (``pytestmark = pytest.mark.realgym``).  A mismatch fails the collection:
     ``-m "not realgym"`` would otherwise run a real fleet, or skip an in-process test.
 
-    Then the tests of ``RUNS_LAST`` are moved to the end (in their order)."""
+    Then the tests of ``RUNS_LAST`` are moved to the end (in their order); under xdist's
+    ``--dist loadgroup`` each test gets its worker group and ``LONGEST_FIRST`` go first."""
     wrong = []
     for item in items:
         named = item.path.name.startswith(REALGYM_PREFIX)
@@ -57,7 +97,18 @@ def pytest_collection_modifyitems(config, items):
             "`pytestmark = pytest.mark.realgym` and name it test_realgym_*.py, or move the "
             "test):\n  " + "\n  ".join(wrong)
         )
-    items.sort(key=lambda item: item.path.name == RUNS_LAST)  # stable: the rest keep their order
+    if config.getoption("dist", "no") != "loadgroup":
+        items.sort(key=lambda item: item.path.name == RUNS_LAST)  # stable: the rest keep their order
+        return
+    for item in items:
+        group = SHARED_WORKER.get(item.path.name) or item.path.relative_to(REPO).as_posix().replace("/", ".")
+        item.add_marker(pytest.mark.xdist_group(group))
+
+    def order(item):
+        name = item.path.name
+        return name == RUNS_LAST, LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")

@@ -110,3 +110,17 @@ def test_a_collection_lists_the_selection_and_runs_nothing(tmp_path):
     data = _session(tmp_path, "--collect-only", "-m", selection.SELECTION)
     assert len(data["collected"]) == 8 and "test_sample.py::test_slow" not in data["collected"]
     assert data["outcomes"] == {} and data["complete"] is False
+
+
+def test_under_xdist_the_controller_records_every_worker_s_tests(tmp_path):
+    """Two pytest-xdist workers, files grouped (``--dist loadgroup``): the same outcomes, under
+    the same node ids, as one process records, and the selection as every worker collected it."""
+    (tmp_path / "test_other.py").write_text(
+        "import pytest\n\n@pytest.mark.xdist_group('g')\ndef test_grouped():\n    pass\n"
+    )
+    data = _session(tmp_path, "-n", "2", "--dist", "loadgroup")
+    alone = _session(tmp_path)
+    assert data["outcomes"] == alone["outcomes"]
+    assert alone["outcomes"]["test_other.py::test_grouped"] == "passed"
+    assert sorted(data["collected"]) == sorted(alone["collected"]) == sorted(alone["outcomes"])
+    assert data["complete"] is True

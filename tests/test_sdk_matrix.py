@@ -7,11 +7,13 @@ every OpenTelemetry package at the floor, one at the newest release on the index
 runs must pass, and a test may not be skipped at one end of the range only (a skip that
 hides a version difference is a failure here).
 
-Cost: the two runs go concurrently (each about as long as the selection alone); the venvs
-are cached (cold: a few minutes each to build).  When this session runs on the newest
+Cost: the two runs go concurrently (each about as long as the selection alone; under
+pytest-xdist a subprocess runs on as many workers as this session); the venvs are cached
+(cold: under a minute each to build).  When this session runs on the newest
 end's venv (the runner venv, when it holds the newest set: the usual case in CI) and has
-run the whole selection (this module's tests run last: ``tests/conftest.py``), the newest
-end's outcomes are this session's own (``tests/harness/selection.py``) and only the floor
+run the whole selection (this module's tests run last: ``tests/conftest.py``; under
+pytest-xdist they wait for the other workers' tests of the selection), the newest end's
+outcomes are this session's own (``tests/harness/selection.py``) and only the floor
 runs as a subprocess; the whole selection is what a collection of it in that venv lists
 (a few seconds, beside the floor run).  A session that runs part of the selection (this
 module alone, say) runs the newest end as a subprocess too.
@@ -20,6 +22,7 @@ module alone, say) runs the newest end as a subprocess too.
 from __future__ import annotations
 
 import collections
+import os
 import pathlib
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.harness import gym_targets, otel_versions, selection
+from tests.harness import gym_targets, otel_versions, ports, selection
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +59,12 @@ def _pytest(venv: pathlib.Path, workdir: pathlib.Path, name: str, *args: str):
         *args,
     ]
     env = gym_targets.clean_environment(PYTHONPATH=str(REPO))
+    index, count = ports.share()  # this worker's ports, shared among the subprocess's workers
+    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST_")}
+    env[ports.SHARE_VARIABLE] = f"{index}/{count}"
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "--collect-only" not in args:  # as this session runs: on every core
+        command += ["-n", workers]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     return result, selection.read(written)
 
@@ -94,7 +103,8 @@ def _this_session(recorder: selection.Recorder, workdir: pathlib.Path) -> tuple[
     if set(whole["collected"]) != set(recorder.collected):
         ran, left = len(set(recorder.collected) & set(whole["collected"])), len(whole["collected"])
         return None, f"this session runs {ran} of the selection's {left} tests"
-    if not recorder.complete():
+    # (under pytest-xdist: until the other workers' tests of the selection have run too)
+    if not recorder.live_outcomes(timeout=TIMEOUT):
         return None, "some test of the selection in this session has not run to its end"
     data = {"collected": recorder.collected, "outcomes": dict(recorder.outcomes)}
     return _run("newest", "this session (the runner venv is the newest set's)", data), ""

@@ -39,7 +39,15 @@ from collections.abc import Iterable, Sequence
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Bump when the install recipe below changes in a way that needs a rebuild.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
+
+# Every venv is built by uv (what Gym itself builds its server venvs with): one resolve and
+# parallel downloads, several times faster than pip.  uv itself is the one thing pip installs,
+# into a venv of its own in the cache.  Its cache (``uv-cache``, shared with the server venvs
+# GymTrio has Gym build) sits beside the venvs, on the same file system: installs hard-link.
+UV_REQUIREMENT = "uv==0.13.9"
+# Gym 0.5+ declare Python >=3.13.14; they run on 3.13.0 (what these machines have).
+GYM_PYTHON_FLOOR = "3.13.14"
 
 # Third-party packages the example trio actually needs at run time (found by
 # trying: removing any of these breaks import of a server or the CLI).  Gym's own
@@ -194,11 +202,72 @@ def _file_lock(path: pathlib.Path):
 def _run(cmd: list[str], **kw) -> None:
     _log("$ " + " ".join(cmd))
     t0 = time.monotonic()
+    if pathlib.Path(cmd[0]).name == "uv" and "env" not in kw:
+        kw["env"] = uv_environment()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
     if r.returncode != 0:
         sys.stderr.write(r.stdout[-6000:])
         raise RuntimeError(f"command failed ({r.returncode}): {' '.join(cmd)}")
     _log(f"  done in {time.monotonic() - t0:.1f}s")
+
+
+def uv_cache() -> pathlib.Path:
+    return cache_root() / "uv-cache"
+
+
+def uv_binary() -> str:
+    """The pinned uv, pip-installed once into ``<cache>/tool-uv`` (any Python will do)."""
+    root = cache_root()
+    venv = root / "tool-uv"
+    exe = venv / "bin" / "uv"
+    stamp = venv / "gym-autoinstr-stamp.json"
+    if stamp.exists() and stamp.read_text() == UV_REQUIREMENT + "\n":
+        return str(exe)
+    with _file_lock(root / "tool-uv.lock"):
+        if not (stamp.exists() and stamp.read_text() == UV_REQUIREMENT + "\n"):
+            if venv.exists():
+                shutil.rmtree(venv)
+            _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "--python",
+                    str(venv / "bin" / "python"),
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "-q",
+                    UV_REQUIREMENT,
+                ]
+            )
+            stamp.write_text(UV_REQUIREMENT + "\n")
+    return str(exe)
+
+
+def uv_environment() -> dict[str, str]:
+    """The environment uv runs in: our cache, never a Python download, no user config."""
+    env = dict(os.environ)
+    env.update(UV_CACHE_DIR=str(uv_cache()), UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1")
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def uv_pip(vpy: str, *, python_version: str | None = None) -> list[str]:
+    """``uv pip install`` into the venv of ``vpy`` (``python_version``: resolve as for that Python)."""
+    cmd = [uv_binary(), "pip", "install", "--python", vpy]
+    if python_version:
+        cmd += ["--python-version", python_version]
+    return cmd
+
+
+def _new_venv(venv: pathlib.Path, python: str) -> str:
+    """A fresh venv at ``venv`` on ``python``, with pip (seeded: tests and tools run ``-m pip``)."""
+    if venv.exists():
+        shutil.rmtree(venv)
+    _run([uv_binary(), "venv", "--seed", "--quiet", "--python", python, str(venv)])
+    return str(venv / "bin" / "python")
 
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
@@ -235,17 +304,15 @@ def _requirements_for(python: str, names: Iterable[str]) -> list[str]:
 
 def _build(venv: pathlib.Path, version: str, with_project: bool, extra: Sequence[str], python: str) -> None:
     t0 = time.monotonic()
-    if venv.exists():
-        shutil.rmtree(venv)
     _log(f"building {venv.name} with {python}")
     # Built in place under its final name (a venv's scripts embed its path); the
     # stamp is written last, so an interrupted build is simply redone.
-    _run([python, "-m", "venv", str(venv)])
-    vpy = str(venv / "bin" / "python")
-    pip = [vpy, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    if _vtuple(version) >= (0, 5):
-        pip.append("--ignore-requires-python")
-    _run(pip + ["--no-deps", f"nemo-gym=={version}"])
+    vpy = _new_venv(venv, python)
+    # 0.5+ declare Python >=3.13.14 and run here on 3.13.0: only Gym's own wheel is told so.
+    _run(
+        uv_pip(vpy, python_version=GYM_PYTHON_FLOOR if _vtuple(version) >= (0, 5) else None)
+        + ["--no-deps", f"nemo-gym=={version}"]
+    )
     reqs = _requirements_for(vpy, MINIMAL_DEPS)
     have = {_norm(n) for n in MINIMAL_DEPS}
     reqs += [d for d in HARNESS_DEPS if _norm(d) not in have]
@@ -254,7 +321,7 @@ def _build(venv: pathlib.Path, version: str, with_project: bool, extra: Sequence
     # project's exporters must agree with.
     if with_project:
         reqs += ["-e", str(REPO_ROOT)]
-    _run(pip + reqs)
+    _run(uv_pip(vpy) + reqs)
     # Fail early (and clearly) if the CLI cannot start.
     # (cwd: a scratch dir -- Gym's Hydra setup may write outputs/ into the cwd.)
     check = "import nemo_gym.cli.main, ray, fastapi, openai"
@@ -327,11 +394,8 @@ def tool_venv(name: str, requirements: Sequence[str], *, python_minor: str = "3.
         if current():
             return venv
         t0 = time.monotonic()
-        if venv.exists():
-            shutil.rmtree(venv)
-        _run([python, "-m", "venv", str(venv)])
-        vpy = str(venv / "bin" / "python")
-        _run([vpy, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements])
+        vpy = _new_venv(venv, python)
+        _run(uv_pip(vpy) + list(requirements))
         if check:
             with tempfile.TemporaryDirectory() as scratch:
                 _run([vpy, "-c", check], cwd=scratch)

@@ -1,7 +1,7 @@
 """Many nemo-gym releases for the price of two venvs.
 
 Importing Gym (not running a fleet) needs its third-party deps once per Python; the Gym
-package itself is small.  So each release is installed alone with ``pip install
+package itself is small.  So each release is installed alone with ``uv pip install
 --no-deps --target <dir>`` and put first on ``PYTHONPATH`` of a host venv from
 ``gym_install`` (0.4.0's on Python 3.12 for Gym < 0.5, 0.7.0's on 3.13 for 0.5+), where
 it shadows the host's own nemo-gym, package and metadata alike.
@@ -49,20 +49,14 @@ def gym_target(version: str) -> pathlib.Path:
             return target
         if target.exists():
             subprocess.run(["rm", "-rf", str(target)], check=True)
-        command = [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
+        minor = gym_install.python_minor_for(version)
+        floor = gym_install.GYM_PYTHON_FLOOR if minor != "3.12" else None
+        command = gym_install.uv_pip(python, python_version=floor) + [
             "--no-deps",
             "--target",
             str(target),
             f"nemo-gym=={version}",
         ]
-        if gym_install.python_minor_for(version) != "3.12":
-            command.append("--ignore-requires-python")
         gym_install._run(command)
         stamp.write_text(version + "\n")
     return target
@@ -85,19 +79,7 @@ def support_directory(version: str) -> pathlib.Path | None:
             return target
         if target.exists():
             subprocess.run(["rm", "-rf", str(target)], check=True)
-        gym_install._run(
-            [
-                python,
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--target",
-                str(target),
-                *SUPPORT_DEPS[minor],
-            ]
-        )
+        gym_install._run(gym_install.uv_pip(python) + ["--target", str(target), *SUPPORT_DEPS[minor]])
         stamp.write_text(want)
     return target
 

@@ -48,6 +48,7 @@ CONTRIB = (
 # the newest set's venv while it holds the newest minors.
 RUNNER_EXTRAS = (
     "pytest",
+    "pytest-xdist",
     "rotel",
     "opentelemetry-proto",
     "httpx",

@@ -8,11 +8,13 @@ ports the harness chose (a CI run lost ``policy_model`` to Ray's GCS on the same
 port). So the ports handed out here come from outside the ephemeral range and
 outside the worker-port ranges Ray uses (10002-19999 by default, 20000-29999 in
 ``ray_cluster``), picked at random, checked free by binding, and never handed out
-twice by one process.
+twice by one process.  Under pytest-xdist each worker draws from its own share of them
+(``share``), so two workers never pick the same port in the gap either.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -31,10 +33,27 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+SHARE_VARIABLE = "GYM_TEST_PORT_SHARE"  # "index/count": a pytest run inside a test (its share, subdivided)
+
+
+def share() -> tuple[int, int]:
+    """(index, count): this process takes the ports ``p`` with ``p % count == index``.  A
+    pytest-xdist worker takes its own share of the share its session was given; (0, 1) alone."""
+    index, count = 0, 1
+    outer = os.environ.get(SHARE_VARIABLE, "")
+    outer_index, _, outer_count = outer.partition("/")
+    if outer_index.isdigit() and outer_count.isdigit() and 0 <= int(outer_index) < int(outer_count):
+        index, count = int(outer_index), int(outer_count)
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(workers) > 0:
+        index, count = index + count * (int(worker[2:]) % int(workers)), count * int(workers)
+    return index, count
+
+
 def _candidates() -> list[int]:
     lo, hi = _ephemeral_range()
-    ports = [p for p in range(_RAY_WORKER_PORTS_END, 65536) if not lo <= p <= hi]
-    return ports
+    index, count = share()
+    return [p for p in range(_RAY_WORKER_PORTS_END, 65536) if not lo <= p <= hi and p % count == index]
 
 
 def _bindable(port: int, host: str) -> bool:

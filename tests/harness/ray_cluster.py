@@ -19,7 +19,19 @@ from collections.abc import Mapping
 
 import psutil
 
-from tests.harness.trio import free_ports
+from tests.harness.ports import share
+from tests.harness.trio import free_ports, log_timing
+
+# Ray workers' ports: 24000-29999 (a client server's own per-client servers take 23000-23999),
+# split between the processes sharing the machine's ports (pytest-xdist workers: ports.share).
+WORKER_PORTS = (24000, 29999)
+
+
+def _worker_port_options() -> list[str]:
+    index, count = share()
+    width = (WORKER_PORTS[1] - WORKER_PORTS[0] + 1) // count
+    low = WORKER_PORTS[0] + index * width
+    return [f"--min-worker-port={low}", f"--max-worker-port={low + width - 1}"]
 
 
 class RayCluster:
@@ -96,9 +108,7 @@ class RayCluster:
             f"--dashboard-agent-grpc-port={ports[4]}",
             f"--dashboard-agent-listen-port={ports[5]}",
             f"--metrics-export-port={ports[6]}",
-            # (the client server's own per-client servers take ports from 23000-23999)
-            f"--min-worker-port={24000 if self.client_server else 20000}",
-            "--max-worker-port=29999",
+            *_worker_port_options(),
             "--disable-usage-stats",
         ]
         if head:
@@ -122,12 +132,14 @@ class RayCluster:
 
     def start(self, nodes: int = 1, timeout: float = 180) -> RayCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
         try:
             self._start_node(True, '{"node0": 1}')
             self.wait_for_nodes(1, timeout)
             for index in range(1, nodes):
                 self._start_node(False, f'{{"node{index}": 1}}')
             self.wait_for_nodes(nodes, timeout)
+            log_timing(f"[ray_cluster] {nodes}-node ready in {time.monotonic() - t0:.1f}s")
         except BaseException:
             self.stop()
             raise

@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -99,6 +100,11 @@ _READY_RE = re.compile(r"All (\d+) / (\d+) servers ready!")
 
 def _vtuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def log_timing(line: str) -> None:
+    """A harness timing on stderr (a test's captured output: tools/test-times reads it)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -369,6 +375,7 @@ class GymTrio:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
+        log_timing(f"[trio] gym-{self.gym_version} ready in {self.startup_seconds:.1f}s")
         self._track()
         return self
 
@@ -531,6 +538,7 @@ class GymTrio:
             self._cleanup_tmp()
             return None
         self._track()
+        t0 = time.monotonic()
         rc = self.proc.poll()
         if rc is None:
             try:
@@ -562,6 +570,7 @@ class GymTrio:
         self.returncode = rc
         self.proc_pid = self.proc.pid
         self.proc = None
+        log_timing(f"[trio] gym-{self.gym_version} stopped in {time.monotonic() - t0:.1f}s")
         return rc
 
     def _kill(self, procs: list[psutil.Process]) -> None:
@@ -595,8 +604,6 @@ class PolicyModel:
     def __init__(
         self, host: str = "127.0.0.1", port: int = 0, args: tuple[str, ...] = (), python: str | None = None
     ) -> None:
-        import sys
-
         self.cmd = [python or sys.executable, str(self.script), "--host", host, "--port", str(port), *args]
         self.proc: subprocess.Popen | None = None
         self.base: str | None = None
