@@ -21,10 +21,10 @@ REALGYM_PREFIX = "test_realgym_"
 # Compares the in-process selection's outcomes at both ends of the OpenTelemetry range, the
 # newest end's possibly from this session's own: it runs after every other test.
 RUNS_LAST = "test_sdk_matrix.py"
-# Under pytest-xdist with ``--dist loadgroup`` (``./run-tests``: a worker per core) a file's
-# tests run on one worker (they share module fixtures: a fleet, a cluster), and so do the
-# files of one group here: they share a session fixture (a Slurm cluster, an sshd) that would
-# otherwise start once per worker.
+# Under pytest-xdist (``./run-tests``: a worker per core) a file's tests run on one worker
+# (they share module fixtures: a fleet, a cluster), and so do the files of one group here:
+# they share a session fixture (a Slurm cluster, an sshd) that would otherwise start once per
+# worker (``pytest_xdist_make_scheduler``).
 SHARED_WORKER = {
     "test_harness_slurm.py": "slurm",
     "test_harness_ssh.py": "slurm",
@@ -81,8 +81,8 @@ def pytest_collection_modifyitems(config, items):
     file is marked (``pytestmark = pytest.mark.realgym``).  A mismatch fails the collection:
     ``-m "not realgym"`` would otherwise run a real fleet, or skip an in-process test.
 
-    Then the tests of ``RUNS_LAST`` are moved to the end (in their order); under xdist's
-    ``--dist loadgroup`` each test gets its worker group and ``LONGEST_FIRST`` go first."""
+    Then the tests of ``RUNS_LAST`` are moved to the end (in their order); in an xdist
+    worker ``LONGEST_FIRST`` go first too (the order in which files are handed out)."""
     wrong = []
     for item in items:
         named = item.path.name.startswith(REALGYM_PREFIX)
@@ -97,18 +97,33 @@ def pytest_collection_modifyitems(config, items):
             "`pytestmark = pytest.mark.realgym` and name it test_realgym_*.py, or move the "
             "test):\n  " + "\n  ".join(wrong)
         )
-    if config.getoption("dist", "no") != "loadgroup":
+    if not hasattr(config, "workerinput"):  # (not an xdist worker: the controller collects nothing)
         items.sort(key=lambda item: item.path.name == RUNS_LAST)  # stable: the rest keep their order
         return
-    for item in items:
-        group = SHARED_WORKER.get(item.path.name) or item.path.relative_to(REPO).as_posix().replace("/", ".")
-        item.add_marker(pytest.mark.xdist_group(group))
 
     def order(item):
         name = item.path.name
         return name == RUNS_LAST, LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=order)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with a scope per ``worker_group``: a file's tests, or a shared
+    group's files, go to one worker, handed out in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(REPO / nodeid.split("::", 1)[0])
+
+    return ByGroup(config, log)
+
+
+def worker_group(path: Path) -> str:
+    """The xdist scope of a test file: its shared group, else the file itself."""
+    return SHARED_WORKER.get(path.name) or path.resolve().relative_to(REPO).as_posix()
 
 
 @pytest.fixture(scope="session")

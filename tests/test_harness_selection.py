@@ -113,14 +113,16 @@ def test_a_collection_lists_the_selection_and_runs_nothing(tmp_path):
 
 
 def test_under_xdist_the_controller_records_every_worker_s_tests(tmp_path):
-    """Two pytest-xdist workers, files grouped (``--dist loadgroup``): the same outcomes, under
-    the same node ids, as one process records, and the selection as every worker collected it."""
+    """Two pytest-xdist workers, a file each: the same outcomes as one process records (a
+    ``slow`` test of another file left out), and the selection as every worker collected it."""
     (tmp_path / "test_other.py").write_text(
-        "import pytest\n\n@pytest.mark.xdist_group('g')\ndef test_grouped():\n    pass\n"
+        "import pytest\n\n@pytest.mark.slow\ndef test_slow_elsewhere():\n    pass\n\n"
+        "def test_passes_elsewhere():\n    pass\n"
     )
-    data = _session(tmp_path, "-n", "2", "--dist", "loadgroup")
+    data = _session(tmp_path, "-n", "2", "--dist", "loadfile")
     alone = _session(tmp_path)
     assert data["outcomes"] == alone["outcomes"]
-    assert alone["outcomes"]["test_other.py::test_grouped"] == "passed"
+    assert alone["outcomes"]["test_other.py::test_passes_elsewhere"] == "passed"
+    assert "test_other.py::test_slow_elsewhere" not in alone["outcomes"]
     assert sorted(data["collected"]) == sorted(alone["collected"]) == sorted(alone["outcomes"])
     assert data["complete"] is True

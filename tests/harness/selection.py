@@ -12,9 +12,7 @@ the selection), but runs only its share, while the controller sees every test's 
 the controller's recorder takes the outcomes (a test is in the selection unless its report's
 keywords carry a marker outside it), the workers hand it the selection, and the controller
 keeps a live copy of what finished in a file whose path each worker gets
-(``live_outcomes``: what ``tests/test_sdk_matrix.py`` waits on from inside a worker).  Node
-ids are recorded without xdist's ``@group`` suffix (``--dist loadgroup``), as a session
-without xdist names them.
+(``live_outcomes``: what ``tests/test_sdk_matrix.py`` waits on from inside a worker).
 
 It also notes whether this session's outcomes stand for a run of the selection on this
 interpreter: no setting a subprocess would drop (``gym_targets.clean_environment``) was set
@@ -27,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import tempfile
 import time
 
@@ -44,16 +41,10 @@ HARNESS_VARIABLES = ("GYM_AUTOINSTR_TEST_CACHE",)
 _RANK = {"passed": 0, "skipped": 1, "failure": 2, "error": 2}
 _LIVE = "selection_live_outcomes"  # workerinput: the controller's live file
 _COLLECTED = "selection_collected"  # workeroutput: a worker's collected selection
-_GROUP_SUFFIX = re.compile(r"@[\w.-]+$")
 
 
 def in_selection(item: pytest.Item) -> bool:
     return not any(item.get_closest_marker(name) for name in MARKERS_OUTSIDE)
-
-
-def node_id(nodeid: str) -> str:
-    """``nodeid`` as a session without xdist's ``--dist loadgroup`` names it."""
-    return _GROUP_SUFFIX.sub("", nodeid)
 
 
 def _kind(report: pytest.TestReport) -> str:
@@ -99,13 +90,13 @@ class Recorder:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.is_controller:  # (under xdist the controller collects nothing: the workers say)
             return
-        self.collected = [node_id(item.nodeid) for item in session.items if in_selection(item)]
+        self.collected = [item.nodeid for item in session.items if in_selection(item)]
         self._wanted = set(self.collected)
         if self.is_worker:
             self.config.workeroutput[_COLLECTED] = self.collected
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        nodeid = node_id(report.nodeid)
+        nodeid = report.nodeid
         if self.is_controller:
             if any(name in report.keywords for name in MARKERS_OUTSIDE):
                 return
