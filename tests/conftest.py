@@ -111,8 +111,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with a scope per ``worker_group``: a file's tests, or a shared
-    group's files, go to one worker, handed out in collection order."""
+    group's files, go to one worker, handed out in collection order (not xdist's default, the
+    scopes with most tests first: that hands out the real-Gym files, a few long tests each,
+    last, where nothing is left to run beside them)."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

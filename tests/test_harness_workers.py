@@ -12,10 +12,11 @@ from tests import conftest
 from tests.harness import gym_targets, ports
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-FILES = ["tests/test_docs.py", "tests/commands/test_slow.py", "tests/test_harness_ports.py"]
+# (collection order; the file with the fewest tests first: xdist alone would hand it out last)
+FILES = ["tests/test_harness_ports.py", "tests/test_docs.py", "tests/commands/test_slow.py"]
 
 
-def test_a_file_runs_on_one_worker_and_a_shared_fixture_s_files_together():
+def test_a_file_runs_on_one_worker_and_files_go_out_in_collection_order():
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "loadfile"]
     command += FILES
     env = gym_targets.clean_environment(PYTHONPATH=str(REPO))
@@ -29,6 +30,9 @@ def test_a_file_runs_on_one_worker_and_a_shared_fixture_s_files_together():
     assert set(workers) == set(FILES)
     assert all(len(on) == 1 for on in workers.values()), workers
     assert len({worker for on in workers.values() for worker in on}) == 2  # (and both workers had work)
+    # files are handed out in collection order: the first file is the first its worker ran
+    (first_worker,) = workers[FILES[0]]
+    assert next(path for worker, path in ran if worker == first_worker) == FILES[0]
 
 
 def test_the_files_sharing_the_slurm_cluster_and_the_sshd_share_a_group():
