@@ -12,7 +12,7 @@ A stamp file records what was installed; a changed ``pyproject.toml``, a changed
 keeps two pytest processes from building the same venv at once.
 
 Interpreters: Python 3.12 for Gym < 0.5, 3.13 for Gym >= 0.5 (0.5+ declare
-``>=3.13.14``; they run on 3.13.0 when installed with ``--ignore-requires-python``).
+``>=3.13.14``; they run on 3.13.0: their wheel is installed as for 3.13.14, ``GYM_PYTHON_FLOOR``).
 Found via ``$GYM_AUTOINSTR_PY312`` / ``$GYM_AUTOINSTR_PY313``, else
 ``$(pyenv root)/versions/3.1x.*/bin/python3``, else ``python3.1x`` on PATH (only
 if it actually runs: pyenv shims for a non-global version exit 127).
