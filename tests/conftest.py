@@ -21,7 +21,7 @@ REALGYM_PREFIX = "test_realgym_"
 # Compares the in-process selection's outcomes at both ends of the OpenTelemetry range, the
 # newest end's possibly from this session's own: it runs after every other test.
 RUNS_LAST = "test_sdk_matrix.py"
-# Under pytest-xdist (``./run-tests``: a worker per core) a file's tests run on one worker
+# Under pytest-xdist (``GYM_TEST_WORKERS=N ./run-tests``) a file's tests run on one worker
 # (they share module fixtures: a fleet, a cluster), and so do the files of one group here:
 # they share a session fixture (a Slurm cluster, an sshd) that would otherwise start once per
 # worker (``pytest_xdist_make_scheduler``).
