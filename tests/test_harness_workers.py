@@ -20,7 +20,6 @@ def test_a_file_runs_on_one_worker_and_files_go_out_in_collection_order():
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "loadfile"]
     command += FILES
     env = gym_targets.clean_environment(PYTHONPATH=str(REPO))
-    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST_")}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     ran = re.findall(r"\[(gw\d+)\] \[\s*\d+%\] (?:PASSED|SKIPPED|FAILED|ERROR) (tests/[^:]+)::", done.stdout)
     assert ran, done.stdout[-3000:] + done.stderr[-2000:]

@@ -60,7 +60,6 @@ def _pytest(venv: pathlib.Path, workdir: pathlib.Path, name: str, *args: str):
     ]
     env = gym_targets.clean_environment(PYTHONPATH=str(REPO))
     index, count = ports.share()  # this worker's ports, shared among the subprocess's workers
-    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST_")}
     env[ports.SHARE_VARIABLE] = f"{index}/{count}"
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers and "--collect-only" not in args:  # as this session runs: on every core

@@ -85,8 +85,10 @@ def support_directory(version: str) -> pathlib.Path | None:
 
 
 def clean_environment(**overrides: str) -> dict[str, str]:
-    """The test process's environment without Gym/OpenTelemetry settings, plus ``overrides``."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES) and k != "PYTHONPATH"}
+    """The test process's environment without Gym/OpenTelemetry settings (nor pytest-xdist's
+    worker identity: a child is no worker), plus ``overrides``."""
+    dropped = (*INHERITED_PREFIXES, "PYTEST_XDIST_")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(dropped) and k != "PYTHONPATH"}
     environ.update(overrides)
     return environ
 
