@@ -319,7 +319,7 @@ class GymServerMiddleware:
                 facts = _route_facts(scope)  # once for the span and the metrics
                 if type(span) is not NonRecordingSpan:  # (a root the sampler dropped: nothing to end)
                     status = response.status
-                    self._finish(scope, span, failed if status is None else status, facts[0])
+                    self._finish(scope, span, failed if status is None else status, facts[0], response.sent_ns)
                 if live:
                     _record(scope, response, started, facts)
             except Exception as error:
@@ -364,7 +364,7 @@ class GymServerMiddleware:
         return span, previous
 
     @staticmethod
-    def _finish(scope: dict, span: Any, status: int | None, route: str | None) -> None:
+    def _finish(scope: dict, span: Any, status: int | None, route: str | None, end_ns: int | None = None) -> None:
         method = scope.get("method", "HTTP")
         if route:
             span.update_name(f"{method} {route}")
@@ -373,7 +373,7 @@ class GymServerMiddleware:
             span.set_attribute("http.response.status_code", status)
             if status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
-        span.end()
+        span.end(end_ns)
 
 
 # To anyone asking (a server choosing between ASGI 2 and 3, a wrapper), still an async callable.
@@ -384,25 +384,37 @@ class _ResponseStart:
     """``forward`` is the ``send`` the app is given: notes the status of
     ``http.response.start`` (and, ``timed``, when it passed) on its way to the server's
     own ``send``, whose awaitable it hands back (ASGI only asks that ``send(message)`` be
-    awaitable: no coroutine of ours per message).  Two objects per request (this one and
+    awaitable: no coroutine of ours per message), and when the response's last body
+    message passed (``sent_ns``, wall clock): the SERVER span ends there, not when the app
+    returns, so neither the app's own after-work (background tasks, middleware) nor ours
+    makes a server look slower than the caller saw it, and a callee's span never ends
+    after its caller's CLIENT span.  Two objects per request (this one and
     the bound method) where a closure over the server's ``send`` and a list took five;
     they live as long as the request, long enough for Gym's servers under load to carry
     them into the older GC generations, whose collections walk them.  (A ``__call__`` of
     its own would be one object, at ~600 instructions more per message.)"""
 
-    __slots__ = ("send", "timed", "status", "at")
+    __slots__ = ("send", "timed", "status", "at", "sent_ns", "sent")
 
     def __init__(self, send: Any, timed: bool) -> None:
         self.send = send
         self.timed = timed
         self.status: int | None = None
         self.at = 0.0
+        self.sent_ns: int | None = None
+        self.sent = 0.0
 
     def forward(self, message: dict) -> Any:
-        if self.status is None and message.get("type") == "http.response.start":
+        if self.status is None:
+            if message.get("type") == "http.response.start":
+                if self.timed:
+                    self.at = time.perf_counter()
+                self.status = message.get("status", 0)
+        elif self.sent_ns is None and not message.get("more_body", False):
+            # after the start only body messages come (or trailers, after the last body)
+            self.sent_ns = time.time_ns()
             if self.timed:
-                self.at = time.perf_counter()
-            self.status = message.get("status", 0)
+                self.sent = time.perf_counter()
         return self.send(message)
 
 
@@ -412,7 +424,7 @@ def _record(scope: dict, response: _ResponseStart, started: float, facts: tuple[
 
     ``response`` saw the response start, or not (no response: an exception, counted as a
     failure); ``facts`` is ``_route_facts(scope)`` when the caller has it already."""
-    ended = time.perf_counter()
+    ended = response.sent or time.perf_counter()  # the response out, or the app done (no response)
     template, seam = facts if facts is not None else _route_facts(scope)
     status = response.status
     metrics.record_request(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from fastapi import FastAPI
+from fastapi import BackgroundTasks, FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_autoinstr.advice.ingress import instrument_app
@@ -652,3 +652,38 @@ def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
     dropped = [c for c in seen if not c.trace_flags.sampled]
     assert all(c.is_valid and c.trace_id & 0xFFFFFFFFFFFFFFFF >= bound for c in dropped)
     assert len(set(c.trace_id for c in seen)) == 400
+
+
+def test_the_server_span_ends_when_the_response_is_sent_not_after_the_apps_after_work(instrumented, spans):
+    """A FastAPI background task runs after the response, inside the app's call: the
+    caller has its answer by then, so the SERVER span (and the request duration) ends
+    when the last body message went out, not when the app returns."""
+    import asyncio
+    import time
+
+    marks: dict[str, int] = {}
+    app = FastAPI()
+
+    async def after_work():
+        marks["after_work_started"] = time.time_ns()
+        await asyncio.sleep(0.3)
+        marks["app_done"] = time.time_ns()
+
+    @app.post("/verify")
+    async def verify(body: dict, tasks: BackgroundTasks):
+        tasks.add_task(after_work)
+        return {"reward": 1.0}
+
+    assert instrument_app(app, "my_resources")
+    with serve(app) as base:
+        before = time.time_ns()
+        status, _ = post_json(f"{base}/verify", {"x": 1})
+        answered = time.time_ns()
+        deadline = time.monotonic() + 5
+        while "app_done" not in marks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+    assert status == 200
+    (span,) = [s for s in _server_spans(spans) if s.name == "POST /verify"]
+    assert before <= span.start_time < span.end_time <= answered  # the caller had its answer
+    assert span.end_time <= marks["after_work_started"] < marks["app_done"]
