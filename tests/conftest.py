@@ -108,6 +108,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The Ray clusters the session's fleets shared (tests/harness/shared_ray.py) end with it."""
+    import sys
+
+    shared_ray = sys.modules.get("tests.harness.shared_ray")
+    if shared_ray is not None:
+        shared_ray.stop_all()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with a scope per ``worker_group``: a file's tests, or a shared
@@ -188,6 +197,28 @@ def policy_model():
 
     with PolicyModel() as model:
         yield model
+
+
+@pytest.fixture(scope="session")
+def bare_gym(tmp_path_factory):
+    """``bare_gym(version)``: the session's one uninstrumented run of that Gym version
+    (tests/harness/bare.py), made on first use, against a policy model of its own."""
+    from tests.harness.bare import bare_run
+    from tests.harness.trio import PolicyModel
+
+    runs = {}
+    models = []
+
+    def run(version: str):
+        if version not in runs:
+            if not models:
+                models.append(PolicyModel().start())
+            runs[version] = bare_run(version, tmp_path_factory.mktemp(f"bare-{version}"), models[0].url)
+        return runs[version]
+
+    yield run
+    for model in models:
+        model.stop()
 
 
 @pytest.fixture

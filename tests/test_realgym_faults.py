@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
 import pathlib
 import re
-import signal
 import socket
 import threading
 import time
@@ -32,6 +30,7 @@ import time
 import psutil
 import pytest
 
+from tests.harness.bare import Shutdown, stop_timed
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.traces import otel_env, strip_ids
@@ -49,106 +48,20 @@ SPAN_EXPORT_TROUBLE = re.compile(r"export\w* (spans|traces)|Exception while expo
 METRIC_EXPORT_TROUBLE = re.compile(r"export\w* metrics", re.I)
 QUEUE_FULL = re.compile(r"Queue full, dropping spans")
 MAX_LINES_PER_CAUSE = 2
-GYM_KILLED = "didn't shutdown within"
 
 
 # ----------------------------------------------------------------------------- fixtures
 
 
-class Shutdown:
-    """What one SIGINT to ``gym env start`` did, timed from the signal."""
-
-    def __init__(self, server_exit: dict, uvicorn_done: dict, gym_exit: float, returncode, log: str) -> None:
-        self.server_exit = server_exit  # server -> seconds until its process exited
-        self.uvicorn_done = uvicorn_done  # server -> seconds until "Finished server process"
-        self.gym_exit = gym_exit
-        self.returncode = returncode
-        self.log = log
-
-    @property
-    def killed(self) -> set[str]:
-        """Servers Gym had to SIGKILL after its grace period."""
-        for line in self.log.splitlines():
-            if GYM_KILLED in line:
-                return {name for name in SERVERS if name in line}
-        return set()
-
-
-def _stop_timed(trio: GymTrio) -> Shutdown:
-    """SIGINT ``gym env start`` as a user would; time every server's exit and the log."""
-    servers = trio.server_processes()
-    log_lines: list[tuple[float, str]] = []
-    exits: dict[str, float] = {}
-    done = threading.Event()
-    t0 = time.monotonic()
-
-    def tail() -> None:
-        with open(trio.log_path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            pending = b""
-            while not done.is_set():
-                chunk = fh.read()
-                if chunk:
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    now = time.monotonic() - t0
-                    log_lines.extend((now, line.decode(errors="replace")) for line in lines)
-                else:
-                    time.sleep(0.005)
-
-    def watch(name: str, process: psutil.Process) -> None:
-        while True:
-            try:
-                if process.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            time.sleep(0.005)
-        exits[name] = time.monotonic() - t0
-
-    threads = [threading.Thread(target=tail, daemon=True)]
-    threads += [threading.Thread(target=watch, args=(n, p), daemon=True) for n, p in servers.items()]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.05)
-    t0 = time.monotonic()
-    os.kill(trio.proc.pid, signal.SIGINT)
-    try:
-        returncode = trio.proc.wait(timeout=60)
-    except Exception:
-        returncode = None
-    gym_exit = time.monotonic() - t0
-    for thread in threads[1:]:
-        thread.join(timeout=15)
-    time.sleep(0.2)
-    done.set()
-    threads[0].join(timeout=5)
-    trio.stop()  # reaps anything left (nothing, normally)
-    # uvicorn names the pid; Gym's "(<server>) " prefixes can interleave with other lines
-    by_pid = {str(p.pid): name for name, p in servers.items()}
-    uvicorn_done = {}
-    for at, line in log_lines:
-        for pid in re.findall(r"Finished server process \[(\d+)\]", line):
-            if pid in by_pid:
-                uvicorn_done.setdefault(by_pid[pid], at)
-    return Shutdown(exits, uvicorn_done, gym_exit, returncode, trio.log_text())
-
-
 @pytest.fixture(scope="module")
-def baseline(policy_model, tmp_path_factory):
-    """Uninstrumented Gym: the expected rollout result, and how Gym's shutdown goes."""
-    venv = gym_venv(VERSION, with_project=False)
-    trio = GymTrio(venv, VERSION, tmp_path_factory.mktemp("bare"), policy_url=policy_model.url).start()
-    try:
-        results = trio.rollouts(4, concurrency=2)
-    except BaseException:
-        trio.stop()
-        raise
-    shutdown = _stop_timed(trio)
-    expected = strip_ids(results[0])
-    assert all(strip_ids(r) == expected for r in results)  # the policy model is deterministic
-    assert results[0]["reward"] == 1.0
-    return {"result": expected, "shutdown": shutdown}
+def baseline(bare_gym):
+    """Uninstrumented Gym (the session's bare run): the expected rollout result, and how
+    Gym's shutdown goes."""
+    run = bare_gym(VERSION)
+    expected = strip_ids(run.results[0])
+    assert all(strip_ids(r) == expected for r in run.results)  # the policy model is deterministic
+    assert run.results[0]["reward"] == 1.0
+    return {"result": expected, "shutdown": run.shutdown}
 
 
 # ----------------------------------------------------------------------------- checks
@@ -228,7 +141,9 @@ def _assert_one_line_per_cause(log: str, pattern: re.Pattern, *, expect_in: tupl
 
 def _instrumented(tmp_path: pathlib.Path, policy_model: PolicyModel, env: dict, venv=None) -> GymTrio:
     venv = venv or gym_venv(VERSION)
-    return GymTrio(venv, VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env).start()
+    # Gym's own Ray, as in the bare run whose shutdown these are held to
+    trio = GymTrio(venv, VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env, own_ray=True)
+    return trio.start()
 
 
 def _rollouts_for(trio: GymTrio, seconds: float, concurrency: int = 4) -> list[dict]:
@@ -295,7 +210,7 @@ def test_collector_absent_at_start(tmp_path, policy_model, baseline):
     except BaseException:
         trio.stop()
         raise
-    shutdown = _stop_timed(trio)
+    shutdown = stop_timed(trio)
     _assert_results_as_uninstrumented(results, baseline)
     _assert_shutdown_fits(shutdown, baseline)
     _assert_one_line_per_cause(shutdown.log, SPAN_EXPORT_TROUBLE)
@@ -323,7 +238,7 @@ def test_collector_killed_mid_run_and_restarted(tmp_path, policy_model, baseline
         except BaseException:
             trio.stop()
             raise
-        shutdown = _stop_timed(trio)
+        shutdown = stop_timed(trio)
     finally:
         collector.stop()
     _assert_results_as_uninstrumented(before + during + after, baseline)
@@ -346,7 +261,7 @@ def test_collector_that_never_answers(tmp_path, policy_model, baseline, protocol
         except BaseException:
             trio.stop()
             raise
-        shutdown = _stop_timed(trio)
+        shutdown = stop_timed(trio)
     finally:
         silent.close()
     _assert_results_as_uninstrumented(results, baseline)
@@ -365,7 +280,7 @@ def test_exporter_that_raises(tmp_path, policy_model, baseline):
     except BaseException:
         trio.stop()
         raise
-    shutdown = _stop_timed(trio)
+    shutdown = stop_timed(trio)
     assert "exporters=raising:gym_autoinstr_fault_exporter" in shutdown.log  # the entry point was used
     _assert_results_as_uninstrumented(results, baseline)
     _assert_shutdown_fits(shutdown, baseline)
@@ -440,7 +355,7 @@ def test_sustained_load_with_a_flapping_collector(tmp_path, policy_model, baseli
             stop.set()
             trio.stop()
             raise
-        shutdown = _stop_timed(trio)
+        shutdown = stop_timed(trio)
     finally:
         stop.set()
         collector.stop()

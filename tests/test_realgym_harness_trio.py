@@ -1,19 +1,17 @@
 """The real-Gym harness itself: a bare (uninstrumented) trio per Gym version.
 
-Builds (once, cached) a venv per version, starts agent + model + resources via the
-real ``gym env start``, runs rollouts against ``examples/policy_model.py``, stops
-with SIGINT and checks nothing is left running.
+The session's bare run of each version (tests/harness/bare.py: a venv built once,
+agent + model + resources via the real ``gym env start`` with its own Ray, rollouts
+against ``examples/policy_model.py``, a SIGINT): every server ran its ``app.py``, every
+rollout is right, Gym finished cleanly and nothing is left running.
 """
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import pytest
 
-from tests.harness.gym_install import gym_venv
-from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES
 
 pytestmark = pytest.mark.realgym
 
@@ -32,28 +30,20 @@ def _check_result(result: dict) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_bare_trio_rollout(version, tmp_path, policy_model):
-    venv = gym_venv(version, with_project=False)
-    trio = GymTrio(venv, version, tmp_path / "gym", policy_url=policy_model.url)
-    with trio:
-        expected = {RESOURCES, AGENT, MODEL} | ({ENVIRONMENT} if trio.has_relay else set())
-        servers = trio.server_processes()
-        assert set(servers) == expected
-        for name, proc in servers.items():
-            assert proc.is_running()
-            assert any(c.endswith("app.py") for c in proc.cmdline()), (name, proc.cmdline())
-        seen = trio.processes()
+def test_bare_trio_rollout(version, bare_gym):
+    run = bare_gym(version)  # started, served nine rollouts, stopped with SIGINT (tests/harness/bare.py)
+    expected = {RESOURCES, AGENT, MODEL} | ({ENVIRONMENT} if version >= "0.7" else set())
+    assert set(run.servers) == expected
+    for name, cmdline in run.servers.items():
+        assert any(c.endswith("app.py") for c in cmdline), (name, cmdline)
+    assert len(run.results) == 9
+    for r in run.results:
+        _check_result(r)
 
-        _check_result(trio.rollout())
-        results = trio.rollouts(8, concurrency=4)
-        assert len(results) == 8
-        for r in results:
-            _check_result(r)
-
-    assert trio.returncode == 0, trio.log_tail()
-    assert "NeMo Gym finished!" in trio.log_text()
-    assert "DEPRECATED" not in trio.log_text()  # 0.7.0: our relay is the declared one
-    time.sleep(0.5)
-    alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    log = run.shutdown.log
+    assert run.shutdown.returncode == 0, log[-3000:]
+    assert "NeMo Gym finished!" in log
+    assert "DEPRECATED" not in log  # 0.7.0: our relay is the declared one
+    alive = [p for p in run.processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
-    assert trio.ray_tmpdir is None
+    assert run.ray_tmpdir_left is None

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX
+from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import metric_points
 from tests.harness.traces import (
@@ -32,40 +33,82 @@ from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 pytestmark = pytest.mark.realgym
 
 
-@pytest.mark.parametrize(
-    "version,protocol",
-    [("0.4.0", "http/protobuf"), ("0.7.0", "grpc")],
-)
-def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, tmp_path, policy_model, collector):
-    venv = gym_venv(version)
-    reset_upstream(policy_model)
-    trio = GymTrio(
-        venv, version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=otel_env(collector, protocol)
-    )
-    with trio:
-        instrumented_results = [trio.rollout() for _ in range(3)]
-        run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
-        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 3, timeout=30), (
-            f"spans received: {sorted({(service_of(s), s['name']) for s in collector.sink.spans()})}\n"
-            + trio.log_tail(40)
-        )
-        upstream = received_upstream(policy_model)
-    assert "Error in sitecustomize" not in trio.log_text()
-    assert "Failed to auto initialize" not in trio.log_text()
+# The flagship fleets: each version's default setup (a collector, Gym's own Ray), read by
+# more than one test below; made once per module (``flagship``).
+FLAGSHIP_PROTOCOL = {"0.4.0": "http/protobuf", "0.7.0": "grpc"}
 
-    spans = collector.sink.spans()
-    traces = rollout_traces(spans, run_service)
-    assert len(traces) == 3  # three rollouts, three traces
+
+class FlagshipRun:
+    """What one instrumented fleet produced: three rollouts one by one, then four at two
+    at once, with metrics exported every 500 ms, read after Gym's shutdown."""
+
+    def __init__(self, trio: GymTrio, results: list[dict], upstream: list[dict], spans, points) -> None:
+        self.trio = trio  # stopped; its configuration and log are still there
+        self.results = results
+        self.upstream = upstream
+        self.spans = spans
+        self.points = points
+        self.log = trio.log_text()
+        self.run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
+
+
+@pytest.fixture(scope="module")
+def flagship(policy_model, tmp_path_factory):
+    runs: dict[str, FlagshipRun] = {}
+
+    def run(version: str) -> FlagshipRun:
+        if version not in runs:
+            runs[version] = _flagship_run(version, policy_model, tmp_path_factory.mktemp(f"flagship-{version}"))
+        return runs[version]
+
+    return run
+
+
+def _flagship_run(version: str, policy_model, workdir) -> FlagshipRun:
+    reset_upstream(policy_model)
+    with Collector(log_dir=workdir / "collector") as collector:
+        env = otel_env(collector, FLAGSHIP_PROTOCOL[version], OTEL_METRIC_EXPORT_INTERVAL="500")
+        venv = gym_venv(version)
+        trio = GymTrio(venv, version, workdir / "gym", policy_model.url, env=env, instrument=True, own_ray=True)
+        run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
+        with trio:
+            results = [trio.rollout() for _ in range(3)]
+            results += trio.rollouts(4, concurrency=2)
+            assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 7, timeout=30), (
+                f"spans received: {sorted({(service_of(s), s['name']) for s in collector.sink.spans()})}\n"
+                + trio.log_tail(40)
+            )
+            # the fleet gauge has been exported (the orchestrator's reading after spawn)
+            assert collector.sink.wait_for(
+                lambda _: any(
+                    p["name"] == "gym.servers.active" and p["value"] == len(trio.server_names)
+                    for p in metric_points(collector.sink)
+                ),
+                timeout=15,
+            )
+            upstream = received_upstream(policy_model)
+        return FlagshipRun(trio, results, upstream, collector.sink.spans(), metric_points(collector.sink))
+
+
+@pytest.mark.parametrize("version", ["0.4.0", "0.7.0"])
+def test_a_rollout_is_one_trace_across_every_server_process(version, flagship, bare_gym):
+    run = flagship(version)
+    assert "Error in sitecustomize" not in run.log
+    assert "Failed to auto initialize" not in run.log
+
+    spans = run.spans
+    traces = rollout_traces(spans, run.run_service)
+    assert len(traces) == len(run.results) == 7  # seven rollouts, seven traces
     for trace in traces.values():
-        assert_one_connected_trace(trace, trio)
+        assert_one_connected_trace(trace, run.trio)
 
     # the traceparent reached the OpenAI-compatible upstream, in the rollout's trace
-    upstream_traces = {r["traceparent"].split("-")[1] for r in upstream if r.get("traceparent")}
+    upstream_traces = {r["traceparent"].split("-")[1] for r in run.upstream if r.get("traceparent")}
     assert set(traces) <= upstream_traces
-    assert len([r for r in upstream if r["path"].endswith("/responses")]) == 6
+    assert len([r for r in run.upstream if r["path"].endswith("/responses")]) == 2 * 7
 
     # only Gym's work reaches the backend: every span comes from a Gym process
-    assert {service_of(s) for s in spans} <= expected_services(trio) | {"nemo-gym/orchestrator"}
+    assert {service_of(s) for s in spans} <= expected_services(run.trio) | {"nemo-gym/orchestrator"}
     assert not [s for s in spans if "healthz" in s["name"] or s["attributes"].get("url.path") == "/"]
     # no query string in any attribute
     assert not [s for s in spans for v in s["attributes"].values() if isinstance(v, str) and "?" in v]
@@ -74,11 +117,9 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, protocol, t
     assert len({s["resource"]["service.instance.id"] for s in spans}) == len({service_of(s) for s in spans})
     assert len({s["resource"].get("nemo.gym.run.id") for s in spans}) == 1
 
-    # the rollout's result is the same as without instrumentation
-    bare = GymTrio(gym_venv(version, with_project=False), version, tmp_path / "bare", policy_url=policy_model.url)
-    with bare:
-        bare_result = bare.rollout()
-    assert all(strip_ids(r) == strip_ids(bare_result) for r in instrumented_results)
+    # the rollout's result is the same as without instrumentation (the session's bare run)
+    bare_result = bare_gym(version).results[0]
+    assert all(strip_ids(r) == strip_ids(bare_result) for r in run.results)
 
 
 @pytest.mark.parametrize("version", ["0.4.0", "0.7.0"])
@@ -293,19 +334,11 @@ def _rollouts_in_metrics_file(path) -> int:
     return count
 
 
-def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, collector):
-    version = "0.4.0"
-    env = otel_env(collector, "http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="500")
-    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
-    with trio:
-        trio.rollouts(4, concurrency=2)
-        assert collector.sink.wait_for(
-            lambda _: any(p["name"] == "gym.servers.active" and p["value"] == 3 for p in metric_points(collector.sink)),
-            timeout=15,
-        )
-    points = metric_points(collector.sink)
+def test_server_duration_by_route_and_the_fleet_gauge(flagship):
+    run = flagship("0.4.0")
+    points = run.points
     durations = [p for p in points if p["name"] == "http.server.request.duration"]
-    # the model server's /v1/responses: 8 requests (two per rollout), counted by route, method and status
+    # the model server's /v1/responses: two requests per rollout, counted by route, method and status
     model = [p for p in durations if p["service"] == f"nemo-gym/{MODEL}"]
     assert {
         (
@@ -315,7 +348,7 @@ def test_server_duration_by_route_and_the_fleet_gauge(tmp_path, policy_model, co
         )
         for p in model
     } == {("/v1/responses", "POST", 200)}
-    assert max(p["value"] for p in model) == 8
+    assert max(p["value"] for p in model) == 2 * len(run.results)
     resources = {p["attributes"]["http.route"] for p in durations if p["service"] == f"nemo-gym/{RESOURCES}"}
     assert resources == {"/seed_session", "/get_weather", "/verify"}
     # the fleet gauge: written by the orchestrator only, N after spawn and 0 at shutdown

@@ -44,6 +44,7 @@ class RayCluster:
         raylet_env: Mapping[str, str] = (),
         num_cpus: int = 2,
         client_server: bool = False,
+        instrument: bool = True,
     ) -> None:
         self.venv = pathlib.Path(venv)
         self.workdir = pathlib.Path(workdir)
@@ -54,6 +55,7 @@ class RayCluster:
         self.gcs_port = 0
         self.client_server = client_server  # the head also runs Ray's client server (ray://)
         self.client_port = 0
+        self.instrument = instrument  # under opentelemetry-instrument, as Gym's own Ray start is
         # A short temp dir: Ray's socket paths must fit in 107 bytes.
         self.temp_root = pathlib.Path("/tmp") / f"gar-ray-{os.getpid()}-{id(self) & 0xFFFF:x}"
 
@@ -95,7 +97,7 @@ class RayCluster:
         temp = self.temp_root / f"n{index}"
         temp.mkdir(parents=True, exist_ok=True)
         command = [
-            str(self.venv / "bin" / "opentelemetry-instrument"),
+            *([str(self.venv / "bin" / "opentelemetry-instrument")] if self.instrument else []),
             str(self.venv / "bin" / "ray"),
             "start",
             "--block",

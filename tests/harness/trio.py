@@ -143,6 +143,7 @@ class GymTrio:
         server_venvs: Mapping[str, pathlib.Path | str] | None = None,
         uv_cache_dir: pathlib.Path | str | None = None,
         resources: str = RESOURCES,
+        own_ray: bool = False,
     ) -> None:
         self.venv = pathlib.Path(venv).absolute()
         self.gym_version = gym_version
@@ -165,6 +166,11 @@ class GymTrio:
         # "code_gen", whose verify runs the model's code in Ray tasks); its config key is
         # its implementation's name.
         self.resources = resources
+        # Gym starts a Ray head of its own only with own_ray (or a ray_head_node_address of
+        # the test's, or servers in venvs of their own); otherwise the fleet joins the
+        # session's cluster for its Python and Ray (tests/harness/shared_ray.py).
+        self.own_ray = own_ray or build_venvs or bool(self.server_venvs) or "ray_head_node_address" in self.extra_config
+        self.ray_address: str | None = None
         names = [resources, AGENT, MODEL] + ([ENVIRONMENT] if self.has_relay else [])
         ports = free_ports(len(names) + 1, self.host)
         self.head_port = ports[0]
@@ -229,6 +235,8 @@ class GymTrio:
                 }
             },
         }
+        if self.ray_address:
+            cfg["ray_head_node_address"] = self.ray_address
         if self.has_relay:
             cfg[ENVIRONMENT] = {
                 "environment_servers": {
@@ -339,6 +347,10 @@ class GymTrio:
     def start(self, timeout: float = 180) -> GymTrio:
         if self.proc is not None:
             raise GymTrioError("already started")
+        if not self.own_ray:
+            from tests.harness.shared_ray import address_for
+
+            self.ray_address = address_for(self.venv)
         self.prepare()
         # Ray's unix sockets live under RAY_TMPDIR; keep that path short (socket
         # paths are limited to ~107 bytes), private to this trio, and removed in stop().
