@@ -31,6 +31,7 @@ import enum
 import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -41,7 +42,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.fastpath import batching, contract, parts
-from gym_autoinstr.setup import files, identity
+from gym_autoinstr.setup import files, identity, runs
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 from gym_autoinstr.telemetry import sampling
 
@@ -150,7 +151,10 @@ def _entry_point_exporter(name: str) -> SpanExporter | None:
 def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[str, SpanExporter]]:
     if files.embedded_default_applies():
         who = who or identity.detect()
-        directory = files.resolve_output_dir(identity.run_id())
+        run_id = identity.run_id()
+        directory = files.resolve_output_dir(run_id)
+        if who.role is identity.Role.ORCHESTRATOR and run_id:
+            runs.record_run(directory, run_id)  # for a collection process to join (runs.py)
         return [(f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who)))]
     names = env.TRACES_EXPORTER.raw()
     names = "otlp" if names is None else names
@@ -308,7 +312,18 @@ def configure_process() -> TracerProvider | None:
     if who.role is identity.Role.RAY or env.SDK_DISABLED.read():
         STATE.configured_by = ConfiguredBy.SKIPPED
         return None
+    joined = None
+    if who.role is identity.Role.PROCESS and files.embedded_default_applies():
+        # a collection process beside a running `gym env start`: one run directory for both
+        joined = runs.join_live_run(Path.cwd() / files.DEFAULT_PARENT)
     provider = build_tracer_provider(who)
+    if who.role is identity.Role.PROCESS and joined is None and files.embedded_default_applies():
+        logger.info(
+            "traces of this process go to %s (no `gym env start` runs from this directory to join; "
+            "`gym-autoinstr view %s` shows every run there).",
+            files.resolve_output_dir(identity.run_id()),
+            files.DEFAULT_PARENT,
+        )
     trace.set_tracer_provider(provider)
     try:
         _configure_metrics(provider.resource, who)

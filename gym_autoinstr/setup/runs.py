@@ -1,0 +1,115 @@
+"""One run directory per run: a collection process joins the fleet it sends rollouts to.
+
+With the embedded default (spans to local files), ``gym env start`` (the orchestrator)
+mints a run id and writes under ``./gym-autoinstr-runs/<run id>/``; its servers inherit
+both.  A collection process (``ng_collect_rollouts``, ``gym eval run --no-serve``, a
+script of the user's) is started on its own, usually from another terminal in the same
+directory, and inherits neither.  So the orchestrator leaves a note in its run directory
+(``run.json``: its run id, pid and the process's start time), and a Gym process that has
+no run of its own (no ``GYM_AUTOINSTR_OUTPUT_DIR``, no run id) joins the newest run in
+``./gym-autoinstr-runs`` whose orchestrator is still running: the same directory, the same
+``nemo.gym.run.id``, inherited by its own children.  It says so once, with the way to
+choose otherwise; a process that finds none says where it writes instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from gym_autoinstr import settings
+from gym_autoinstr._log import logger
+
+RUN_NOTE = "run.json"
+
+
+def _process_start(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, from ``/proc``): a pid Linux handed
+    to another process since has another start.  None where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _running(note: dict) -> bool:
+    pid = note.get("pid")
+    if type(pid) is not int or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: alive
+    recorded = note.get("process_start")
+    return recorded is None or _process_start(pid) in (None, recorded)
+
+
+def record_run(directory: Path, run_id: str) -> None:
+    """The orchestrator's note in its run directory (written once, whole)."""
+    note = {
+        "run_id": run_id,
+        "pid": os.getpid(),
+        "process_start": _process_start(os.getpid()),
+        "started": time.time(),
+    }
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f".{RUN_NOTE}.{os.getpid()}"
+        partial.write_text(json.dumps(note) + "\n")
+        os.replace(partial, directory / RUN_NOTE)
+    except OSError as error:
+        # the files themselves report an unwritable directory; without the note a
+        # collection process writes beside, not inside, this run
+        logger.debug("run note not written in %s: %s", directory, error)
+
+
+def live_run(parent: Path) -> tuple[Path, dict] | None:
+    """The newest run directory under ``parent`` whose orchestrator is still running."""
+    found: list[tuple[float, Path, dict]] = []
+    try:
+        candidates = list(parent.glob(f"*/{RUN_NOTE}"))
+    except OSError:
+        return None
+    for path in candidates:
+        try:
+            note = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(note, dict) and isinstance(note.get("run_id"), str) and _running(note):
+            found.append((float(note.get("started") or 0), path.parent, note))
+    if not found:
+        return None
+    _, directory, note = max(found, key=lambda item: item[0])
+    return directory, note
+
+
+def join_live_run(parent: Path, environ: dict[str, str] | os._Environ[str] | None = None) -> Path | None:
+    """For a Gym process with no run of its own: the running fleet's directory and run id,
+    set in ``environ`` (so children inherit them), said once.  None when it has a run
+    already or there is none to join."""
+    environ = os.environ if environ is None else environ
+    if settings.OUTPUT_DIR.raw(environ):
+        return None
+    if any(setting.raw(environ) for setting in (settings.GYM_RUN_ID, settings.SLURM_JOB_ID, settings.RUN_ID)):
+        return None
+    joined = live_run(parent)
+    if joined is None:
+        return None
+    directory, note = joined
+    environ[settings.RUN_ID.name] = note["run_id"]
+    environ[settings.OUTPUT_DIR.name] = str(directory)
+    logger.info(
+        "traces of this process go to %s, beside the servers of run %s (its `gym env start`, pid %s, "
+        "runs from this directory). Set %s to write elsewhere.",
+        directory,
+        note["run_id"],
+        note["pid"],
+        settings.OUTPUT_DIR.name,
+    )
+    return directory
