@@ -23,7 +23,11 @@ SDK differs):
   ``MAX_TRACESTATE_LENGTH`` truncated by whole members, those over 128 characters first,
   then from the right, on the way in and on the way out.
 Any other propagator configuration (``OTEL_PROPAGATORS=b3``, a custom one) goes through
-``propagate`` as before.
+``propagate`` as before.  So does W3C's with this part off (``GYM_AUTOINSTR_FAST_PATH=off``,
+or its check failed), with one correction: the SDK's propagator reads the ``traceparent``,
+and the ``tracestate`` is read again here by the rules above (the SDK's checks keys by
+Level 1's grammar, so it drops a header with a key Level 2 allows, and drops one with a
+repeated key): the same rules either way.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ _UNSAMPLED_ENDS = ("-00", "-02")  # how _SDK_UNSAMPLED's headers end
 @dataclass(slots=True)
 class _TextmapChecked:
     textmap: Any = None  # the global textmap last checked
-    w3c: bool = False  # whether it is W3C's
+    configured: bool = False  # whether it is W3C's (alone or with W3C Baggage)
+    w3c: bool = False  # whether it is W3C's and this part is on: read and written here
     baggage: tuple = ()  # its W3C Baggage propagators (when w3c)
 
 
@@ -340,13 +345,13 @@ def w3c_default() -> bool:
         getattr(textmap, contract.COMPOSITE_PROPAGATORS, None) if type(textmap) is CompositePropagator else [textmap]
     )
     kinds = [type(p) for p in inner or ()]
-    w3c = (
-        contract.part_on(contract.W3C)
-        and bool(kinds)
+    configured = (
+        bool(kinds)
         and kinds[0] is TraceContextTextMapPropagator
         and all(k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds)
     )
-    _known.textmap, _known.w3c = textmap, w3c
+    w3c = configured and contract.part_on(contract.W3C)
+    _known.textmap, _known.configured, _known.w3c = textmap, configured, w3c
     _known.baggage = tuple(p for p in inner or () if type(p) is W3CBaggagePropagator) if w3c else ()
     return w3c
 
@@ -680,7 +685,7 @@ def extract(carrier: dict) -> otel_context.Context:
     tracestate or baggage may be a context handed out before: contexts are never changed
     in place)."""
     if not w3c_default():
-        return propagate.extract(carrier)
+        return _extract_stock(carrier)
     if "baggage" in carrier:
         context = extract({name: value for name, value in carrier.items() if name != "baggage"})
         for baggage_propagator in _known.baggage:
@@ -726,3 +731,27 @@ def extract(carrier: dict) -> otel_context.Context:
                 unsampled_spans.clear()
             unsampled_spans[id(span)] = (span, header, None)
     return context
+
+
+def _extract_stock(carrier: dict) -> otel_context.Context:
+    """``propagate.extract(carrier)``, with the caller's ``tracestate`` read again by
+    ``parse_tracestate`` when the global propagator is W3C's (this part off): the SDK's
+    propagator checks keys by Level 1's grammar and drops a header with a repeated key,
+    where Level 2 (and the W3C test suite) keep it.  Its ``traceparent`` is the SDK's."""
+    context = propagate.extract(carrier)
+    tracestate = carrier.get("tracestate")
+    if tracestate is None or not _known.configured:  # (w3c_default() looked, just before)
+        return context
+    span_context = trace.get_current_span(context).get_span_context()
+    if not span_context.is_valid or not span_context.is_remote:
+        return context
+    members = parse_tracestate(tracestate)
+    state = W3CTraceState.of(members) if members else None
+    read = SpanContext(
+        span_context.trace_id,
+        span_context.span_id,
+        is_remote=True,
+        trace_flags=span_context.trace_flags,
+        trace_state=state,
+    )
+    return trace.set_span_in_context(NonRecordingSpan(read), context)

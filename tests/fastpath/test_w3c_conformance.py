@@ -7,8 +7,11 @@ trace restarts) or the caller's ids, flags and tracestate.  For every context re
 ``propagation.inject_span`` sends on for it is checked too: version ``00`` (a higher
 version is downgraded), the flags W3C reserves as zero, the tracestate as read.
 
-``SUITE_CASES`` are the W3C test suite's own tracestate requests (w3c/trace-context,
-``test/test.py``, ``STRICT_LEVEL=2``).
+The ``tracestate`` rows are also checked with the fast path off (``GYM_AUTOINSTR_FAST_PATH=off``:
+the SDK's propagator reads the ``traceparent``, and ``propagation`` the ``tracestate`` again):
+the same rules hold either way.  ``SUITE_CASES`` are the W3C test suite's own tracestate
+requests (w3c/trace-context, ``test/test.py``, ``STRICT_LEVEL=2``), which ``tools/w3c-suite``
+runs against a real Gym server.
 
 The SDK's ``TraceContextTextMapPropagator`` alone differs on some rows (it checks tracestate
 keys by Level 1's grammar and drops the whole header for a repeated key; it keeps reserved
@@ -22,7 +25,7 @@ import pytest
 from opentelemetry import baggage, context, propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath import parts, propagation
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SID = "00f067aa0ba902b7"
@@ -339,9 +342,29 @@ def _tracestate_cases():
     )
 
 
+@pytest.fixture
+def fast_path_off(monkeypatch):
+    """``GYM_AUTOINSTR_FAST_PATH=off``: ``propagation`` goes through ``propagate`` (the SDK's
+    propagator), as a server started so does."""
+    monkeypatch.setenv("GYM_AUTOINSTR_FAST_PATH", "off")
+    parts.reset()
+    assert not propagation.w3c_default()
+    yield
+    monkeypatch.delenv("GYM_AUTOINSTR_FAST_PATH")
+    parts.reset()
+
+
 @pytest.mark.parametrize("carrier,expected,rule", list(_cases()))
 def test_extract_and_send_on(carrier, expected, rule):
     """What is read from the headers, and what goes out for the context read."""
+    _check_extract_and_send_on(carrier, expected, rule)
+
+
+@pytest.mark.parametrize("carrier,expected,rule", list(_tracestate_cases()))
+def test_tracestate_rules_hold_with_the_fast_path_off(fast_path_off, carrier, expected, rule):
+    """The same tracestate rows through the stock path: the SDK's propagator reads the
+    traceparent (these rows' traceparents read alike on both paths), ``propagation`` the
+    tracestate, and the SDK's propagator writes both."""
     _check_extract_and_send_on(carrier, expected, rule)
 
 
@@ -453,7 +476,7 @@ def _sdk_read(carrier: dict) -> tuple | None:
 # Where the SDK's TraceContextTextMapPropagator (API 1.45) reads otherwise: (name, carrier,
 # ours, the SDK's answer when these tests were written).  Both are W3C-permitted on the
 # repeated key (vendors MAY discard duplicates); the W3C test suite keeps the header there,
-# and a Level 2 key too.
+# and a Level 2 key too (the fast path off, ``propagation`` reads the tracestate itself).
 SDK_DIFFERENCES = [
     (
         "a repeated key: the SDK drops the header",
