@@ -15,14 +15,19 @@ SDK differs):
   repeated ``traceparent`` headers invalid; spaces and tabs around it ignored.  Flags
   W3C reserves are sent as zero.
 - ``tracestate``: read only with a valid ``traceparent`` and never invalidating it;
-  repeated headers combined; each member checked on its own (Level 2 keys, values of
-  printable ASCII without ``,``/``=``, spaces and tabs around members ignored, empty
-  members skipped), an invalid or repeated key's member dropped, not the header; at most
-  32 members (the right-most dropped); longer than ``MAX_TRACESTATE_LENGTH`` truncated by
-  whole members, those over 128 characters first, then from the right, on the way in and
-  on the way out.
+  repeated headers combined; spaces and tabs around members ignored, empty members
+  skipped; a header that cannot be parsed (a member with an invalid key or value, by
+  Level 2's grammar, or more than 32 members) discarded whole, as the W3C test suite asks
+  at its strict level (the specification allows dropping the whole header or the bad
+  members alone); of a repeated key the left-most member kept (the latest); longer than
+  ``MAX_TRACESTATE_LENGTH`` truncated by whole members, those over 128 characters first,
+  then from the right, on the way in and on the way out.
 Any other propagator configuration (``OTEL_PROPAGATORS=b3``, a custom one) goes through
-``propagate`` as before.
+``propagate`` as before.  So does W3C's with this part off (``GYM_AUTOINSTR_FAST_PATH=off``,
+or its check failed), with one correction: the SDK's propagator reads the ``traceparent``,
+and the ``tracestate`` is read again here by the rules above (the SDK's checks keys by
+Level 1's grammar, so it drops a header with a key Level 2 allows, and drops one with a
+repeated key): the same rules either way.
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ _VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3
 _MAX_MEMBERS = 32
 MAX_TRACESTATE_LENGTH = 512
 _LONG_MEMBER = 128  # members longer than this are the first truncated
-# Of a tracestate longer than this (a valid one has at most 32 members of 513 characters),
-# only the members before it are read: the rest would be truncated anyway.
-_MAX_TRACESTATE_READ = 16 * 1024
+# A tracestate longer than this is not read at all (discarded: a valid one has at most 32
+# members of 513 characters, 16,447 with their commas; the rest is room for spaces and
+# empty members).
+_MAX_TRACESTATE_READ = 32 * 1024
 # The form the SDK writes an unsampled context in (version 00, nothing around it), flags
 # 00 or, from an SDK that marks random trace ids (W3C level 2; every root ours makes), 02.
 _SDK_UNSAMPLED = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[02]")
@@ -64,7 +70,8 @@ _UNSAMPLED_ENDS = ("-00", "-02")  # how _SDK_UNSAMPLED's headers end
 @dataclass(slots=True)
 class _TextmapChecked:
     textmap: Any = None  # the global textmap last checked
-    w3c: bool = False  # whether it is W3C's
+    configured: bool = False  # whether it is W3C's (alone or with W3C Baggage)
+    w3c: bool = False  # whether it is W3C's and this part is on: read and written here
     baggage: tuple = ()  # its W3C Baggage propagators (when w3c)
 
 
@@ -338,13 +345,13 @@ def w3c_default() -> bool:
         getattr(textmap, contract.COMPOSITE_PROPAGATORS, None) if type(textmap) is CompositePropagator else [textmap]
     )
     kinds = [type(p) for p in inner or ()]
-    w3c = (
-        contract.part_on(contract.W3C)
-        and bool(kinds)
+    configured = (
+        bool(kinds)
         and kinds[0] is TraceContextTextMapPropagator
         and all(k in (TraceContextTextMapPropagator, W3CBaggagePropagator) for k in kinds)
     )
-    _known.textmap, _known.w3c = textmap, w3c
+    w3c = configured and contract.part_on(contract.W3C)
+    _known.textmap, _known.configured, _known.w3c = textmap, configured, w3c
     _known.baggage = tuple(p for p in inner or () if type(p) is W3CBaggagePropagator) if w3c else ()
     return w3c
 
@@ -415,28 +422,32 @@ def parse_traceparent(header: Any) -> tuple[int, int, int] | None:
 def parse_tracestate(value: Any) -> dict[str, str]:
     """The members of a ``tracestate`` value (a list or tuple: repeated headers, combined
     with commas as RFC 9110 does), in order, by W3C Trace Context Level 2: spaces and tabs
-    around a member ignored, empty members skipped; a member whose key or value is
-    invalid, or whose key came before (the left-most is the latest), dropped alone; at
-    most 32 (the right-most dropped), truncated to ``MAX_TRACESTATE_LENGTH`` as
-    ``truncated`` does.  Never raises: anything else reads as no members."""
+    around a member ignored, empty members skipped, of a repeated key the left-most member
+    kept (the latest); none at all when the header cannot be parsed (a member whose key or
+    value is invalid, more than 32 members, longer than ``_MAX_TRACESTATE_READ``);
+    truncated to ``MAX_TRACESTATE_LENGTH`` as ``truncated`` does.  Never raises: anything
+    else reads as no members."""
     if type(value) is not str:
         try:
             value = ",".join(value)
         except TypeError:
             return {}
-    if len(value) > _MAX_TRACESTATE_READ:  # the members before the limit (whole members only)
-        value = value[: max(value.rfind(",", 0, _MAX_TRACESTATE_READ + 1), 0)]
+    if len(value) > _MAX_TRACESTATE_READ:
+        return {}
     members: dict[str, str] = {}
+    count = 0
     for member in value.split(","):
         member = member.strip(_OWS)
         if not member:
             continue
         key, equals, member_value = member.partition("=")
-        if not equals or key in members or _KEY.fullmatch(key) is None or _VALUE.fullmatch(member_value) is None:
-            continue
-        members[key] = member_value
-        if len(members) == _MAX_MEMBERS:
-            break
+        if not equals or _KEY.fullmatch(key) is None or _VALUE.fullmatch(member_value) is None:
+            return {}  # a header that cannot be parsed: discarded whole
+        count += 1
+        if count > _MAX_MEMBERS:
+            return {}
+        if key not in members:
+            members[key] = member_value
     return truncated(members)
 
 
@@ -674,7 +685,7 @@ def extract(carrier: dict) -> otel_context.Context:
     tracestate or baggage may be a context handed out before: contexts are never changed
     in place)."""
     if not w3c_default():
-        return propagate.extract(carrier)
+        return _extract_stock(carrier)
     if "baggage" in carrier:
         context = extract({name: value for name, value in carrier.items() if name != "baggage"})
         for baggage_propagator in _known.baggage:
@@ -720,3 +731,27 @@ def extract(carrier: dict) -> otel_context.Context:
                 unsampled_spans.clear()
             unsampled_spans[id(span)] = (span, header, None)
     return context
+
+
+def _extract_stock(carrier: dict) -> otel_context.Context:
+    """``propagate.extract(carrier)``, with the caller's ``tracestate`` read again by
+    ``parse_tracestate`` when the global propagator is W3C's (this part off): the SDK's
+    propagator checks keys by Level 1's grammar and drops a header with a repeated key,
+    where Level 2 (and the W3C test suite) keep it.  Its ``traceparent`` is the SDK's."""
+    context = propagate.extract(carrier)
+    tracestate = carrier.get("tracestate")
+    if tracestate is None or not _known.configured:  # (w3c_default() looked, just before)
+        return context
+    span_context = trace.get_current_span(context).get_span_context()
+    if not span_context.is_valid or not span_context.is_remote:
+        return context
+    members = parse_tracestate(tracestate)
+    state = W3CTraceState.of(members) if members else None
+    read = SpanContext(
+        span_context.trace_id,
+        span_context.span_id,
+        is_remote=True,
+        trace_flags=span_context.trace_flags,
+        trace_state=state,
+    )
+    return trace.set_span_in_context(NonRecordingSpan(read), context)
