@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.commands.view import build_traces, select, summary
+from gym_autoinstr.commands.view.filters import select
+from gym_autoinstr.commands.view.model import build_traces, summary
 from gym_autoinstr.setup.files import METRICS_SUFFIX, read_path
 from tests.commands.test_view import (
     _assert_page_matches_traces,

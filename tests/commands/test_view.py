@@ -30,8 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.commands.view import build_traces, select, summary
-from gym_autoinstr.commands.view import callee as callee_text
+from gym_autoinstr.commands.view.filters import select
+from gym_autoinstr.commands.view.model import build_traces, summary
+from gym_autoinstr.commands.view.model import callee as callee_text
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -745,7 +746,7 @@ def test_list_json_filters_and_width(handbuilt_run):
 
 
 def test_callee_of_older_files_comes_from_the_url():
-    from gym_autoinstr.commands.view import callee
+    from gym_autoinstr.commands.view.model import callee
 
     client = {"kind": "CLIENT", "attributes": {"url.full": "http://10.0.0.2:8000/ng-rollout/3-1/v1/responses"}}
     assert callee(client) == "→ 10.0.0.2:8000 /v1/responses"

@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, SpanKind
 
-from gym_autoinstr.commands.view import Job, build_traces, group_by_job, render_html, select
+from gym_autoinstr.commands.view.filters import select
+from gym_autoinstr.commands.view.model import Job, build_traces, group_by_job
+from gym_autoinstr.commands.view.page import render_html
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 

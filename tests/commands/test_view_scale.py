@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.commands.view import DEFAULT_MAX_DETAIL
+from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 from tests.commands.test_view import _cli, _command, _dom, _text_blocks
 
