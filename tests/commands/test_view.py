@@ -764,3 +764,20 @@ def test_without_a_terminal_nothing_is_cut(handbuilt_run):
     assert "ERROR route=/get_weather error=TimeoutError" in drawn
     listed = _cli("view", directory, columns=None).stdout
     assert "…" not in listed and "agent,model,resources" in listed
+
+
+def test_one_of_a_thing_is_not_plural(tmp_path):
+    """A run of one trace of one span: "1 trace", "1 span", "1 service" wherever counted."""
+    directory = tmp_path / "one"
+    agent = _tracer(directory, "nemo-gym/agent", "responses_api_agents")
+    agent.start_span("POST /run", start_time=BASE_NS).end(end_time=BASE_NS + 5 * MS)
+    (only,) = build_traces(read_path(directory))
+    (block,) = _text_blocks(_cli("view", str(directory), "--trace", only.trace_id[:8]).stdout)
+    assert block[0] == f"trace {only.trace_id}  1 span, 1 service"
+    page = tmp_path / "one.html"
+    result = _cli("view", str(directory), "--html", str(page))
+    assert result.stdout.strip() == f"wrote 1 trace to {page}"
+    document = _dom(page.read_text())
+    assert document.find("p", "count")[0].all_text() == "1 trace listed, 1 drawn"
+    assert document.find("p", "summary")[0].all_text().endswith(" · 1 span · 1 service")
+    assert document.find("div", "resources")[0].find("summary")[0].all_text() == "resource attributes (1 service)"

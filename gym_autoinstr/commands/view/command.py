@@ -10,7 +10,16 @@ from collections.abc import Iterable, Sequence
 from gym_autoinstr.commands.view.filters import AmbiguousTrace, parse_attribute_filter, select
 from gym_autoinstr.commands.view.model import Job, Trace, build_traces, display_name, group_by_job
 from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL, detail_for_page, render_html
-from gym_autoinstr.commands.view.text import UNLIMITED, clock, cut, job_line, render_list, render_text, trace_record
+from gym_autoinstr.commands.view.text import (
+    UNLIMITED,
+    clock,
+    count,
+    cut,
+    job_line,
+    render_list,
+    render_text,
+    trace_record,
+)
 
 
 def _positive(text: str) -> int:
@@ -227,7 +236,7 @@ def main(
             page = page.replace("<script>", why_slow + "<script>", 1)
         Path(html_file).write_text(page, encoding="utf-8")
         more = f" ({len(drawn)} drawn, every one listed)" if len(drawn) < len(traces) else ""
-        print(f"wrote {len(traces)} traces to {html_file}{more}")
+        print(f"wrote {count(len(traces), 'trace')} to {html_file}{more}")
         return 0
     waterfall = trace_id is not None or rollout is not None
     if as_json:

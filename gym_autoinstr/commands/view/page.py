@@ -13,6 +13,7 @@ from gym_autoinstr.commands.view.model import Job, Trace, callee, display_name, 
 from gym_autoinstr.commands.view.text import (
     ID_SHOWN,
     clock,
+    count,
     duration_text,
     job_line,
     status_text,
@@ -89,7 +90,7 @@ def _html_resources(trace: Trace) -> str:
         for name, resource in sorted(by_service.items())
     )
     return (
-        f'<div class="resources"><details><summary>resource attributes ({len(by_service)} services)</summary>'
+        f'<div class="resources"><details><summary>resource attributes ({count(len(by_service), "service")})</summary>'
         f"{tables}</details></div>"
     )
 
@@ -132,8 +133,8 @@ def _html_trace(trace: Trace) -> str:
         f"<h2>trace {html.escape(trace.trace_id)}"
         f"{' · rollout ' + html.escape(rollouts) if rollouts else ''}"
         f"{' · <span class=flag>ERROR</span>' if trace.has_error else ''}</h2>"
-        f'<p class="summary">{html.escape(summary_text(trace))} · {len(trace.spans)} spans · '
-        f"{len(trace.services)} services</p>{_html_resources(trace)}{_html_axis(trace.duration_ms)}"
+        f'<p class="summary">{html.escape(summary_text(trace))} · {count(len(trace.spans), "span")} · '
+        f"{count(len(trace.services), 'service')}</p>{_html_resources(trace)}{_html_axis(trace.duration_ms)}"
         f"{''.join(rows)}</section>"
     )
 
@@ -190,7 +191,7 @@ def _duration_chart(listed: Sequence[Trace], bins: int = 24) -> str:
     bars = "".join(
         f'<rect x="{i * bar_w + 1:.1f}" y="{chart_h - chart_h * c / peak:.1f}" width="{bar_w - 2:.1f}" '
         f'height="{chart_h * c / peak:.1f}"><title>{_tick_label(low + span * i / bins)} – '
-        f"{_tick_label(low + span * (i + 1) / bins)}: {c} traces</title></rect>"
+        f"{_tick_label(low + span * (i + 1) / bins)}: {count(c, 'trace')}</title></rect>"
         for i, c in enumerate(counts)
         if c
     )
@@ -308,7 +309,7 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-        f'<p class="count">{len(listed)} traces listed, {len(traces)} drawn</p>{note}'
+        f'<p class="count">{count(len(listed), "trace")} listed, {len(traces)} drawn</p>{note}'
         f"{_html_index(listed, {t.trace_id for t in traces})}{legend}{''.join(sections)}"
         f"<script>{PAGE_SCRIPT}</script></body></html>"
     )

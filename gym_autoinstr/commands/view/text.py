@@ -48,6 +48,11 @@ def cut(text: str, width: int) -> str:
     return text[: max(width - 1, 0)] + ELLIPSIS if width > 0 else ""
 
 
+def count(number: int, noun: str) -> str:
+    """``1 trace``, ``2 traces``: a number and its noun, plural unless the number is 1."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def job_line(job: Job) -> str:
     attributes = job.span.get("attributes") or {}
     counts = " ".join(
@@ -196,7 +201,7 @@ def render_text(trace: Trace, *, bar_width: int = 24, width: int | None = None) 
     rollouts = ", ".join(sorted(trace.rollout_ids))
     lines = [
         cut(
-            f"trace {trace.trace_id}  {len(trace.spans)} spans, {len(trace.services)} services"
+            f"trace {trace.trace_id}  {count(len(trace.spans), 'span')}, {count(len(trace.services), 'service')}"
             + (f", rollout {rollouts}" if rollouts else "")
             + (", ERROR" if trace.has_error else ""),
             limit,
