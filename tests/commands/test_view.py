@@ -261,7 +261,9 @@ def test_trace_filter_selects_exactly_that_trace(handbuilt_run):
     result = _cli("view", str(handbuilt_run["dir"]), "--trace", wanted.upper())
     assert result.returncode == 0, result.stderr
     assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [wanted]
-    assert _cli("view", str(handbuilt_run["dir"]), "--trace", "0" * 32).returncode == 1
+    unknown = _cli("view", str(handbuilt_run["dir"]), "--trace", "0" * 32)
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert unknown.stderr.strip() == f"gym-autoinstr view: no trace id starts with {'0' * 32} (of the 3 traces read)"
 
 
 def test_rollout_filter_selects_exactly_that_trace(handbuilt_run):

@@ -7,7 +7,7 @@ import gc
 import json
 from collections.abc import Iterable, Sequence
 
-from gym_autoinstr.commands.view.filters import AmbiguousTrace, parse_attribute_filter, select
+from gym_autoinstr.commands.view.filters import AmbiguousTrace, Unmatched, parse_attribute_filter, select
 from gym_autoinstr.commands.view.model import Job, Trace, build_traces, display_name, group_by_job
 from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL, detail_for_page, render_html
 from gym_autoinstr.commands.view.text import (
@@ -218,6 +218,9 @@ def main(
             print(f"  {trace.trace_id}  {clock(trace.start_ns)}  {display_name(trace.root)}", file=sys.stderr)
         if len(ambiguous.candidates) > len(shown):
             print(f"  … and {len(ambiguous.candidates) - len(shown)} more", file=sys.stderr)
+        return 1
+    except Unmatched as unmatched:
+        print(f"gym-autoinstr view: {unmatched}", file=sys.stderr)
         return 1
     if not traces:
         print("no traces found" + (" matching the filters" if filtered else ""), file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gym_autoinstr.commands.view.model import Trace, short_service
+from gym_autoinstr.commands.view.text import count
 
 
 class AmbiguousTrace(ValueError):
@@ -14,6 +15,10 @@ class AmbiguousTrace(ValueError):
     def __init__(self, prefix: str, candidates: list[Trace]) -> None:
         self.prefix, self.candidates = prefix, candidates
         super().__init__(prefix)
+
+
+class Unmatched(ValueError):
+    """A ``--trace`` that names nothing in the run: the message says what there is."""
 
 
 def _has_service(trace: Trace, name: str) -> bool:
@@ -55,11 +60,14 @@ def select(
 ) -> list[Trace]:
     """The traces the filters keep, in start order (``sort="duration"``: longest first;
     ``slowest``: the N longest, longest first).  ``trace_id`` is any prefix of one trace's
-    id (case-insensitive); a prefix of several raises ``AmbiguousTrace``."""
+    id (case-insensitive); a prefix of several raises ``AmbiguousTrace``, of none
+    ``Unmatched``."""
     chosen = list(traces)
     if trace_id is not None:
         prefix = trace_id.strip().lower()
         chosen = [t for t in chosen if t.trace_id.startswith(prefix)]
+        if not chosen:
+            raise Unmatched(f"no trace id starts with {prefix} (of the {count(len(traces), 'trace')} read)")
         if len(chosen) > 1 and not any(t.trace_id == prefix for t in chosen):
             raise AmbiguousTrace(prefix, chosen)
         chosen = [t for t in chosen if t.trace_id == prefix] or chosen

@@ -1,0 +1,37 @@
+"""``gym-autoinstr view`` on a collection run of 300 rollouts with the server names of a real
+Gym config: the orchestrator's start-up trace (24 s in a real run, 16 s here), the job's own
+trace (as long as the whole job) and the rollouts linked to it (100-190 ms each).  What a
+user of such a run reads.  The run is written by ``test_view_scale.write_synthetic_run``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.commands.test_view import _cli, _dom
+from tests.commands.test_view_scale import write_synthetic_run
+
+N_ROLLOUTS = 300
+NAMES = {"agent": "simple_weather_simple_agent", "model": "policy_model", "resources": "simple_weather"}
+
+
+@pytest.fixture(scope="module")
+def collection_run(tmp_path_factory) -> dict:
+    return write_synthetic_run(tmp_path_factory.mktemp("collection") / "run", N_ROLLOUTS, names=NAMES)
+
+
+@pytest.fixture(scope="module")
+def collection_page(collection_run, tmp_path_factory) -> dict:
+    page = tmp_path_factory.mktemp("collection-page") / "page.html"
+    result = _cli("view", str(collection_run["dir"]), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    return {"path": page, "stdout": result.stdout, "document": _dom(page.read_text(encoding="utf-8"))}
+
+
+# ------------------------------------------------------------------------- the filters
+
+
+def test_a_trace_prefix_of_no_trace_says_so(collection_run):
+    result = _cli("view", str(collection_run["dir"]), "--trace", "zzzz")
+    assert result.returncode == 1 and result.stdout == ""
+    read = N_ROLLOUTS + 2  # and the job's own trace, and the start-up trace
+    assert result.stderr.strip() == f"gym-autoinstr view: no trace id starts with zzzz (of the {read} traces read)"
