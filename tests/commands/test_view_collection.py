@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.commands.test_view import _cli, _dom
+from tests.commands.test_view import _cli, _dom, _listed
 from tests.commands.test_view_scale import write_synthetic_run
 
 N_ROLLOUTS = 300
@@ -28,6 +28,34 @@ def collection_page(collection_run, tmp_path_factory) -> dict:
 
 
 # ------------------------------------------------------------------------- the filters
+
+
+def test_service_matches_a_full_name_a_short_name_or_a_part_of_one(collection_run):
+    directory = str(collection_run["dir"])
+    rollouts = {t[:12] for t in collection_run["rollouts"]}
+    # the README's example: `model` is part of one service's short name, policy_model's
+    # (whose spans are in every rollout and in the start-up trace)
+    for name in ("model", "MODEL", "policy_model", "nemo-gym/policy_model"):
+        result = _cli("view", directory, "--service", name)
+        assert result.returncode == 0, (name, result.stderr)
+        assert {r["id"] for r in _listed(result.stdout)} == rollouts | {collection_run["startup"][:12]}, name
+    # a short name that is whole wins over the longer one that contains it
+    exact = _cli("view", directory, "--service", "simple_weather")
+    assert exact.returncode == 0 and {r["id"] for r in _listed(exact.stdout)} >= rollouts
+    # a part of two services' names: refused, naming both
+    ambiguous = _cli("view", directory, "--service", "weather")
+    assert ambiguous.returncode == 1 and ambiguous.stdout == ""
+    assert ambiguous.stderr.strip() == (
+        "gym-autoinstr view: --service weather matches 2 services: simple_weather, simple_weather_simple_agent; "
+        "give one of them"
+    )
+    # no service of that name: refused, naming the run's services
+    unknown = _cli("view", directory, "--service", "judge")
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert unknown.stderr.strip() == (
+        "gym-autoinstr view: --service judge matches no service; the run's services: orchestrator, policy_model, "
+        "simple_weather, simple_weather_simple_agent"
+    )
 
 
 def test_a_trace_prefix_of_no_trace_says_so(collection_run):

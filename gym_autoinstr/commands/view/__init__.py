@@ -27,8 +27,8 @@ One module per layer, each importing only those before it:
 
 * ``model``: spans joined into ``Trace`` objects (rows depth-first), jobs and the rollout
   traces linked to them, where a trace's time went (``summary``);
-* ``filters``: the command's filters (``select``);
 * ``text``: the terminal's list and waterfall, and the ``--json`` records;
+* ``filters``: the command's filters (``select``), and what ``--service`` matches;
 * ``page``: the HTML page (index, duration chart, waterfalls);
 * ``command``: the command's options and ``main``.
 

@@ -47,7 +47,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
     view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces, slowest first")
     view.add_argument("--sort", choices=("start", "duration"), default="start", help="list order (default: start time)")
     view.add_argument(
-        "--service", metavar="NAME", help="only traces with a span of this service (agent or nemo-gym/agent)"
+        "--service",
+        metavar="NAME",
+        help="only traces with a span of this service: its name (nemo-gym/policy_model), its short name "
+        "(policy_model) or a part of one service's short name (model)",
     )
     view.add_argument(
         "--attr",

@@ -1,5 +1,10 @@
 """The list's filters: by trace id prefix, rollout, service, attribute and status, the
-N slowest, the order."""
+N slowest, the order.
+
+``--service NAME`` takes a service's name (``nemo-gym/policy_model``), its short name
+(``policy_model``, without ``nemo-gym/``), or a part of one short name (``model``, any
+case): the first of these that matches wins.  A part shared by several services, or a
+name no service has, is refused with the services it could have meant."""
 
 from __future__ import annotations
 
@@ -18,11 +23,28 @@ class AmbiguousTrace(ValueError):
 
 
 class Unmatched(ValueError):
-    """A ``--trace`` that names nothing in the run: the message says what there is."""
+    """A ``--trace`` or ``--service`` that names nothing in the run (or, for a service,
+    several things): the message says what there is."""
 
 
-def _has_service(trace: Trace, name: str) -> bool:
-    return any(s == name or short_service(s) == name for s in trace.services)
+def resolve_service(name: str, services: set[str]) -> set[str]:
+    """The services (full ``service.name`` values) ``--service name`` means, among
+    ``services``: the one of that name, else those of that short name, else the one whose
+    short name contains ``name``; ``Unmatched`` when none does, or several do."""
+    if name in services:
+        return {name}
+    exact = {s for s in services if short_service(s) == name}
+    if exact:
+        return exact
+    wanted = name.lower()
+    partial = {s for s in services if wanted in short_service(s).lower()}
+    shorts = sorted({short_service(s) for s in partial})
+    if len(shorts) == 1:
+        return partial
+    if shorts:
+        raise Unmatched(f"--service {name} matches {len(shorts)} services: {', '.join(shorts)}; give one of them")
+    known = ", ".join(sorted({short_service(s) for s in services})) or "none"
+    raise Unmatched(f"--service {name} matches no service; the run's services: {known}")
 
 
 def _has_attribute(trace: Trace, key: str, value: str) -> bool:
@@ -61,7 +83,8 @@ def select(
     """The traces the filters keep, in start order (``sort="duration"``: longest first;
     ``slowest``: the N longest, longest first).  ``trace_id`` is any prefix of one trace's
     id (case-insensitive); a prefix of several raises ``AmbiguousTrace``, of none
-    ``Unmatched``."""
+    ``Unmatched``, as does a ``service_name`` that names no service of ``traces`` or
+    several (``resolve_service``)."""
     chosen = list(traces)
     if trace_id is not None:
         prefix = trace_id.strip().lower()
@@ -74,7 +97,8 @@ def select(
     if rollout is not None:
         chosen = [t for t in chosen if rollout in t.rollout_ids]
     if service_name is not None:
-        chosen = [t for t in chosen if _has_service(t, service_name)]
+        wanted = resolve_service(service_name, {s for t in traces for s in t.services})
+        chosen = [t for t in chosen if not wanted.isdisjoint(t.services)]
     for key, value in attributes:
         chosen = [t for t in chosen if _has_attribute(t, key, value)]
     if errors or status == "error":
