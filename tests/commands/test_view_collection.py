@@ -5,6 +5,8 @@ user of such a run reads.  The run is written by ``test_view_scale.write_synthet
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.commands.test_view import _cli, _dom, _listed
@@ -56,6 +58,22 @@ def test_service_matches_a_full_name_a_short_name_or_a_part_of_one(collection_ru
         "gym-autoinstr view: --service judge matches no service; the run's services: orchestrator, policy_model, "
         "simple_weather, simple_weather_simple_agent"
     )
+
+
+def test_slowest_ranks_rollout_traces_not_the_start_up_or_the_job(collection_run):
+    directory = str(collection_run["dir"])
+    result = _cli("view", directory, "--slowest", "2")
+    assert result.returncode == 0, result.stderr
+    rows = _listed(result.stdout)
+    assert len(rows) == 2 and {r["id"] for r in rows} <= {t[:12] for t in collection_run["rollouts"]}
+    assert "start-up traces" not in result.stdout
+    records = json.loads(_cli("view", directory, "--slowest", "3", "--json").stdout)["traces"]
+    assert [r["trace_id"] in collection_run["rollouts"] for r in records] == [True, True, True]
+    assert [r["duration_ms"] for r in records] == [189.0, 189.0, 189.0]
+    # filters that leave only the start-up trace: nothing to rank, and it says why
+    startup_only = _cli("view", directory, "--slowest", "1", "--trace", "5555")
+    assert startup_only.returncode == 1 and startup_only.stdout == ""
+    assert "--slowest ranks rollout traces" in startup_only.stderr and "--sort duration" in startup_only.stderr
 
 
 def test_a_trace_prefix_of_no_trace_says_so(collection_run):

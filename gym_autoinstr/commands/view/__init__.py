@@ -6,8 +6,9 @@ single files, or standard input) and joins the processes' spans by trace.
 
 In the terminal, a run is first a LIST: one line per trace (start, trace id, duration,
 span count, status, rollout id, model tokens, root span, services), filtered (service,
-attribute, status, rollout) and sorted on request (``--slowest N``, ``--sort duration``);
-the processes' start-up traces are listed apart, after the rest.  One trace, chosen by
+attribute, status, rollout) and sorted on request (``--slowest N``, which ranks rollout
+traces alone, ``--sort duration``); the processes' start-up traces are listed apart, after
+the rest.  One trace, chosen by
 ``--trace`` (any unique prefix of its id) or ``--rollout``, is drawn as a waterfall:
 service, span name (indented under its parent; a CLIENT span says which Gym server and
 route it called), start offset, a duration bar, status and the attributes that matter

@@ -44,7 +44,12 @@ def add_parser(commands) -> argparse.ArgumentParser:
     view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
     view.add_argument("--trace", metavar="ID", help="draw the trace whose id starts with ID (any unique prefix)")
     view.add_argument("--rollout", metavar="ID", help="draw the trace of this rollout id")
-    view.add_argument("--slowest", type=_positive, metavar="N", help="only the N slowest traces, slowest first")
+    view.add_argument(
+        "--slowest",
+        type=_positive,
+        metavar="N",
+        help="only the N slowest rollout traces, slowest first (start-up and job traces aside)",
+    )
     view.add_argument("--sort", choices=("start", "duration"), default="start", help="list order (default: start time)")
     view.add_argument(
         "--service",

@@ -81,10 +81,10 @@ def select(
     sort: str = "start",
 ) -> list[Trace]:
     """The traces the filters keep, in start order (``sort="duration"``: longest first;
-    ``slowest``: the N longest, longest first).  ``trace_id`` is any prefix of one trace's
-    id (case-insensitive); a prefix of several raises ``AmbiguousTrace``, of none
-    ``Unmatched``, as does a ``service_name`` that names no service of ``traces`` or
-    several (``resolve_service``)."""
+    ``slowest``: the N longest rollout traces, longest first, start-up and job traces
+    aside).  ``trace_id`` is any prefix of one trace's id (case-insensitive); a prefix of
+    several raises ``AmbiguousTrace``, of none ``Unmatched``, as does a ``service_name``
+    that names no service of ``traces`` or several (``resolve_service``)."""
     chosen = list(traces)
     if trace_id is not None:
         prefix = trace_id.strip().lower()
@@ -106,7 +106,13 @@ def select(
     elif status == "ok":
         chosen = [t for t in chosen if not t.has_error]
     if slowest is not None:
-        chosen = sorted(chosen, key=lambda t: t.duration_ms, reverse=True)[:slowest]
+        rollouts = [t for t in chosen if t.is_rollout]
+        if chosen and not rollouts:
+            raise Unmatched(
+                f"--slowest ranks rollout traces, and the filters leave none, only {count(len(chosen), 'trace')} "
+                "of start-up or of a job's own (--sort duration lists them longest first)"
+            )
+        chosen = sorted(rollouts, key=lambda t: t.duration_ms, reverse=True)[:slowest]
     elif sort == "duration":
         chosen = sorted(chosen, key=lambda t: t.duration_ms, reverse=True)
     return chosen

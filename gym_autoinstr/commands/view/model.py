@@ -16,6 +16,8 @@ DESTINATION = "nemo.gym.http.destination.server.name"
 DESTINATION_ROUTE = "nemo.gym.http.destination.route"
 # Roots of the processes' start-up traces (advice/startup.py): listed apart from rollouts.
 STARTUP_SPANS = ("gym.startup", "gym.server.startup")
+# Root of a collection job's own trace (advice/job.py); its rollouts' roots link to it.
+JOB_SPAN = "gym.job"
 
 
 @dataclass(slots=True)
@@ -64,6 +66,17 @@ class Trace:
     def is_startup(self) -> bool:
         """A process's start-up (``gym env start``, a server coming up), not a rollout."""
         return any(r.depth == 0 and r.span["name"].startswith(STARTUP_SPANS) for r in self.rows)
+
+    @cached_property
+    def is_job(self) -> bool:
+        """A collection job's own trace (its ``gym.job`` span), not one of its rollouts."""
+        return any(r.depth == 0 and r.span["name"] == JOB_SPAN for r in self.rows)
+
+    @property
+    def is_rollout(self) -> bool:
+        """Neither a start-up nor a job's own trace: what ``--slowest`` ranks and the page's
+        duration chart counts."""
+        return not self.is_startup and not self.is_job
 
     @cached_property
     def tokens(self) -> tuple[int, int] | None:
@@ -157,9 +170,6 @@ def build_traces(spans: Iterable[dict]) -> list[Trace]:
         traces.append(Trace(trace_id, list(by_id.values()), rows))
     traces.sort(key=lambda t: t.start_ns)
     return traces
-
-
-JOB_SPAN = "gym.job"
 
 
 @dataclass
