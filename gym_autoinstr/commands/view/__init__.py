@@ -16,8 +16,8 @@ when reading a rollout.  A summary line per trace says where the time went: mode
 tools, verify.  Every line fits the terminal; ``--json`` prints the same as JSON.
 
 Rollouts collected by Gym's driver are traces of their own, each linked to its job's
-``gym.job`` span: traces are grouped by job, a job line (id, counts, how many of its
-rollouts are shown) above its rollouts.
+``gym.job`` span: traces are grouped by job, a job line (id, counts, how many rollout
+traces link to it in the run and how many of them are shown) above its rollouts.
 
 The HTML page is one self-contained file (inline style, script and SVG): an index of every
 trace with search and filters, a histogram of durations, then the detail of at most

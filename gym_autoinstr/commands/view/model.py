@@ -178,7 +178,8 @@ class Job:
 
     span: dict
     trace: Trace | None = None  # the job's own trace, when selected
-    rollouts: list[Trace] = field(default_factory=list)
+    rollouts: list[Trace] = field(default_factory=list)  # its linked rollout traces that are selected
+    linked: int = 0  # its linked rollout traces in the run, selected or not
 
     @property
     def job_id(self) -> str:
@@ -205,13 +206,25 @@ def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> Job | None:
 
 def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list[Job | Trace]:
     """``traces`` in order, with each job's own trace and every trace whose root links to
-    the job's ``gym.job`` span (found in ``everything``) gathered under one job line."""
+    the job's ``gym.job`` span (found in ``everything``) gathered under one job line.
+
+    A job counts its linked rollout traces in ``everything`` (``Job.linked``), so its line
+    says how many it has whichever of them ``traces`` holds."""
     jobs: dict[tuple[str, str], Job] = {}
     for trace in everything:
         for row in trace.rows:
             if row.depth == 0 and row.span["name"] == JOB_SPAN:
                 jobs[(row.span["trace_id"], row.span["span_id"])] = Job(row.span)
+    if not jobs:
+        return list(traces)
     own = {job.span["trace_id"]: job for job in jobs.values()}
+    linked: dict[str, Job] = {}
+    for trace in everything:
+        if trace.trace_id not in own:
+            job = _linked_job(trace, jobs)
+            if job is not None:
+                linked[trace.trace_id] = job
+                job.linked += 1
     items: list[Job | Trace] = []
     shown: set[int] = set()
     for trace in traces:
@@ -219,7 +232,7 @@ def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list[J
         if job is not None:
             job.trace = trace
         else:
-            job = _linked_job(trace, jobs) if jobs else None
+            job = linked.get(trace.trace_id)
             if job is None:
                 items.append(trace)
                 continue

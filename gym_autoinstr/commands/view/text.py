@@ -53,6 +53,15 @@ def count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+def _linked_text(job: Job) -> str:
+    linked, shown = job.linked, len(job.rollouts)
+    if not linked:
+        return "no linked rollout traces"
+    if shown == linked:
+        return count(linked, "linked rollout trace") + " below"
+    return count(linked, "linked rollout trace") + (f", {shown} of them below" if shown else ", none of them below")
+
+
 def job_line(job: Job) -> str:
     attributes = job.span.get("attributes") or {}
     counts = " ".join(
@@ -66,7 +75,7 @@ def job_line(job: Job) -> str:
     )
     return (
         f"job {job.job_id}  {service(job.span)}  {duration_ms(job.span):.1f} ms  {counts}".rstrip()
-        + f"  | {len(job.rollouts)} linked rollout traces below (job trace {job.span['trace_id']})"
+        + f"  | {_linked_text(job)} (job trace {job.span['trace_id']})"
     )
 
 
