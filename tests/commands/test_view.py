@@ -688,7 +688,7 @@ def test_html_page_search_filters_and_folding_in_chromium(handbuilt_run, tmp_pat
     assert links == [f"#t-{i}" for i in ids]
     (chart,) = document.find("figure", "chart")
     assert chart.find("svg") and len(chart.find("rect")) >= 2
-    assert "durations of 3 traces" in chart.all_text()
+    assert "durations of 3 rollout traces" in chart.all_text()
     assert not document.find("p", "note")
 
 

@@ -1,11 +1,13 @@
 """``gym-autoinstr view`` on a collection run of 300 rollouts with the server names of a real
 Gym config: the orchestrator's start-up trace (24 s in a real run, 16 s here), the job's own
 trace (as long as the whole job) and the rollouts linked to it (100-190 ms each).  What a
-user of such a run reads.  The run is written by ``test_view_scale.write_synthetic_run``."""
+user of such a run reads: the filters, the list, the page's chart.  The run is written by
+``test_view_scale.write_synthetic_run``."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -81,3 +83,16 @@ def test_a_trace_prefix_of_no_trace_says_so(collection_run):
     assert result.returncode == 1 and result.stdout == ""
     read = N_ROLLOUTS + 2  # and the job's own trace, and the start-up trace
     assert result.stderr.strip() == f"gym-autoinstr view: no trace id starts with zzzz (of the {read} traces read)"
+
+
+# ------------------------------------------------------------------------- the page
+
+
+def test_the_duration_chart_is_over_the_rollouts_alone(collection_page):
+    (chart,) = collection_page["document"].find("figure", "chart")
+    labels = [t.all_text() for t in chart.find("text")]
+    assert labels == ["100 ms", "189 ms"]  # not the job's 3.2 s, not the start-up's 16 s
+    caption = chart.find("figcaption")[0].all_text()
+    assert caption.startswith(f"durations of {N_ROLLOUTS} rollout traces (the job's own and start-up traces aside)")
+    tallest = int(re.search(r"tallest bar (\d+)", caption)[1])
+    assert tallest < N_ROLLOUTS // 4 and len(chart.find("rect")) >= 20

@@ -177,8 +177,10 @@ def _html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
 
 
 def _duration_chart(listed: Sequence[Trace], bins: int = 24) -> str:
-    """An inline SVG histogram of the (non-start-up) traces' durations."""
-    durations = [t.duration_ms for t in listed if not t.is_startup]
+    """An inline SVG histogram of the rollout traces' durations: a job's own trace lasts
+    the whole job and a start-up tens of seconds, either would squeeze every rollout into
+    one bar."""
+    durations = [t.duration_ms for t in listed if t.is_rollout]
     if len(durations) < 2:
         return ""
     low, high = min(durations), max(durations)
@@ -197,10 +199,11 @@ def _duration_chart(listed: Sequence[Trace], bins: int = 24) -> str:
     )
     return (
         f'<figure class="chart"><svg xmlns="http://www.w3.org/2000/svg" width="{chart_w}" height="{chart_h + 16}" '
-        f'role="img" aria-label="trace durations">{bars}'
+        f'role="img" aria-label="rollout trace durations">{bars}'
         f'<text x="0" y="{chart_h + 13}">{_tick_label(low)}</text>'
         f'<text x="{chart_w}" y="{chart_h + 13}" text-anchor="end">{_tick_label(high)}</text></svg>'
-        f"<figcaption>durations of {len(durations)} traces (start-up traces aside); tallest bar {peak}"
+        f"<figcaption>durations of {count(len(durations), 'rollout trace')} (the job's own and start-up traces "
+        f"aside); tallest bar {peak}"
         "</figcaption></figure>"
     )
 
