@@ -1,8 +1,8 @@
 """``gym-autoinstr view`` on a collection run of 300 rollouts with the server names of a real
 Gym config: the orchestrator's start-up trace (24 s in a real run, 16 s here), the job's own
 trace (as long as the whole job) and the rollouts linked to it (100-190 ms each).  What a
-user of such a run reads: the filters, the list, the page's chart.  The run is written by
-``test_view_scale.write_synthetic_run``."""
+user of such a run reads: the filters, the list, the page's index, chart and first
+waterfall.  The run is written by ``test_view_scale.write_synthetic_run``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.commands.test_view import _cli, _dom, _listed
+from tests.commands.test_view import _cli, _dom, _listed, _rendered_dom, _run_chromium
 from tests.commands.test_view_scale import write_synthetic_run
 
 N_ROLLOUTS = 300
@@ -88,6 +88,50 @@ def test_a_trace_prefix_of_no_trace_says_so(collection_run):
 # ------------------------------------------------------------------------- the page
 
 
+def test_the_page_opens_on_the_job_and_its_rollouts_start_up_apart(collection_run, collection_page):
+    document = collection_page["document"]
+    sections = [s.attrs["data-trace-id"] for s in document.find("section", "trace")]
+    # the job's heading, then its rollouts (the job's own trace is its gym.job span alone)
+    (heading,) = document.find("h2", "job")
+    assert "300 linked rollout traces below" in heading.all_text()
+    assert sections[0] == collection_run["rollouts"][0]
+    # the start-up trace last, under a heading of its own
+    assert sections[-1] == collection_run["startup"] and sections.count(collection_run["startup"]) == 1
+    (apart,) = document.find("h2", "startup")
+    assert apart.all_text() == "Start-up traces (processes starting, not rollouts): 1"
+    # the index: the rollouts and the job's own trace first, the start-up trace in its own group below
+    (table,) = [t for t in document.find("table") if t.attrs.get("id") == "index"]
+    (run_rows, startup_rows) = table.find("tbody")
+    assert "startup" in startup_rows.classes
+    assert [r.attrs["data-trace-id"] for r in startup_rows.find("tr") if "data-trace-id" in r.attrs] == [
+        collection_run["startup"]
+    ]
+    assert len(run_rows.find("tr")) == N_ROLLOUTS + 1
+
+
+# Added to a copy of the page only: the start-up box unticked, what the browser shows.
+STARTUP_PROBE = """<script>
+const shown = (selector) => [...document.querySelectorAll(selector)].filter((e) => e.offsetHeight > 0).length;
+const box = document.getElementById('startup-filter');
+box.checked = false;
+box.dispatchEvent(new Event('change'));
+document.body.setAttribute('data-probe', JSON.stringify({
+  group: shown('#index tr.group'), heading: shown('h2.startup'), rows: shown('#index tr.startup'),
+  sections: shown('section.trace[data-trace-id="55555555555555555555555555555555"]'),
+  count: document.getElementById('shown-count').textContent,
+}));
+</script>"""
+
+
+def test_unticking_start_up_traces_hides_their_group_and_waterfalls(collection_page, tmp_path):
+    probe = tmp_path / "startup-probe.html"
+    probe.write_text(collection_page["path"].read_text().replace("</body>", STARTUP_PROBE + "</body>"))
+    (body,) = _rendered_dom(tmp_path, probe).find("body")
+    seen = json.loads(body.attrs["data-probe"])
+    count = f"{N_ROLLOUTS + 1} of {N_ROLLOUTS + 2} shown"
+    assert seen == {"group": 0, "heading": 0, "rows": 0, "sections": 0, "count": count}
+
+
 def test_the_duration_chart_is_over_the_rollouts_alone(collection_page):
     (chart,) = collection_page["document"].find("figure", "chart")
     labels = [t.all_text() for t in chart.find("text")]
@@ -96,3 +140,47 @@ def test_the_duration_chart_is_over_the_rollouts_alone(collection_page):
     assert caption.startswith(f"durations of {N_ROLLOUTS} rollout traces (the job's own and start-up traces aside)")
     tallest = int(re.search(r"tallest bar (\d+)", caption)[1])
     assert tallest < N_ROLLOUTS // 4 and len(chart.find("rect")) >= 20
+
+
+# Added to a copy of the page only: where the browser laid out the index's columns, and
+# which cells it cut (their text wider than the cell's content box).
+INDEX_PROBE = """<script>
+const box = document.querySelector('.index-table');
+const cut = [];
+for (const cell of document.querySelectorAll('#index th, #index td')) {
+  const text = document.createRange();
+  text.selectNodeContents(cell);
+  const style = getComputedStyle(cell);
+  const room = cell.getBoundingClientRect().width - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  if (text.getBoundingClientRect().width > room + 0.01) cut.push([cell.className, cell.textContent, cell.title]);
+}
+const heads = [...document.querySelectorAll('#index thead th')].map((th) => {
+  const edges = th.getBoundingClientRect();
+  return [th.textContent, edges.left, edges.right];
+});
+document.body.setAttribute('data-probe', JSON.stringify({
+  right: box.getBoundingClientRect().right, client: box.clientWidth, scroll: box.scrollWidth, heads: heads, cut: cut,
+}));
+</script>"""
+
+
+def test_the_index_fits_the_window_long_names_cut(collection_page, tmp_path):
+    """At 1400 px, the index of a collection run (a start-up trace of every service, long
+    server names) fits: no sideways scrolling, every heading, duration and status whole; a
+    long root, service list or rollout id is cut with an ellipsis and whole in its tooltip."""
+    probe = tmp_path / "index-probe.html"
+    probe.write_text(collection_page["path"].read_text().replace("</body>", INDEX_PROBE + "</body>"))
+    (body,) = _rendered_dom(tmp_path, probe).find("body")
+    seen = json.loads(body.attrs["data-probe"])
+    assert seen["scroll"] <= seen["client"], seen
+    columns = {name: (left, right) for name, left, right in seen["heads"]}
+    for name in ("duration", "status", "spans", "tokens"):
+        assert columns[name][1] <= seen["right"] + 0.5, (name, columns[name], seen["right"])
+    # what is cut: long names only (the services of every trace here), each whole in its tooltip
+    assert seen["cut"]
+    assert all(cls in ("root", "services", "rollout") and title == text for cls, text, title in seen["cut"]), [
+        cell for cell in seen["cut"] if cell[0] not in ("root", "services", "rollout") or cell[1] != cell[2]
+    ]
+    screenshot = tmp_path / "index.png"
+    _run_chromium(tmp_path, f"--screenshot={screenshot}", collection_page["path"].resolve().as_uri())
+    assert screenshot.stat().st_size > 20_000

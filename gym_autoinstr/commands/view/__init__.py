@@ -20,9 +20,10 @@ Rollouts collected by Gym's driver are traces of their own, each linked to its j
 traces link to it in the run and how many of them are shown) above its rollouts.
 
 The HTML page is one self-contained file (inline style, script and SVG): an index of every
-trace with search and filters, a histogram of durations, then the detail of at most
-``max_detail`` traces (errors and the slowest first) as waterfalls with a time axis,
-collapsible subtrees, span and resource attributes.
+trace with search and filters (start-up traces in a group below the rest), a histogram of
+the rollout traces' durations, then the detail of at most ``max_detail`` traces (errors
+and the slowest first) as waterfalls with a time axis, collapsible subtrees, span and
+resource attributes; the page opens on the first job or rollout, start-up waterfalls last.
 
 One module per layer, each importing only those before it:
 

@@ -24,6 +24,7 @@ from gym_autoinstr.commands.view.text import (
 # The page inlines this many traces' waterfalls by default (about 13-20 kB each); the
 # index lists every trace.  Keeps a 16k-rollout job's page near 20 MB, not 200 MB or more.
 DEFAULT_MAX_DETAIL = 800
+STARTUP_HEADING = "Start-up traces (processes starting, not rollouts)"
 
 
 def render_html(
@@ -38,7 +39,7 @@ def render_html(
     ``traces``: what is drawn in detail (job headings above their traces); ``index``:
     every trace the page lists (default: those drawn); ``hint``: how to see a trace that
     is listed but not drawn."""
-    sections = []
+    sections, startup_sections = [], []
     flat: list[Trace] = []
     for item in traces:
         if isinstance(item, Job):
@@ -47,11 +48,14 @@ def render_html(
                 f'data-trace-id="{html.escape(item.span["trace_id"])}">{html.escape(job_line(item))}</h2>'
             )
             members = item.traces
-            flat.extend(members)
         else:
-            flat.append(item)
             members = [item]
-        sections.extend(_html_trace(trace) for trace in members)
+        flat.extend(members)
+        for trace in members:
+            (startup_sections if trace.is_startup else sections).append(_html_trace(trace))
+    if startup_sections:  # after the rest: the page opens on a rollout (or its job), not on a start-up
+        sections.append(f'<h2 class="startup">{STARTUP_HEADING}: {len(startup_sections)}</h2>')
+        sections.extend(startup_sections)
     listed = list(index) if index is not None else flat
     return _html_page(title, flat, listed, sections, hint)
 
@@ -139,28 +143,59 @@ def _html_trace(trace: Trace) -> str:
     )
 
 
+def _index_row(trace: Trace, drawn: set[str]) -> str:
+    trace_id = html.escape(trace.trace_id)
+    services = sorted(short_service(s) for s in trace.services)
+    ident = (
+        f'<a href="#t-{trace_id}">{trace_id[:ID_SHOWN]}</a>'
+        if trace.trace_id in drawn
+        else f'<span title="not drawn on this page">{trace_id[:ID_SHOWN]}</span>'
+    )
+    root = html.escape(display_name(trace.root))
+    names = html.escape(", ".join(services))
+    rollouts = html.escape(", ".join(sorted(trace.rollout_ids)))
+    return (
+        f'<tr class="{"error " if trace.has_error else ""}{"startup" if trace.is_startup else "run"}" '
+        f'data-trace-id="{trace_id}" data-status="{"error" if trace.has_error else "ok"}" '
+        f'data-services="{html.escape(" ".join(services))}">'
+        f'<td>{ident}</td><td>{clock(trace.start_ns)}</td><td class="root" title="{root}">{root}</td>'
+        f'<td class="services" title="{names}">{names}</td><td class=num>{len(trace.spans)}</td>'
+        f"<td class=num>{html.escape(duration_text(trace.duration_ms))}</td><td>{status_text(trace)}</td>"
+        f'<td class=num>{tokens_text(trace)}</td><td class="rollout" title="{rollouts}">{rollouts}</td>'
+        f"<td>{'start-up' if trace.is_startup else ''}</td></tr>"
+    )
+
+
+# The index's columns: fixed widths for the short ones, so a long root or service list is
+# cut (whole in its tooltip) instead of pushing duration and status out of the window.
+INDEX_COLUMNS = (
+    ("trace", "9.5em"),
+    ("start (UTC)", "8.5em"),
+    ("root", ""),
+    ("services", ""),
+    ("spans", "5em"),
+    ("duration", "7em"),
+    ("status", "5em"),
+    ("tokens", "6.5em"),
+    ("rollout", "6em"),
+    ("", "6em"),
+)
+
+
 def _html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
-    rows = []
-    for trace in listed:
-        trace_id = html.escape(trace.trace_id)
-        services = sorted(short_service(s) for s in trace.services)
-        ident = (
-            f'<a href="#t-{trace_id}">{trace_id[:ID_SHOWN]}</a>'
-            if trace.trace_id in drawn
-            else f'<span title="not drawn on this page">{trace_id[:ID_SHOWN]}</span>'
-        )
-        rows.append(
-            f'<tr class="{"error " if trace.has_error else ""}{"startup" if trace.is_startup else "run"}" '
-            f'data-trace-id="{trace_id}" data-status="{"error" if trace.has_error else "ok"}" '
-            f'data-services="{html.escape(" ".join(services))}">'
-            f"<td>{ident}</td><td>{clock(trace.start_ns)}</td><td>{html.escape(display_name(trace.root))}</td>"
-            f"<td>{html.escape(', '.join(services))}</td><td class=num>{len(trace.spans)}</td>"
-            f"<td class=num>{html.escape(duration_text(trace.duration_ms))}</td><td>{status_text(trace)}</td>"
-            f"<td class=num>{tokens_text(trace)}</td><td>{html.escape(', '.join(sorted(trace.rollout_ids)))}</td>"
-            f"<td>{'start-up' if trace.is_startup else ''}</td></tr>"
+    """Every trace listed: the rollouts (and jobs' own traces) first, start-up traces in a
+    group of their own below."""
+    rows = "".join(_index_row(t, drawn) for t in listed if not t.is_startup)
+    startup = [t for t in listed if t.is_startup]
+    if startup:
+        rows += (
+            f'</tbody><tbody class="startup"><tr class="group"><th colspan="{len(INDEX_COLUMNS)}">'
+            f"{STARTUP_HEADING}: {len(startup)}</th></tr>" + "".join(_index_row(t, drawn) for t in startup)
         )
     all_services = sorted({short_service(s) for t in listed for s in t.services})
     options = "".join(f'<option value="{html.escape(s)}">{html.escape(s)}</option>' for s in all_services)
+    columns = "".join(f'<col style="width:{width}">' if width else "<col>" for _name, width in INDEX_COLUMNS)
+    heads = "".join(f"<th>{html.escape(name)}</th>" for name, _width in INDEX_COLUMNS)
     return (
         '<section class="index"><h2>Traces</h2><p class="controls">'
         '<input id="search" type="search" placeholder="search: trace id, root span, service, rollout" size="44"> '
@@ -170,9 +205,8 @@ def _html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
         '<label><input id="startup-filter" type="checkbox" checked> start-up traces</label>'
         f'<span id="shown-count">{len(listed)} of {len(listed)} shown</span></p>'
         f"{_duration_chart(listed)}"
-        '<div class="index-table"><table id="index"><thead><tr><th>trace</th><th>start (UTC)</th><th>root</th>'
-        "<th>services</th><th>spans</th><th>duration</th><th>status</th><th>tokens</th><th>rollout</th><th></th>"
-        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div></section>"
+        f'<div class="index-table"><table id="index"><colgroup>{columns}</colgroup><thead><tr>{heads}</tr></thead>'
+        f"<tbody>{rows}</tbody></table></div></section>"
     )
 
 
@@ -215,7 +249,8 @@ PAGE_SCRIPT = """
   var serviceFilter = document.getElementById('service-filter');
   var startupFilter = document.getElementById('startup-filter');
   var counter = document.getElementById('shown-count');
-  var rows = Array.prototype.slice.call(document.querySelectorAll('#index tbody tr'));
+  var rows = Array.prototype.slice.call(document.querySelectorAll('#index tbody tr[data-trace-id]'));
+  var startupHeadings = document.querySelectorAll('#index tr.group, h2.startup');
   var sections = {};
   document.querySelectorAll('section.trace').forEach(function (s) { sections[s.dataset.traceId] = s; });
   function apply() {
@@ -232,6 +267,7 @@ PAGE_SCRIPT = """
       if (section) section.hidden = !keep;
       if (keep) shown += 1;
     });
+    startupHeadings.forEach(function (heading) { heading.hidden = !startup; });
     counter.textContent = shown + ' of ' + rows.length + ' shown';
   }
   [search, statusFilter, serviceFilter, startupFilter].forEach(function (control) {
@@ -270,8 +306,11 @@ h4{margin:6px 0 2px;font-size:12px}
 .legend{color:#555}.legend i{display:inline-block;width:18px;height:8px;margin:0 4px 0 12px;border-radius:2px}
 .flag{color:#b00}.note{background:#fff6d8;border:1px solid #e8d48a;padding:6px 8px;display:inline-block}
 .index-table{max-height:420px;overflow:auto;border:1px solid #ddd}
-table#index{border-collapse:collapse;width:100%}table#index th{position:sticky;top:0;background:#f4f4f4;text-align:left}
-table#index td,table#index th{padding:1px 8px;white-space:nowrap}table#index tr.error td{color:#b00}
+table#index{border-collapse:collapse;width:100%;table-layout:fixed}
+table#index thead th{position:sticky;top:0;background:#f4f4f4;text-align:left}
+table#index td,table#index th{padding:1px 8px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+table#index tr.error td{color:#b00}table#index tr.group th{text-align:left;background:#fafafa;color:#555;
+font-weight:normal;padding-top:6px}
 table#index td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure.chart{margin:8px 0}figure.chart rect{fill:#4a8fd8}figure.chart text{font-size:11px;fill:#555}
 figcaption{color:#555;font-size:12px}#shown-count{margin-left:12px;color:#555}
