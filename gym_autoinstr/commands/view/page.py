@@ -310,7 +310,8 @@ table#index{border-collapse:collapse;width:100%;table-layout:fixed}
 table#index thead th{position:sticky;top:0;background:#f4f4f4;text-align:left}
 table#index td,table#index th{padding:1px 8px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 table#index tr.error td{color:#b00}table#index tr.group th{text-align:left;background:#fafafa;color:#555;
-font-weight:normal;padding-top:6px}
+font-weight:normal;padding-top:6px}table.metrics tr.group th{text-align:left;font-weight:normal;color:#555;
+padding-top:6px}
 table#index td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure.chart{margin:8px 0}figure.chart rect{fill:#4a8fd8}figure.chart text{font-size:11px;fill:#555}
 figcaption{color:#555;font-size:12px}#shown-count{margin-left:12px;color:#555}
