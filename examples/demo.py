@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gym_autoinstr.commands.view import build_traces  # noqa: E402
+from gym_autoinstr.commands.view.model import build_traces  # noqa: E402
 from gym_autoinstr.setup.files import (  # noqa: E402
     LOGS_SUFFIX,
     METRICS_SUFFIX,

@@ -190,18 +190,35 @@ def _bar(p50: float, p99: float, scale: float) -> str:
     )
 
 
+# Rows about the process rather than the requests it served: drawn to a scale of their own.
+# A process's GC pauses count its start-up (the imports of Gym and its dependencies make
+# the longest collections of a run, hundreds of milliseconds), which would otherwise set
+# the scale every request bar is drawn to.
+PROCESS_SECTIONS = ("event-loop lag", "GC pauses")
+PROCESS_HEADING = "the process: its own scale (GC pauses count its start-up too)"
+
+
+def _html_rows(lines: list[tuple[str, str, int, float, float, float]]) -> str:
+    scale = max(p99 for *_, p99, _total in lines)
+    return "".join(
+        f"<tr><td>{html.escape(section)}</td><td>{html.escape(label)}</td><td>{count}</td>"
+        f"<td>{p50:.1f}</td><td>{p99:.1f}</td><td>{total:.1f}</td><td>{_bar(p50, p99, scale)}</td></tr>"
+        for section, label, count, p50, p99, total in lines
+    )
+
+
 def render_html(summary: dict[str, dict[str, Any]]) -> str:
     """A ``<section>`` for the view's HTML page (empty when there are no metrics): per
     server, a table of its rows with an inline bar each (p50 and p99, to the scale of the
-    server's slowest p99)."""
+    slowest p99 among the server's request rows; the process's own rows, event-loop lag
+    and GC pauses, below them to a scale of theirs)."""
     parts = []
     for service, lines in rows(summary):
-        scale = max(p99 for *_, p99, _total in lines)
-        body = "".join(
-            f"<tr><td>{html.escape(section)}</td><td>{html.escape(label)}</td><td>{count}</td>"
-            f"<td>{p50:.1f}</td><td>{p99:.1f}</td><td>{total:.1f}</td><td>{_bar(p50, p99, scale)}</td></tr>"
-            for section, label, count, p50, p99, total in lines
-        )
+        work = [line for line in lines if line[0] not in PROCESS_SECTIONS]
+        process = [line for line in lines if line[0] in PROCESS_SECTIONS]
+        body = _html_rows(work) if work else ""
+        if process:
+            body += f'<tr class="group"><th colspan="7">{html.escape(PROCESS_HEADING)}</th></tr>{_html_rows(process)}'
         parts.append(
             f'<h3>{html.escape(service)}</h3><table class="metrics"><tr><th></th><th></th><th>count</th>'
             f"<th>p50 ms</th><th>p99 ms</th><th>total ms</th><th>p50 / p99</th></tr>{body}</table>"

@@ -86,3 +86,32 @@ def test_the_page_section_draws_p50_and_p99_bars(tmp_path):
     assert p99 == slow.CHART_WIDTH
     assert p50 == round(slow.CHART_WIDTH * row["p50_ms"] / row["p99_ms"], 1)
     assert f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms" in bar
+
+
+def test_the_page_draws_gc_pauses_to_a_scale_of_their_own(tmp_path):
+    """A process's start-up makes its longest garbage collections (hundreds of ms): the
+    server's request bars are drawn to the scale of its requests, not of those pauses."""
+    import re
+
+    exporter = files.metric_exporter(tmp_path, "nemo-gym/policy_model")
+    provider = MeterProvider(
+        resource=Resource.create({"service.name": "nemo-gym/policy_model"}),
+        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)],
+    )
+    meter = provider.get_meter("t")
+    requests = meter.create_histogram("http.server.request.duration", unit="s")
+    for seconds in (0.010, 0.015, 0.020):
+        requests.record(seconds, {"http.request.method": "POST", "http.route": "/v1/responses"})
+    pauses = meter.create_histogram("gym.gc.pause_duration_ms", unit="ms")
+    for ms, generation in ((300.0, 2), (250.0, 2), (0.2, 0), (0.3, 0)):  # the imports' collections, then serving's
+        pauses.record(ms, {"nemo.gym.gc.generation": generation})
+    provider.shutdown()
+    section = slow.render_html(slow.summarise(slow.read_run(tmp_path)))
+    bars = {
+        label: float(re.search(r'class="p99"[^>]*width="([\d.]+)"', row)[1])
+        for label, row in re.findall(r"<tr><td>[^<]*</td><td>([^<]*)</td>.*?(<svg.*?</svg>)", section)
+    }
+    assert bars["POST /v1/responses"] == slow.CHART_WIDTH  # not 160 * 20 / 300 px
+    assert bars["gen 2"] == slow.CHART_WIDTH and bars["gen 0"] < 2
+    heading = section.index("the process: its own scale (GC pauses count its start-up too)")
+    assert section.index("POST /v1/responses") < heading < section.index("gen 2")

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.commands.view import build_traces, select, summary
-from gym_autoinstr.commands.view import callee as callee_text
+from gym_autoinstr.commands.view.filters import select
+from gym_autoinstr.commands.view.model import build_traces, summary
+from gym_autoinstr.commands.view.model import callee as callee_text
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -260,7 +261,9 @@ def test_trace_filter_selects_exactly_that_trace(handbuilt_run):
     result = _cli("view", str(handbuilt_run["dir"]), "--trace", wanted.upper())
     assert result.returncode == 0, result.stderr
     assert [_header_trace_id(b) for b in _text_blocks(result.stdout)] == [wanted]
-    assert _cli("view", str(handbuilt_run["dir"]), "--trace", "0" * 32).returncode == 1
+    unknown = _cli("view", str(handbuilt_run["dir"]), "--trace", "0" * 32)
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert unknown.stderr.strip() == f"gym-autoinstr view: no trace id starts with {'0' * 32} (of the 3 traces read)"
 
 
 def test_rollout_filter_selects_exactly_that_trace(handbuilt_run):
@@ -685,7 +688,7 @@ def test_html_page_search_filters_and_folding_in_chromium(handbuilt_run, tmp_pat
     assert links == [f"#t-{i}" for i in ids]
     (chart,) = document.find("figure", "chart")
     assert chart.find("svg") and len(chart.find("rect")) >= 2
-    assert "durations of 3 traces" in chart.all_text()
+    assert "durations of 3 rollout traces" in chart.all_text()
     assert not document.find("p", "note")
 
 
@@ -745,7 +748,7 @@ def test_list_json_filters_and_width(handbuilt_run):
 
 
 def test_callee_of_older_files_comes_from_the_url():
-    from gym_autoinstr.commands.view import callee
+    from gym_autoinstr.commands.view.model import callee
 
     client = {"kind": "CLIENT", "attributes": {"url.full": "http://10.0.0.2:8000/ng-rollout/3-1/v1/responses"}}
     assert callee(client) == "→ 10.0.0.2:8000 /v1/responses"
@@ -763,3 +766,20 @@ def test_without_a_terminal_nothing_is_cut(handbuilt_run):
     assert "ERROR route=/get_weather error=TimeoutError" in drawn
     listed = _cli("view", directory, columns=None).stdout
     assert "…" not in listed and "agent,model,resources" in listed
+
+
+def test_one_of_a_thing_is_not_plural(tmp_path):
+    """A run of one trace of one span: "1 trace", "1 span", "1 service" wherever counted."""
+    directory = tmp_path / "one"
+    agent = _tracer(directory, "nemo-gym/agent", "responses_api_agents")
+    agent.start_span("POST /run", start_time=BASE_NS).end(end_time=BASE_NS + 5 * MS)
+    (only,) = build_traces(read_path(directory))
+    (block,) = _text_blocks(_cli("view", str(directory), "--trace", only.trace_id[:8]).stdout)
+    assert block[0] == f"trace {only.trace_id}  1 span, 1 service"
+    page = tmp_path / "one.html"
+    result = _cli("view", str(directory), "--html", str(page))
+    assert result.stdout.strip() == f"wrote 1 trace to {page}"
+    document = _dom(page.read_text())
+    assert document.find("p", "count")[0].all_text() == "1 trace listed, 1 drawn"
+    assert document.find("p", "summary")[0].all_text().endswith(" · 1 span · 1 service")
+    assert document.find("div", "resources")[0].find("summary")[0].all_text() == "resource attributes (1 service)"

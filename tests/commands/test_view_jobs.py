@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, SpanKind
 
-from gym_autoinstr.commands.view import Job, build_traces, group_by_job, render_html, select
+from gym_autoinstr.commands.view.filters import select
+from gym_autoinstr.commands.view.model import Job, build_traces, group_by_job
+from gym_autoinstr.commands.view.page import render_html
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
 
@@ -98,3 +100,28 @@ def test_the_command_lists_the_job_line_above_its_rollouts(tmp_path):
     )
     job_line, block = drawn.stdout.strip().split("\n\n")
     assert job_line.startswith("job " + "j" * 32) and block.startswith(f"trace {ids['rollouts'][1]}  2 spans")
+
+
+def test_a_job_drawn_alone_counts_its_linked_rollouts_as_the_list_does(tmp_path):
+    """Its rollouts are found through the span links of their root CLIENT spans in every
+    trace read, not only among the traces chosen to be drawn."""
+    ids = _write_run(tmp_path / "run")
+    script = Path(sys.executable).parent / "gym-autoinstr"
+    env = {**os.environ, "COLUMNS": "250"}
+
+    def job_line(*args: str) -> str:
+        shown = subprocess.run(
+            [str(script), "view", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert shown.returncode == 0, shown.stderr
+        (line,) = [line for line in shown.stdout.splitlines() if line.startswith("job ")]
+        return line.partition("  | ")[2]
+
+    own = f"(job trace {ids['job']})"
+    assert job_line() == f"2 linked rollout traces below {own}"
+    assert job_line("--trace", ids["job"][:8]) == f"2 linked rollout traces, none of them below {own}"
+    assert job_line("--rollout", "0-1") == f"2 linked rollout traces, 1 of them below {own}"
+    everything = build_traces(read_path(tmp_path / "run"))
+    (job,) = group_by_job(select(everything, trace_id=ids["job"]), everything)
+    assert isinstance(job, Job) and job.linked == 2 and job.rollouts == []
+    assert "2 linked rollout traces, none of them below" in render_html([job])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_autoinstr.commands.view import DEFAULT_MAX_DETAIL
+from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 from tests.commands.test_view import _cli, _command, _dom, _text_blocks
 
@@ -54,14 +54,15 @@ def _kv(attributes: dict) -> list[dict]:
 class _Process:
     """One process's file: spans buffered, one line per batch of ``batch`` spans."""
 
-    def __init__(self, directory: Path, name: str, pid: int, batch: int = 512) -> None:
+    def __init__(self, directory: Path, role: str, pid: int, batch: int = 512, name: str | None = None) -> None:
+        name = name or role
         self.path = directory / f"{name}-{pid}.jsonl"
         self.resource = _kv(
             {
                 "telemetry.sdk.language": "python",
                 "service.name": f"nemo-gym/{name}",
                 "nemo.gym.server.name": name,
-                "nemo.gym.server.type": SERVER_TYPES[name],
+                "nemo.gym.server.type": SERVER_TYPES[role],
                 "nemo.gym.run.id": "synthetic-16k",
             }
         )
@@ -106,20 +107,24 @@ class _Process:
         self.handle.close()
 
 
-def write_synthetic_run(directory: Path, rollouts: int) -> dict:
+def write_synthetic_run(directory: Path, rollouts: int, names: dict[str, str] | None = None) -> dict:
+    """``names``: the servers' names by role (``agent``, ``model``, ``resources``; default
+    the role's own name)."""
     directory.mkdir(parents=True)
-    procs = {name: _Process(directory, name, 100 + i) for i, name in enumerate(SERVER_TYPES)}
+    names = {role: (names or {}).get(role, role) for role in SERVER_TYPES}
+    procs = {role: _Process(directory, role, 100 + i, name=names[role]) for i, role in enumerate(SERVER_TYPES)}
     counter = iter(range(1, 1 << 62))
 
     def sid() -> str:
         return format(next(counter), "016x")
 
-    # the orchestrator's start-up (its own trace), then the job (its own trace)
+    # the orchestrator's start-up (its own trace: each server's span from that server), then
+    # the job (its own trace)
     startup_trace = "5" * 32
     startup = sid()
     procs["orchestrator"].span(startup_trace, startup, None, "gym.startup", 1, -16_000, 0)
-    for _server in ("agent", "model", "resources"):
-        procs["orchestrator"].span(startup_trace, sid(), startup, "gym.server.startup", 1, -15_000, -1_000)
+    for server in ("agent", "model", "resources"):
+        procs[server].span(startup_trace, sid(), startup, "gym.server.startup", 1, -15_000, -1_000)
     job_trace, job_span = "a" * 32, sid()
     rollout_traces = []
     for index in range(rollouts):
@@ -140,7 +145,7 @@ def write_synthetic_run(directory: Path, rollouts: int) -> dict:
             {
                 "http.request.method": "POST",
                 "url.full": f"http://127.0.0.1:{PORTS['agent']}/run",
-                "nemo.gym.http.destination.server.name": "agent",
+                "nemo.gym.http.destination.server.name": names["agent"],
                 "nemo.gym.http.destination.route": "/run",
                 "nemo.gym.rollout.id": rid,
                 "http.response.status_code": 200,
@@ -177,7 +182,7 @@ def write_synthetic_run(directory: Path, rollouts: int) -> dict:
                 {
                     "http.request.method": "POST",
                     "url.full": f"http://127.0.0.1:{PORTS[callee]}/ng-rollout/{rid}{route}",
-                    "nemo.gym.http.destination.server.name": callee,
+                    "nemo.gym.http.destination.server.name": names[callee],
                     "nemo.gym.http.destination.route": route,
                     "nemo.gym.rollout.id": rid,
                     "http.response.status_code": 500 if fails else 200,
@@ -313,7 +318,8 @@ def test_a_16k_rollout_run_page_is_bounded_and_lists_every_trace(big_run, tmp_pa
     assert drawn_count in (DEFAULT_MAX_DETAIL - 1, DEFAULT_MAX_DETAIL)
     assert size < 20_000_000
     document = _dom(page.read_text(encoding="utf-8"))
-    listed = document.find("table")[0].find("tr")[1:]
+    # a row per trace (the start-up trace's in a group of its own, under a heading row)
+    listed = [row for row in document.find("table")[0].find("tr") if "data-trace-id" in row.attrs]
     assert len(listed) == total
     drawn = document.find("section", "trace")
     assert len(drawn) == drawn_count

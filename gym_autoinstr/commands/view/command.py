@@ -1,0 +1,270 @@
+"""The ``view`` command: its options (``add_parser``, called by ``cli``) and ``main``."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from collections.abc import Iterable, Sequence
+
+from gym_autoinstr.commands.view.filters import AmbiguousTrace, Unmatched, parse_attribute_filter, select
+from gym_autoinstr.commands.view.model import Job, Trace, build_traces, display_name, group_by_job
+from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL, detail_for_page, render_html
+from gym_autoinstr.commands.view.text import (
+    UNLIMITED,
+    clock,
+    count,
+    cut,
+    job_line,
+    render_list,
+    render_text,
+    trace_record,
+)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of traces, 1 or more, not {text!r}")
+    return value
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """The ``view`` subcommand and its options, on ``cli``'s subparsers."""
+    view = commands.add_parser(
+        "view",
+        help="show traces as waterfalls in the terminal, or as one HTML page",
+        description="Read a run directory written by the embedded default (or OTLP-JSON files, or - for "
+        "standard input) and join every process's spans by trace. Lists the traces, one line each (start-up "
+        "traces apart); --trace or --rollout draws that trace as a waterfall. Lines fit the terminal.",
+    )
+    view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
+    view.add_argument("--trace", metavar="ID", help="draw the trace whose id starts with ID (any unique prefix)")
+    view.add_argument("--rollout", metavar="ID", help="draw the trace of this rollout id")
+    view.add_argument(
+        "--slowest",
+        type=_positive,
+        metavar="N",
+        help="only the N slowest rollout traces, slowest first (start-up and job traces aside)",
+    )
+    view.add_argument("--sort", choices=("start", "duration"), default="start", help="list order (default: start time)")
+    view.add_argument(
+        "--service",
+        metavar="NAME",
+        help="only traces with a span of this service: its name (nemo-gym/policy_model), its short name "
+        "(policy_model) or a part of one service's short name (model)",
+    )
+    view.add_argument(
+        "--attr",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only traces with a span or resource attribute KEY equal to VALUE (repeatable)",
+    )
+    view.add_argument("--status", choices=("ok", "error"), help="only traces without / with an error")
+    view.add_argument("--errors", action="store_true", help="only traces with an error (same as --status error)")
+    view.add_argument("--json", action="store_true", help="print the list (or the chosen trace's spans) as JSON")
+    view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
+    view.add_argument(
+        "--html-max-traces",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="draw at most N traces on the page (errors and the slowest first; every trace is listed; default "
+        "800, about 20 MB at most)",
+    )
+    view.add_argument(
+        "--metrics",
+        action="store_true",
+        help="print a per-server 'why is it slow' summary from the run's metrics instead of traces",
+    )
+    return view
+
+
+def run(args: argparse.Namespace) -> int:
+    """``main`` with the options ``add_parser`` declared."""
+    return main(
+        args.paths,
+        rollout=args.rollout,
+        slowest=args.slowest,
+        errors=args.errors,
+        html_file=args.html,
+        metrics=args.metrics,
+        trace_id=args.trace,
+        service_name=args.service,
+        attributes=args.attr,
+        status=args.status,
+        sort=args.sort,
+        as_json=args.json,
+        **({"max_detail": args.html_max_traces} if args.html_max_traces else {}),
+    )
+
+
+def _terminal_width() -> int | None:
+    """The columns to fit: ``COLUMNS``, else the terminal's width when standard output is
+    one, else the terminal standard error is on (``view | head``, ``view | grep``: the
+    lines still end up there); None when there is no terminal at all (a file, a script
+    reading the output): nothing is cut."""
+    import os
+    import shutil
+    import sys
+
+    def is_terminal(stream) -> bool:
+        try:
+            return stream is not None and stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    try:
+        if os.environ.get("COLUMNS", "").strip().isdigit() or is_terminal(sys.stdout):
+            return max(shutil.get_terminal_size((120, 24)).columns, 40)
+        if is_terminal(sys.stderr):
+            return max(os.get_terminal_size(sys.stderr.fileno()).columns, 40)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _write(lines: Iterable[str]) -> int:
+    """Write to standard output; a reader that went away (``view | head``) ends the command
+    quietly with 141 (128 + SIGPIPE), the shell's code for it."""
+    import os
+    import sys
+
+    try:
+        out = sys.stdout
+        for line in lines:
+            out.write(line + "\n")
+        out.flush()
+    except BrokenPipeError:
+        try:  # the interpreter's own flush at exit must not fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    return 0
+
+
+def main(
+    paths: Sequence[str],
+    *,
+    rollout: str | None = None,
+    slowest: int | None = None,
+    errors: bool = False,
+    html_file: str | None = None,
+    metrics: bool = False,
+    trace_id: str | None = None,
+    service_name: str | None = None,
+    attributes: Sequence[str] = (),
+    status: str | None = None,
+    sort: str = "start",
+    as_json: bool = False,
+    max_detail: int = DEFAULT_MAX_DETAIL,
+) -> int:
+    import sys
+    from pathlib import Path
+
+    from gym_autoinstr.commands import slow
+    from gym_autoinstr.setup.files import read_path
+
+    if metrics:
+        text = slow.render_text(slow.summary_for(paths or ["."]))
+        if not text:
+            print(
+                "no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr
+            )
+            return 1
+        return _write([text])
+
+    try:
+        attribute_filters = [parse_attribute_filter(text) for text in attributes]
+    except ValueError as error:
+        print(f"gym-autoinstr view: --attr: {error}", file=sys.stderr)
+        return 2
+    for path in paths or ["."]:
+        if str(path) != "-" and not Path(path).exists():
+            print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
+            return 2
+    # Hundreds of thousands of span dicts, and no reference cycles among them: the cyclic
+    # collector would walk the growing heap again and again (about 3/4 of the time).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        spans: list[dict] = []
+        for path in paths or ["."]:
+            spans.extend(read_path(Path(path)))
+        everything = build_traces(spans)
+    finally:
+        if collecting:
+            gc.freeze()  # what was read stays: later collections need not walk it
+            gc.enable()
+    filtered = bool(rollout or slowest or errors or trace_id or service_name or attribute_filters or status)
+    try:
+        traces = select(
+            everything,
+            rollout=rollout,
+            slowest=slowest,
+            errors=errors,
+            trace_id=trace_id,
+            service_name=service_name,
+            attributes=attribute_filters,
+            status=status,
+            sort=sort,
+        )
+    except AmbiguousTrace as ambiguous:
+        shown = ambiguous.candidates[:10]
+        print(
+            f"gym-autoinstr view: --trace {ambiguous.prefix} matches {len(ambiguous.candidates)} traces; "
+            "give more of the id:",
+            file=sys.stderr,
+        )
+        for trace in shown:
+            print(f"  {trace.trace_id}  {clock(trace.start_ns)}  {display_name(trace.root)}", file=sys.stderr)
+        if len(ambiguous.candidates) > len(shown):
+            print(f"  … and {len(ambiguous.candidates) - len(shown)} more", file=sys.stderr)
+        return 1
+    except Unmatched as unmatched:
+        print(f"gym-autoinstr view: {unmatched}", file=sys.stderr)
+        return 1
+    if not traces:
+        print("no traces found" + (" matching the filters" if filtered else ""), file=sys.stderr)
+        return 1
+    if html_file:
+        drawn = detail_for_page(traces, max_detail)
+        hint = (
+            "To see another one: gym-autoinstr view RUN --trace ID (a prefix is enough) in the terminal, "
+            "or with --html FILE for a page of it; --html-max-traces N draws more."
+        )
+        items = group_by_job(drawn, everything)
+        drawn = [t for item in items for t in (item.traces if isinstance(item, Job) else [item])]
+        page = render_html(items, index=traces, hint=hint)
+        why_slow = slow.render_html(slow.summary_for([p for p in (paths or ["."]) if p != "-"]))
+        if why_slow:
+            page = page.replace("<script>", why_slow + "<script>", 1)
+        Path(html_file).write_text(page, encoding="utf-8")
+        more = f" ({len(drawn)} drawn, every one listed)" if len(drawn) < len(traces) else ""
+        print(f"wrote {count(len(traces), 'trace')} to {html_file}{more}")
+        return 0
+    waterfall = trace_id is not None or rollout is not None
+    if as_json:
+        records = [trace_record(t, with_spans=waterfall) for t in traces]
+        return _write([json.dumps({"traces": records}, indent=None if not waterfall else 1, default=str)])
+    width = _terminal_width()
+    if waterfall:
+        blocks = []
+        for item in group_by_job(traces, everything):
+            if isinstance(item, Job):
+                blocks.append(cut(job_line(item), width or UNLIMITED))
+                blocks.extend(render_text(t, width=width) for t in item.traces)
+            else:
+                blocks.append(render_text(item, width=width))
+        return _write(["\n\n".join(blocks)])
+    keep_order = slowest is not None or sort == "duration"
+    startup = [t for t in traces if t.is_startup]
+    rest = [t for t in traces if not t.is_startup]
+    items: Sequence[Job | Trace] = rest if keep_order else group_by_job(rest, everything)
+    return _write(render_list(items, startup, width or UNLIMITED))

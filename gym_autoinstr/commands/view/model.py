@@ -1,0 +1,269 @@
+"""The trace model of ``view``: spans joined by trace into ``Trace`` objects (rows
+depth-first, parents before children, siblings by start), the ``gym.job`` spans and the
+rollout traces linked to them, and where a trace's time went (``summary``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
+
+# What egress puts on a CLIENT span to a Gym server (advice/pool.py; not imported: the
+# view reads files and needs none of the runtime).
+DESTINATION = "nemo.gym.http.destination.server.name"
+DESTINATION_ROUTE = "nemo.gym.http.destination.route"
+# Roots of the processes' start-up traces (advice/startup.py): listed apart from rollouts.
+STARTUP_SPANS = ("gym.startup", "gym.server.startup")
+# Root of a collection job's own trace (advice/job.py); its rollouts' roots link to it.
+JOB_SPAN = "gym.job"
+
+
+@dataclass(slots=True)
+class Row:
+    span: dict
+    depth: int
+
+
+@dataclass
+class Trace:
+    trace_id: str
+    spans: list[dict]
+    rows: list[Row]  # depth-first, roots first
+
+    @cached_property
+    def start_ns(self) -> int:
+        return min(s["start_ns"] for s in self.spans)
+
+    @cached_property
+    def end_ns(self) -> int:
+        return max(s["end_ns"] for s in self.spans)
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+    @cached_property
+    def has_error(self) -> bool:
+        return any(s.get("status") == "ERROR" for s in self.spans)
+
+    @cached_property
+    def rollout_ids(self) -> set[str]:
+        return {
+            str(s["attributes"]["nemo.gym.rollout.id"]) for s in self.spans if "nemo.gym.rollout.id" in s["attributes"]
+        }
+
+    @cached_property
+    def services(self) -> set[str]:
+        return {service(s) for s in self.spans}
+
+    @property
+    def root(self) -> dict:
+        return self.rows[0].span
+
+    @cached_property
+    def is_startup(self) -> bool:
+        """A process's start-up (``gym env start``, a server coming up), not a rollout."""
+        return any(r.depth == 0 and r.span["name"].startswith(STARTUP_SPANS) for r in self.rows)
+
+    @cached_property
+    def is_job(self) -> bool:
+        """A collection job's own trace (its ``gym.job`` span), not one of its rollouts."""
+        return any(r.depth == 0 and r.span["name"] == JOB_SPAN for r in self.rows)
+
+    @property
+    def is_rollout(self) -> bool:
+        """Neither a start-up nor a job's own trace: what ``--slowest`` ranks and the page's
+        duration chart counts."""
+        return not self.is_startup and not self.is_job
+
+    @cached_property
+    def tokens(self) -> tuple[int, int] | None:
+        """Model tokens in and out over the trace's spans, None when no span has them."""
+        found, tokens_in, tokens_out = False, 0, 0
+        for span in self.spans:
+            attributes = span["attributes"]
+            if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
+                found = True
+                tokens_in += _int(attributes.get("gen_ai.usage.input_tokens"))
+                tokens_out += _int(attributes.get("gen_ai.usage.output_tokens"))
+        return (tokens_in, tokens_out) if found else None
+
+
+def _int(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
+def service(span: dict) -> str:
+    return str((span.get("resource") or {}).get("service.name", "?"))
+
+
+def short_service(name: str) -> str:
+    return name.removeprefix("nemo-gym/")
+
+
+def duration_ms(span: dict) -> float:
+    return max(0, span["end_ns"] - span["start_ns"]) / 1e6
+
+
+def callee(span: dict) -> str:
+    """``→ server /route`` for a CLIENT span: the Gym server it called and the route, else
+    the host and path it called ("" for other spans, or when nothing says)."""
+    if span.get("kind") != "CLIENT":
+        return ""
+    attributes = span.get("attributes") or {}
+    server = attributes.get(DESTINATION)
+    route = attributes.get(DESTINATION_ROUTE)
+    if server is None or route is None:  # older files, or a call outside the fleet
+        url = str(attributes.get("url.full") or "")
+        rest = url.partition("://")[2] if "://" in url else url
+        host, slash, path = rest.partition("/")
+        server = server or attributes.get("server.address") or host or None
+        if route is None and slash:
+            path = "/" + path
+            if path.startswith("/ng-rollout/"):
+                path = "/" + path[len("/ng-rollout/") :].partition("/")[2]
+            route = path
+    if not server and not route:
+        return ""
+    return "→ " + " ".join(str(part) for part in (server, route) if part)
+
+
+def display_name(span: dict) -> str:
+    target = callee(span)
+    return f"{span['name']} {target}" if target else span["name"]
+
+
+_START = itemgetter("start_ns")
+
+
+def build_traces(spans: Iterable[dict]) -> list[Trace]:
+    by_trace: dict[str, dict[str, dict]] = defaultdict(dict)
+    for span in spans:
+        # keyed by span id: the same file read twice (a directory and a file in it) shows each span once
+        by_trace[span["trace_id"]][span["span_id"]] = span
+    traces = []
+    for trace_id, by_id in by_trace.items():
+        children: dict[str, list[dict]] = defaultdict(list)
+        roots = []
+        for span in by_id.values():
+            parent = span.get("parent_span_id")
+            if parent in by_id:
+                children[parent].append(span)
+            else:
+                roots.append(span)
+        rows: list[Row] = []
+        # depth-first without recursion: a deep trace must not hit the recursion limit
+        roots.sort(key=_START)
+        stack = [(root, 0) for root in reversed(roots)]
+        while stack:
+            span, depth = stack.pop()
+            rows.append(Row(span, depth))
+            kids = children.get(span["span_id"])
+            if kids:
+                kids.sort(key=_START)
+                stack.extend([(child, depth + 1) for child in reversed(kids)])
+        traces.append(Trace(trace_id, list(by_id.values()), rows))
+    traces.sort(key=lambda t: t.start_ns)
+    return traces
+
+
+@dataclass
+class Job:
+    """A root ``gym.job`` span, its own trace, and the rollout traces linked to it."""
+
+    span: dict
+    trace: Trace | None = None  # the job's own trace, when selected
+    rollouts: list[Trace] = field(default_factory=list)  # its linked rollout traces that are selected
+    linked: int = 0  # its linked rollout traces in the run, selected or not
+
+    @property
+    def job_id(self) -> str:
+        return str(self.span["attributes"].get("nemo.gym.job.id", self.span["span_id"]))
+
+    @property
+    def traces(self) -> list[Trace]:
+        """What is drawn under the job line: its own trace unless it is the job span alone
+        (the line says it all), then its rollouts."""
+        own = [self.trace] if self.trace is not None and len(self.trace.spans) > 1 else []
+        return own + self.rollouts
+
+
+def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> Job | None:
+    for row in trace.rows:
+        if row.depth:
+            continue
+        for link in row.span.get("links") or ():
+            job = jobs.get((link.get("trace_id"), link.get("span_id")))
+            if job is not None:
+                return job
+    return None
+
+
+def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list[Job | Trace]:
+    """``traces`` in order, with each job's own trace and every trace whose root links to
+    the job's ``gym.job`` span (found in ``everything``) gathered under one job line.
+
+    A job counts its linked rollout traces in ``everything`` (``Job.linked``), so its line
+    says how many it has whichever of them ``traces`` holds."""
+    jobs: dict[tuple[str, str], Job] = {}
+    for trace in everything:
+        for row in trace.rows:
+            if row.depth == 0 and row.span["name"] == JOB_SPAN:
+                jobs[(row.span["trace_id"], row.span["span_id"])] = Job(row.span)
+    if not jobs:
+        return list(traces)
+    own = {job.span["trace_id"]: job for job in jobs.values()}
+    linked: dict[str, Job] = {}
+    for trace in everything:
+        if trace.trace_id not in own:
+            job = _linked_job(trace, jobs)
+            if job is not None:
+                linked[trace.trace_id] = job
+                job.linked += 1
+    items: list[Job | Trace] = []
+    shown: set[int] = set()
+    for trace in traces:
+        job = own.get(trace.trace_id)
+        if job is not None:
+            job.trace = trace
+        else:
+            job = linked.get(trace.trace_id)
+            if job is None:
+                items.append(trace)
+                continue
+            job.rollouts.append(trace)
+        if id(job) not in shown:
+            shown.add(id(job))
+            items.append(job)
+    return items
+
+
+def _server_type(span: dict) -> str:
+    return str((span.get("resource") or {}).get("nemo.gym.server.type", ""))
+
+
+def summary(trace: Trace) -> dict[str, float]:
+    """Milliseconds of the trace spent in model calls, tools and verify.
+
+    Counted from the SERVER spans of the callee (what the model server, or the
+    resources server, spent on the request), so nested spans are not counted twice.
+    """
+    totals = {"total": trace.duration_ms, "model": 0.0, "tools": 0.0, "verify": 0.0}
+    for span in trace.spans:
+        if span.get("kind") != "SERVER":
+            continue
+        route = str(span["attributes"].get("http.route") or span["name"].partition(" ")[2])
+        kind = _server_type(span)
+        if kind == "responses_api_models":
+            totals["model"] += duration_ms(span)
+        elif kind == "resources_servers":
+            if route.endswith("/verify"):
+                totals["verify"] += duration_ms(span)
+            elif not route.endswith(("/seed_session", "/aggregate_metrics")):
+                totals["tools"] += duration_ms(span)
+    return totals

@@ -1,0 +1,240 @@
+"""``view`` in the terminal: the list (a line per trace, job lines above their rollouts,
+start-up traces apart), one trace as a waterfall, and the records ``--json`` prints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from gym_autoinstr.commands.view.model import (
+    Job,
+    Trace,
+    callee,
+    display_name,
+    duration_ms,
+    service,
+    short_service,
+    summary,
+)
+
+KEY_ATTRIBUTES = (
+    ("nemo.gym.rollout.id", "rollout"),
+    ("http.route", "route"),
+    ("http.response.status_code", "status"),
+    ("gen_ai.request.model", "model"),
+    ("gen_ai.usage.input_tokens", "in_tokens"),
+    ("gen_ai.usage.output_tokens", "out_tokens"),
+    ("error.type", "error"),
+    ("ray.task.wait.duration", "wait"),
+    ("ray.node.id", "node"),
+)
+
+ELLIPSIS = "…"
+UNLIMITED = 1_000_000  # columns: no terminal to fit
+
+
+def _shown(key: str, value: object) -> str:
+    if key == "ray.task.wait.duration" and isinstance(value, (int, float)):
+        return f"{value * 1000:.1f}ms"  # how long the Ray task waited to start
+    if key == "ray.node.id":
+        return str(value)[:8]
+    return str(value)
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` columns, an ellipsis marking what was cut."""
+    if len(text) <= width:
+        return text
+    return text[: max(width - 1, 0)] + ELLIPSIS if width > 0 else ""
+
+
+def count(number: int, noun: str) -> str:
+    """``1 trace``, ``2 traces``: a number and its noun, plural unless the number is 1."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _linked_text(job: Job) -> str:
+    linked, shown = job.linked, len(job.rollouts)
+    if not linked:
+        return "no linked rollout traces"
+    if shown == linked:
+        return count(linked, "linked rollout trace") + " below"
+    return count(linked, "linked rollout trace") + (f", {shown} of them below" if shown else ", none of them below")
+
+
+def job_line(job: Job) -> str:
+    attributes = job.span.get("attributes") or {}
+    counts = " ".join(
+        f"{label}={attributes[key]}"
+        for key, label in (
+            ("nemo.gym.job.rollouts.sent", "sent"),
+            ("nemo.gym.job.rollouts.failed", "failed"),
+            ("nemo.gym.job.num_repeats", "repeats"),
+        )
+        if key in attributes
+    )
+    return (
+        f"job {job.job_id}  {service(job.span)}  {duration_ms(job.span):.1f} ms  {counts}".rstrip()
+        + f"  | {_linked_text(job)} (job trace {job.span['trace_id']})"
+    )
+
+
+def summary_text(trace: Trace) -> str:
+    parts = summary(trace)
+    return (
+        f"total {parts['total']:.1f} ms | model {parts['model']:.1f} ms | tools {parts['tools']:.1f} ms"
+        f" | verify {parts['verify']:.1f} ms"
+    )
+
+
+def _key_attributes(span: dict) -> str:
+    attributes = span.get("attributes") or {}
+    return " ".join(f"{label}={_shown(key, attributes[key])}" for key, label in KEY_ATTRIBUTES if key in attributes)
+
+
+# ----------------------------------------------------------------------------- the list
+
+
+def clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+
+
+def duration_text(ms: float) -> str:
+    if ms >= 100_000:
+        return f"{ms / 1000:.0f} s"
+    if ms >= 10_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms:.1f} ms"
+
+
+def tokens_text(trace: Trace) -> str:
+    return f"{trace.tokens[0]}/{trace.tokens[1]}" if trace.tokens else ""
+
+
+def status_text(trace: Trace) -> str:
+    return "ERROR" if trace.has_error else "ok"
+
+
+ID_SHOWN = 12  # characters of a trace id in the list: enough to be unique, and a --trace prefix
+
+
+def list_lines(traces: Sequence[Trace], width: int) -> list[str]:
+    """A header and one line per trace, each at most ``width`` columns."""
+    rollout_width = min(max([len(", ".join(sorted(t.rollout_ids))) for t in traces] + [7]), 14)
+    token_width = min(max([len(tokens_text(t)) for t in traces] + [6]), 15)
+    fixed = 12 + 2 + ID_SHOWN + 2 + 9 + 2 + 5 + 2 + 5 + 2 + rollout_width + 2 + token_width + 2
+    roots = [display_name(t.root) for t in traces]
+    services = [",".join(sorted(short_service(s) for s in t.services)) for t in traces]
+    root_width = max(4, min(max([len(r) for r in roots] + [4]), max(12, (width - fixed) * 3 // 5)))
+
+    def line(start, trace_id, took, spans, status, rollout, tokens, root, names) -> str:
+        text = (
+            f"{start:<12}  {trace_id:<{ID_SHOWN}}  {took:>9}  {spans:>5}  {status:<5}  "
+            f"{cut(rollout, rollout_width):<{rollout_width}}  {tokens:>{token_width}}  "
+            f"{cut(root, root_width):<{root_width}}  {names}"
+        )
+        return cut(text.rstrip(), width)
+
+    lines = [line("start (UTC)", "trace", "duration", "spans", "status", "rollout", "tokens", "root", "services")]
+    for trace, root, names in zip(traces, roots, services):
+        lines.append(
+            line(
+                clock(trace.start_ns),
+                trace.trace_id[:ID_SHOWN],
+                duration_text(trace.duration_ms),
+                str(len(trace.spans)),
+                status_text(trace),
+                ", ".join(sorted(trace.rollout_ids)),
+                tokens_text(trace),
+                root,
+                names,
+            )
+        )
+    return lines
+
+
+def render_list(items: Sequence[Job | Trace], startup: Sequence[Trace], width: int) -> list[str]:
+    """The run as a list: its traces (job lines above their rollouts), then the start-up
+    traces apart."""
+    traces: list[Trace] = []
+    for item in items:
+        traces.extend(item.traces if isinstance(item, Job) else [item])
+    lines: list[str] = []
+    if traces:
+        table = iter(list_lines(traces, width))
+        lines.append(next(table))
+        for item in items:
+            if isinstance(item, Job):
+                lines.append(cut(job_line(item), width))
+                lines.extend(next(table) for _ in item.traces)
+            else:
+                lines.append(next(table))
+    if startup:
+        if lines:
+            lines.append("")
+        lines.append(cut(f"start-up traces (processes starting, not rollouts): {len(startup)}", width))
+        lines.extend(list_lines(startup, width))
+    lines.append("")
+    lines.append(cut("one trace as a waterfall: --trace ID (any unique prefix) or --rollout ID", width))
+    return lines
+
+
+def trace_record(trace: Trace, *, with_spans: bool = False) -> dict:
+    """The trace for ``--json``: its list line's fields (and its spans, depth-first)."""
+    record = {
+        "trace_id": trace.trace_id,
+        "start_ns": trace.start_ns,
+        "start": datetime.fromtimestamp(trace.start_ns / 1e9, tz=timezone.utc).isoformat(),
+        "duration_ms": trace.duration_ms,
+        "root": trace.root["name"],
+        "services": sorted(trace.services),
+        "span_count": len(trace.spans),
+        "status": "error" if trace.has_error else "ok",
+        "tokens": {"input": trace.tokens[0], "output": trace.tokens[1]} if trace.tokens else None,
+        "rollout_ids": sorted(trace.rollout_ids),
+        "startup": trace.is_startup,
+        "summary_ms": summary(trace),
+    }
+    if with_spans:
+        record["spans"] = [{**row.span, "depth": row.depth, "callee": callee(row.span) or None} for row in trace.rows]
+    return record
+
+
+# ----------------------------------------------------------------------------- a waterfall
+
+
+def render_text(trace: Trace, *, bar_width: int = 24, width: int | None = None) -> str:
+    """The trace as a waterfall; each line at most ``width`` columns when given."""
+    start, total = trace.start_ns, max(trace.end_ns - trace.start_ns, 1)
+    limit = width if width is not None else 10_000
+    rollouts = ", ".join(sorted(trace.rollout_ids))
+    lines = [
+        cut(
+            f"trace {trace.trace_id}  {count(len(trace.spans), 'span')}, {count(len(trace.services), 'service')}"
+            + (f", rollout {rollouts}" if rollouts else "")
+            + (", ERROR" if trace.has_error else ""),
+            limit,
+        ),
+        cut(f"  {summary_text(trace)}", limit),
+    ]
+    names = ["  " * r.depth + display_name(r.span) for r in trace.rows]
+    service_width = max(len(service(r.span)) for r in trace.rows)
+    name_width = max(len(n) for n in names)
+    if width is not None:
+        service_width = min(service_width, max(10, width // 4))
+        bar_width = min(bar_width, max(8, width // 8))
+        fixed = 2 + service_width + 2 + 2 + 24 + 2 + bar_width + 7
+        name_width = min(name_width, max(16, width - fixed - 8))  # names first, attributes in what is left
+    for row, name in zip(trace.rows, names):
+        span = row.span
+        offset = (span["start_ns"] - start) / 1e6
+        left = min(int(bar_width * (span["start_ns"] - start) / total), bar_width - 1)
+        bar_len = max(1, int(round(bar_width * (span["end_ns"] - span["start_ns"]) / total)))
+        bar = " " * left + "█" * min(bar_len, bar_width - left)
+        status = "ERROR" if span.get("status") == "ERROR" else ""
+        text = (
+            f"  {cut(service(span), service_width):<{service_width}}  {cut(name, name_width):<{name_width}}"
+            f"  +{offset:8.1f} ms {duration_ms(span):8.1f} ms |{bar:<{bar_width}}| {status:<5} {_key_attributes(span)}"
+        )
+        lines.append(cut(text.rstrip(), limit))
+    return "\n".join(lines)
