@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import enum
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,7 +154,7 @@ def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[st
         who = who or identity.detect()
         run_id = identity.run_id()
         directory = files.resolve_output_dir(run_id)
-        if who.role is identity.Role.ORCHESTRATOR and run_id:
+        if who.role is identity.Role.ORCHESTRATOR and run_id and runs.starts_fleet(sys.argv):
             runs.record_run(directory, run_id)  # for a collection process to join (runs.py)
         return [(f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who)))]
     names = env.TRACES_EXPORTER.raw()
@@ -313,11 +314,14 @@ def configure_process() -> TracerProvider | None:
         STATE.configured_by = ConfiguredBy.SKIPPED
         return None
     joined = None
-    if who.role is identity.Role.PROCESS and files.embedded_default_applies():
-        # a collection process beside a running `gym env start`: one run directory for both
+    # a collection process beside a running `gym env start`: one run directory for both
+    collects = who.role is identity.Role.PROCESS or (
+        who.role is identity.Role.ORCHESTRATOR and not runs.starts_fleet(sys.argv)
+    )
+    if collects and files.embedded_default_applies():
         joined = runs.join_live_run(Path.cwd() / files.DEFAULT_PARENT)
     provider = build_tracer_provider(who)
-    if who.role is identity.Role.PROCESS and joined is None and files.embedded_default_applies():
+    if collects and joined is None and files.embedded_default_applies():
         logger.info(
             "traces of this process go to %s (no `gym env start` runs from this directory to join; "
             "`gym-autoinstr view %s` shows every run there).",

@@ -5,8 +5,9 @@ mints a run id and writes under ``./gym-autoinstr-runs/<run id>/``; its servers 
 both.  A collection process (``ng_collect_rollouts``, ``gym eval run --no-serve``, a
 script of the user's) is started on its own, usually from another terminal in the same
 directory, and inherits neither.  So the orchestrator leaves a note in its run directory
-(``run.json``: its run id, pid and the process's start time), and a Gym process that has
-no run of its own (no ``GYM_AUTOINSTR_OUTPUT_DIR``, no run id) joins the newest run in
+(``run.json``: its run id, pid and the process's start time), and a Gym process that
+starts no servers (``starts_fleet``) and has no run of its own (no
+``GYM_AUTOINSTR_OUTPUT_DIR``, no run id) joins the newest run in
 ``./gym-autoinstr-runs`` whose orchestrator is still running: the same directory, the same
 ``nemo.gym.run.id``, inherited by its own children.  It says so once, with the way to
 choose otherwise; a process that finds none says where it writes instead.
@@ -23,6 +24,25 @@ from gym_autoinstr import settings
 from gym_autoinstr._log import logger
 
 RUN_NOTE = "run.json"
+# Gym's commands that start servers (legacy names without their ng_/nemo_gym_ prefix).
+_FLEET_LEGACY = frozenset({"run", "e2e_collect_rollouts"})
+
+
+def starts_fleet(argv: list[str]) -> bool:
+    """Whether this Gym command starts servers of its own (``gym env start``, ``gym eval
+    run`` without ``--no-serve``, ``ng_run``, ``ng_e2e_collect_rollouts``): it owns a run.
+    Anything else Gym runs (``ng_collect_rollouts``, ``gym eval run --no-serve``, a user's
+    script calling Gym's collection) sends its work to a fleet that is already running."""
+    if not argv:
+        return False
+    program = os.path.basename(argv[0])
+    legacy = program.removeprefix("nemo_gym_").removeprefix("ng_")
+    if legacy != program:
+        return legacy in _FLEET_LEGACY
+    if program not in ("gym", "ng"):
+        return False
+    words = [arg for arg in argv[1:] if not arg.startswith(("-", "+"))][:2]
+    return words == ["env", "start"] or (words == ["eval", "run"] and "--no-serve" not in argv)
 
 
 def _process_start(pid: int) -> str | None:

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Bump when the install recipe below changes in a way that needs a rebuild.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
 
 # Every venv is built by uv (what Gym itself builds its server venvs with): one resolve and
 # parallel downloads, several times faster than pip.  uv itself is the one thing pip installs,
@@ -84,6 +84,12 @@ MINIMAL_DEPS: tuple[str, ...] = (
     "python-multipart",
     "packaging",
     "jinja2",
+    # Gym's rollout collection (`ng_collect_rollouts`, `gym eval run`): its module imports
+    # MLflow's client (mlflow-skinny has every module it imports; Gym asks for the whole
+    # server too, which it never imports) and Hugging Face datasets.  The README's "tracing
+    # your own Gym" runs it in the demo's venv (tests/test_realgym_readme.py).
+    "mlflow-skinny",
+    "datasets",
 )
 
 # Always installed (test-side tools used from inside the venv, cheap).

@@ -64,3 +64,22 @@ def test_a_process_with_a_run_of_its_own_joins_nothing(tmp_path):
         assert runs.join_live_run(parent, environ) is None
         assert environ == own
     assert runs.join_live_run(tmp_path / "nothing-here", {}) is None
+
+
+def test_which_of_gyms_commands_start_a_fleet_of_their_own():
+    for argv in (
+        ["/v/bin/gym", "env", "start", "+config_paths=[a.yaml]"],
+        ["/v/bin/gym", "eval", "run", "+config_paths=[a.yaml]"],
+        ["/v/bin/ng_run", "+config_paths=[a.yaml]"],
+        ["/v/bin/nemo_gym_e2e_collect_rollouts"],
+    ):
+        assert runs.starts_fleet(argv), argv
+    for argv in (
+        ["/v/bin/ng_collect_rollouts", "+config_paths=[a.yaml]"],
+        ["/v/bin/gym", "eval", "run", "--no-serve", "+config_paths=[a.yaml]"],
+        ["/v/bin/gym", "env", "status"],
+        ["/v/bin/gym"],
+        ["collect.py", "+agent_name=x"],
+        [],
+    ):
+        assert not runs.starts_fleet(argv), argv
