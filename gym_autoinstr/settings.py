@@ -226,8 +226,8 @@ ALL: dict[str, Setting] = {}
 SPAN_GROUPS = Text(
     PREFIX + "SPAN_GROUPS",
     None,
-    "span groups to record: names and presets, comma-separated "
-    "(default, all, off, ...); unknown names are ignored with a warning",
+    "span groups to record: names and presets, comma-separated (default, all, off, ...); "
+    "a spec with an unknown name: the default preset, with a warning (parsed in telemetry/groups.py)",
 )
 JOB_TRACE = Choice(
     PREFIX + "JOB_TRACE",
