@@ -151,6 +151,7 @@ class Number(Setting):
     ) -> None:
         self.minimum, self.above, self.maximum, self.integer = minimum, above, maximum, integer
         self.expected = expected or ("a positive number" if above else "a non-negative number")
+        fix = fix or f"Set it to e.g. {default} (or unset it)."
         super().__init__(name, default, description, fallback=fallback or f"using {default}", fix=fix)
 
     def parse(self, raw: str) -> float:
@@ -186,6 +187,7 @@ class Choice(Setting):
         fix: str = "",
     ) -> None:
         self.choices, self.aliases, self.inherits = choices, dict(aliases or {}), inherits
+        fix = fix or f"Set it to {' or '.join(choices)} (or unset it)."
         super().__init__(name, default, description, fallback=fallback, fix=fix)
 
     def holder(self, environ: Mapping[str, str] | None = None) -> str:
@@ -208,15 +210,29 @@ class Choice(Setting):
 
 
 class CommaList(Setting):
-    """Comma-separated names, blanks dropped; unset gives the default, set but empty gives ()."""
+    """Comma-separated names, blanks dropped; unset gives the default, set but empty gives ().
+    ``starts_with``: what each name must start with (a name without it does not parse)."""
 
     kind = "comma list"
+
+    def __init__(
+        self, name: str, default: tuple[str, ...], description: str, *, starts_with: str = "", example: str = ""
+    ) -> None:
+        self.starts_with = starts_with
+        fallback = f"using the default, {','.join(default)}"
+        fix = f"Set names that start with {starts_with!r}, e.g. {example}." if starts_with else ""
+        super().__init__(name, default, description, fallback=fallback, fix=fix)
 
     def empty(self, raw: str | None) -> Any:
         return self.default if raw is None else ()
 
     def parse(self, raw: str) -> tuple[str, ...]:
-        return tuple(part.strip() for part in raw.split(",") if part.strip())
+        names = tuple(part.strip() for part in raw.split(",") if part.strip())
+        bad = [name for name in names if not name.startswith(self.starts_with)]
+        if bad:
+            offenders = ", ".join(map(repr, bad))
+            raise ValueError(f"a list of names that each start with {self.starts_with!r} (not: {offenders})")
+        return names
 
 
 ALL: dict[str, Setting] = {}
@@ -249,6 +265,8 @@ EXCLUDED_PATHS = CommaList(
     PREFIX + "EXCLUDED_PATHS",
     ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico"),
     "request paths that get no SERVER span, comma-separated (empty: none excluded)",
+    starts_with="/",
+    example="/health,/metrics",
 )
 ACCEPT_BAGGAGE = Switch(PREFIX + "ACCEPT_BAGGAGE", False, "read W3C baggage sent from outside the fleet")
 SERVICE_NAME_SUFFIX = Switch(

@@ -10,8 +10,8 @@ from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import WARNING, Problem
 
 SUBJECT = "settings"
-# Checked by their own sections (span_groups.py, pipeline.py); switches and numbers here.
-_CHECKED_KINDS = (settings.Switch, settings.Number)
+# Checked by their own sections (span_groups.py, pipeline.py); switches, numbers and lists here.
+_CHECKED_KINDS = (settings.Switch, settings.Number, settings.CommaList)
 
 
 def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
