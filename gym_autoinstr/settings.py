@@ -333,6 +333,11 @@ SPAWN_NS = Text(PREFIX + "SPAWN_NS", None, "internal: when the orchestrator spaw
 SUBMIT_TRACEPARENT = Text(
     PREFIX + "SUBMIT_TRACEPARENT", None, "internal: the gym.submit span a Slurm job's gym.job links to"
 )
+UNKNOWN_SAID = Text(
+    PREFIX + "UNKNOWN_SAID",
+    None,
+    "internal: the unknown GYM_AUTOINSTR_* names a parent process warned about (its children do not repeat it)",
+)
 
 # -- NeMo Gym's (and the cluster's) -----------------------------------------------------
 
@@ -446,10 +451,21 @@ def unknown(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | N
     import difflib
 
     environ = os.environ if environ is None else environ
-    ours = [name for name in ALL if name.startswith(PREFIX)]
+    # compared without the prefix all of them share (else every name is "close")
+    ours = [name.removeprefix(PREFIX) for name in ALL if name.startswith(PREFIX)]
     found = []
     for name in sorted(environ):
         if name.startswith(PREFIX) and name not in ALL:
-            close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
-            found.append((name, close[0] if close else None))
+            close = difflib.get_close_matches(name.removeprefix(PREFIX), ours, n=1, cutoff=0.6)
+            found.append((name, PREFIX + close[0] if close else None))
     return found
+
+
+def unknown_problem(name: str, closest: str | None) -> tuple[str, str]:
+    """(problem, fix) for a ``GYM_AUTOINSTR_*`` name that is none of ours, worded the same at
+    run time (one warning, the two joined) and by the doctor."""
+    problem = f"{name} is not a gym-autoinstr setting, so it is ignored"
+    if closest:
+        return f"{problem} (did you mean {closest}?)", f"Rename it to {closest}."
+    ours = ", ".join(n for n, s in ALL.items() if n.startswith(PREFIX) and not s.description.startswith("internal:"))
+    return problem, f"Remove it, or use one of: {ours}."

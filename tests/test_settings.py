@@ -205,6 +205,45 @@ def test_unknown_names_get_the_closest_known_one():
     assert found == [("GYM_AUTOINSTR_SPAN_GROUP", "GYM_AUTOINSTR_SPAN_GROUPS")]
 
 
+# -- a misspelled name, at run time --------------------------------------------------
+
+
+def test_a_misspelled_name_is_warned_about_at_run_time_once_per_process_tree(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.harness.gym_targets import clean_environment
+
+    child = "from gym_autoinstr.instrumentor import GymInstrumentor\nGymInstrumentor().instrument()\n"
+    parent = (
+        child + "import subprocess, sys\nsys.stderr.flush()\n"
+        f"subprocess.run([sys.executable, '-c', {child!r}], check=True)\n"
+    )
+    environ = clean_environment(GYM_AUTOINSTR_SPAN_GROUP="all", GYM_AUTOINSTR_NO_SUCH_THING="1")
+    result = subprocess.run(
+        [sys.executable, "-c", parent], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "is not a gym-autoinstr setting" in line]
+    assert len(lines) == 2, result.stderr  # one per name, from the parent alone
+    (misspelled,) = [line for line in lines if "GYM_AUTOINSTR_SPAN_GROUP " in line]
+    assert misspelled.startswith("gym-autoinstr: WARNING: GYM_AUTOINSTR_SPAN_GROUP is not")
+    assert "ignored" in misspelled and "did you mean GYM_AUTOINSTR_SPAN_GROUPS?" in misspelled
+    (unlike,) = [line for line in lines if "GYM_AUTOINSTR_NO_SUCH_THING" in line]
+    assert "did you mean" not in unlike and "GYM_AUTOINSTR_SPAN_GROUPS" in unlike  # the names to choose from
+    # a child that has a name its parent did not have says it itself
+    alone = subprocess.run(
+        [sys.executable, "-c", child],
+        cwd=tmp_path,
+        env={**environ, settings.UNKNOWN_SAID.name: "GYM_AUTOINSTR_NO_SUCH_THING"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = [line for line in alone.stderr.splitlines() if "is not a gym-autoinstr setting" in line]
+    assert len(said) == 1 and "GYM_AUTOINSTR_SPAN_GROUP " in said[0], alone.stderr
+
+
 # -- the doctor ------------------------------------------------------------------------
 
 

@@ -18,19 +18,8 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
     problems: list[Problem] = []
     unknown = settings.unknown(environ)
     for name, closest in unknown:
-        problems.append(
-            Problem(
-                WARNING,
-                SUBJECT,
-                f"{name} is not a gym-autoinstr setting: it is ignored",
-                f"rename it to {closest}"
-                if closest
-                else (
-                    "remove it; the settings are: "
-                    f"{', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}"
-                ),
-            )
-        )
+        problem, fix = settings.unknown_problem(name, closest)  # as the instrumentor warns at run time
+        problems.append(Problem(WARNING, SUBJECT, problem, fix))
     invalid = []
     for setting in settings.ALL.values():
         if not isinstance(setting, _CHECKED_KINDS):
