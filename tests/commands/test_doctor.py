@@ -115,6 +115,7 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     assert venvs["local_paths"]["gym-autoinstr"] and venvs["override"] is None
     (local,) = [p for p in problems(report, "info", "server venvs") if "from a path on this machine" in p["problem"]]
     assert "GYM_AUTOINSTR_SERVER_REQUIREMENT" in local["fix"]
+    assert "index" not in local["fix"] and "==" not in local["fix"]  # gym-autoinstr is on no package index
     assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
 
 
@@ -467,3 +468,8 @@ def test_the_server_requirement_setting_replaces_the_local_path(tmp_path):
     assert venvs["override"] == wheel and "gym-autoinstr" not in venvs["local_paths"]
     assert f"'{wheel}'" in venvs["requirements"]
     assert not [p for p in problems(report, subject="server venvs") if "gym-autoinstr (" in p["problem"]]
+    # one that is not a requirement is named, as the orchestrator warns, and this machine's install is used
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SERVER_REQUIREMENT": "--index-url http://x gym-autoinstr"})
+    assert code == 0 and report["server_venvs"]["override"] is None
+    (bad,) = problems(report, "warning", "server venvs")
+    assert "is not one requirement" in bad["problem"] and "git+" in bad["fix"]
