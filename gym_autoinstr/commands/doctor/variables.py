@@ -31,5 +31,9 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
                 message = message.removesuffix(" " + setting.fix)
             fix = setting.fix or f"unset {setting.name} or set it to {setting.default!r}"
             problems.append(Problem(WARNING, SUBJECT, message, fix))
-    section = {"unknown": [{"name": name, "closest": closest} for name, closest in unknown], "invalid": invalid}
+    section = {
+        "set": sorted(name for name in environ if name.startswith(settings.PREFIX)),
+        "unknown": [{"name": name, "closest": closest} for name, closest in unknown],
+        "invalid": invalid,
+    }
     return section, problems
