@@ -48,7 +48,6 @@ metrics, other OpenTelemetry code, ours, ``wrapt``, Gym and everything else.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -61,6 +60,7 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
+from benchmarks.options import attribution_parser
 from benchmarks.run import (
     GENERIC_STACK,
     GYM_VERSION,
@@ -68,7 +68,6 @@ from benchmarks.run import (
     SERVERS,
     Variant,
     _spread,
-    add_output_options,
     finish,
     load_together,
     log,
@@ -82,7 +81,6 @@ from benchmarks.run import (
     start_trios,
     tear_down,
     use_bench_venvs,
-    variants_help,
 )
 from benchmarks.sink import CountingSink
 from tests.harness.collector import Collector
@@ -765,43 +763,7 @@ def _sign(value: float, fmt: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="run-benchmarks --attribution", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 windows of 5 s per variant")
-    ap.add_argument("--reps", type=int, help="windows per variant (default 4)")
-    ap.add_argument("--seconds", type=float, help="length of a window (default 10 s)")
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument(
-        "--idle-seconds",
-        type=float,
-        help="length of the idle baseline, reported by thread "
-        "(default 8 s, 4 with --quick; 60 to read per-second work such as the metric export)",
-    )
-    ap.add_argument(
-        "--variants", default="default", help="besides bare, comma-separated (default: default): " + variants_help()
-    )
-    ap.add_argument(
-        "--lever",
-        action="append",
-        default=[],
-        metavar="LABEL[@BASE]:KEY=VALUE[,KEY=VALUE...]",
-        help="one more variant: ours, default (or BASE: default, sampled, off), with these environment "
-        "variables on top (repeatable), e.g. --lever 'no-metrics:OTEL_METRICS_EXPORTER=none' or "
-        "--lever 'dropped-no-metrics@sampled:OTEL_METRICS_EXPORTER=none'",
-    )
-    ap.add_argument(
-        "--together",
-        action="store_true",
-        help="load every variant at once in each window (the same machine conditions for all; see the module doc)",
-    )
-    ap.add_argument(
-        "--py-spy",
-        action="store_true",
-        help="one more window per variant under py-spy (pip-installed into the runner venv if missing)",
-    )
-    ap.add_argument("--spy-rate", type=int, default=200, help="py-spy samples per second")
-    ap.add_argument("--spy-dir", type=pathlib.Path, help="keep py-spy's raw stacks here (one file per server)")
-    add_output_options(ap)
-    a = ap.parse_args(argv)
+    a = attribution_parser().parse_args(argv)
     if printed_saved_report(a, report):
         return 0
     reps = a.reps or (2 if a.quick else 4)

@@ -31,7 +31,6 @@ Inside the Gym venv, one count: ``python -m benchmarks.instructions SITE VARIANT
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -40,6 +39,8 @@ import re
 import shutil
 import subprocess
 import sys
+
+from benchmarks.options import instructions_parser
 
 WARM_UP = 50
 CALLS = 2000
@@ -259,28 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) == 4 and argv[0] == "--alive":
         _objects(argv[1], argv[2], int(argv[3]))
         return 0
-    ap = argparse.ArgumentParser(prog="run-benchmarks --instructions", description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: " + ",".join(DEFAULT_SITES) + ")"
-    )
-    ap.add_argument(
-        "--code",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)",
-    )
-    ap.add_argument(
-        "--calls", type=int, help=f"calls counted per site and variant (default {CALLS}; {OBJECT_CALLS} with --objects)"
-    )
-    ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
-    ap.add_argument(
-        "--objects",
-        action="store_true",
-        help="count GC-tracked objects alive when the app sends its response start (or, for "
-        f"{', '.join(OBJECT_SITES_IN_CALL)}, inside the wrapped call), instead of instructions "
-        f"(no valgrind; sites {', '.join(OBJECT_SITES)})",
-    )
+    ap = instructions_parser()
     a = ap.parse_args(argv)
     for code in a.code:
         if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():

@@ -31,7 +31,19 @@ from typing import Any
 import psutil
 
 from benchmarks.load import run_load
+from benchmarks.options import run_parser
 from benchmarks.sink import CountingSink
+from benchmarks.variants import (
+    INERT,
+    ONLY_WHEN_NAMED,
+    RUN_ID,
+    SAMPLED_OUT,
+    SPAN_GROUPS,
+    STOCK,
+    UNINSTRUMENTED,
+    VARIANT_HELP,
+    VARIANT_KEYS,
+)
 from tests.harness.collector import Collector
 from tests.harness.gym_install import find_python, gym_venv, python_minor_for
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, GymTrioError, PolicyModel
@@ -61,11 +73,6 @@ def use_bench_venvs() -> None:
         "GYM_AUTOINSTR_TEST_CACHE", os.environ.get("GYM_AUTOINSTR_BENCH_CACHE", str(REPO / ".cache" / "bench-gymenvs"))
     )
     log("building / checking venvs (cached under .cache/bench-gymenvs)")
-
-
-def add_output_options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--json", type=pathlib.Path, help="also write the raw results here")
-    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --json file and exit")
 
 
 def printed_saved_report(a: argparse.Namespace, render: Any) -> bool:
@@ -105,45 +112,6 @@ class Variant:
     @property
     def run_id(self) -> str:
         return f"bench-{self.key}"
-
-
-SPAN_GROUPS = "GYM_AUTOINSTR_SPAN_GROUPS"
-RUN_ID = "NEMO_GYM_OTEL_RUN_ID"  # ours: the resource's nemo.gym.run.id, so the sink tells the trios apart
-SAMPLED_OUT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-INERT = {SPAN_GROUPS: "none", "OTEL_SDK_DISABLED": "true"}  # ours loaded and patched, no SDK
-STOCK = {SPAN_GROUPS: "default", "GYM_AUTOINSTR_FAST_PATH": "off"}  # every fast-path replacement off
-VARIANT_KEYS = ("bare", "generic", "inert", "off", "default", "stock", "sampled", "per_rollout", "all", "bare2")
-UNINSTRUMENTED = ("bare", "bare2", "inert")  # no metrics of ours to count at the sink
-ONLY_WHEN_NAMED = ("bare2", "inert")  # not in a run that names no variants
-
-
-def _env_text(env: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in env.items())
-
-
-# What each variant is, for the commands' --help and reports (bare, the reference, is always run)
-VARIANT_HELP = {
-    "generic": "the generic OpenTelemetry stack",
-    "inert": f"ours loaded and patched with {_env_text(INERT)}: the footprint alone",
-    "off": "ours, span groups none, metrics on",
-    "default": "ours, the default preset",
-    "stock": f"ours default with {_env_text({'GYM_AUTOINSTR_FAST_PATH': 'off'})}: the stock SDK path, "
-    "what the fast path buys",
-    "sampled": f"ours default with {_env_text(SAMPLED_OUT)}, rollouts sent without traceparent",
-    "per_rollout": "ours, the per_rollout preset",
-    "all": "ours, every span group",
-    "bare2": "a second bare trio: an A/A",
-}
-
-
-def variants_help(by_default: bool = False) -> str:
-    """The variants besides bare, each with what it is, in ``VARIANT_KEYS`` order
-    (``by_default``: marking those a run that names none leaves out)."""
-    return "; ".join(
-        f"{key}: {VARIANT_HELP[key]}" + (" (only when named)" if by_default and key in ONLY_WHEN_NAMED else "")
-        for key in VARIANT_KEYS
-        if key != "bare"
-    )
 
 
 def make_variants(
@@ -1076,40 +1044,7 @@ def _saved_runs(paths: list[pathlib.Path]) -> list[tuple[str, dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions and rollouts (about 5 minutes)")
-    ap.add_argument("--reps", type=int)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--burst", type=int, default=10000, help="requests per burst (two bursts per variant)")
-    ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
-    ap.add_argument(
-        "--variants",
-        help="comma-separated, besides bare (always run: the reference): " + variants_help(by_default=True),
-    )
-    ap.add_argument(
-        "--together-windows",
-        type=int,
-        help="windows with bare, default and sampled out loaded together (default 8, --quick 4)",
-    )
-    ap.add_argument(
-        "--trio-sets",
-        type=int,
-        default=1,
-        help="stop every trio and start it afresh this many times over the run (the repetitions and "
-        "together windows split evenly among the sets): the intervals then hold what stays fixed in "
-        "a trio for its life; default 1",
-    )
-    ap.add_argument("--skip", action="append", default=[], choices=["micro", "together", "startup", "burst"])
-    ap.add_argument(
-        "--across",
-        type=pathlib.Path,
-        nargs="+",
-        metavar="JSON",
-        help="read several saved runs (--json) as one: each variant's overhead per run and pooled, "
-        "and a dropped rollout's overhead in parts (span groups off; the dropped path); then exit",
-    )
-    add_output_options(ap)
-    a = ap.parse_args(argv)
+    a = run_parser().parse_args(argv)
     if a.across:
         print(across_report(_saved_runs(a.across)))
         return 0

@@ -52,7 +52,6 @@ is not comparable with one without them.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import collections
 import json
@@ -67,12 +66,12 @@ import tempfile
 import time
 
 from benchmarks.load import run_load
+from benchmarks.options import trio_instructions_parser
 from benchmarks.run import (
     GYM_VERSION,
     PHASE_C1,
     PHASE_WARMUP,
     SERVERS,
-    add_output_options,
     log,
     make_variants,
     printed_saved_report,
@@ -269,37 +268,7 @@ def window(pids: dict[str, int], dumps: pathlib.Path, work) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="run-benchmarks --trio-instructions", description=__doc__.splitlines()[0])
-    ap.add_argument("--rollouts", type=int, default=100, help="rollouts per window (default 100)")
-    ap.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        help="closed-loop clients per window (default 1: each rollout alone, the same steps every time)",
-    )
-    ap.add_argument("--reps", type=int, default=3, help="windows per variant (default 3)")
-    ap.add_argument("--idle-seconds", type=float, default=15.0, help="length of each idle window (default 15)")
-    ap.add_argument(
-        "--variants",
-        default="default,sampled",
-        help="comma-separated, besides bare: off, default, sampled, per_rollout, all (default: default,sampled)",
-    )
-    ap.add_argument(
-        "--by-function",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also count by Python function (servers run with -X perf) and list the N functions of "
-        "gym_autoinstr and OpenTelemetry whose instructions per rollout differ most from span "
-        "groups off (or bare)",
-    )
-    ap.add_argument(
-        "--cache-sim",
-        action="store_true",
-        help="also simulate the caches (callgrind --cache-sim=yes) and report first- and last-level "
-        "misses per rollout beside the instructions; slower",
-    )
-    add_output_options(ap)
+    ap = trio_instructions_parser()
     a = ap.parse_args(argv)
     if printed_saved_report(a, report):
         return 0

@@ -2,7 +2,7 @@
 
 Telemetry that floods a user's console is a bug of its own: every warning that can
 repeat (per request, per import, per export) goes through ``warn_once`` keyed by its
-cause.
+cause, every note (nothing to fix) through ``note_once``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,17 @@ def warn_once(key: str, message: str, *args: object) -> bool:
             return False
         _said.add(key)
     logger.warning(message, *args)
+    return True
+
+
+def note_once(key: str, message: str, *args: object) -> bool:
+    """Log ``message`` at INFO the first time ``key`` is seen (worth knowing, nothing to fix:
+    what ``gym-autoinstr doctor`` rates "info"); return whether it was logged."""
+    with _said_lock:
+        if key in _said:
+            return False
+        _said.add(key)
+    logger.info(message, *args)
     return True
 
 

@@ -88,6 +88,7 @@ class GymInstrumentor(BaseInstrumentor):
         except Exception as error:
             warn_once("adopt", "could not check the active tracer provider: %r", error)
         groups.reload()
+        _warn_unknown_settings()
         if who.role is identity.Role.ORCHESTRATOR:
             _announce()
         ray_actor.wraps_actor_init(init_wrapper)  # the Ray actor classes we patch boot us in the actor
@@ -162,6 +163,25 @@ class GymInstrumentor(BaseInstrumentor):
                 self.patches.apply(pointcut, module, late=late)
         except Exception as error:  # never break Gym's import statement
             warn_once(f"hook:{getattr(module, '__name__', '?')}", "instrumenting %r failed: %r", module, error)
+
+
+def _warn_unknown_settings() -> None:
+    """A ``GYM_AUTOINSTR_*`` name that is none of ours (a misspelling) is ignored: say so, once
+    per process tree.  The names said go into the environment every child inherits
+    (``GYM_AUTOINSTR_UNKNOWN_SAID``), so Gym's servers do not repeat the orchestrator; a
+    name a child has and its parent had not, the child says."""
+    try:
+        found = settings.unknown()
+        if not found:
+            return
+        said = set(filter(None, (settings.UNKNOWN_SAID.raw() or "").split(",")))
+        for name, closest in found:
+            if name not in said:
+                problem, fix = settings.unknown_problem(name, closest)
+                warn_once(f"setting:unknown:{name}", "%s. %s", problem, fix)
+        os.environ[settings.UNKNOWN_SAID.name] = ",".join(sorted(said | {name for name, _ in found}))
+    except Exception as error:  # a warning only: never in the way of instrumenting Gym
+        logger.debug("could not check the GYM_AUTOINSTR_* names: %r", error)
 
 
 def _pointcuts_for(module_name: str) -> list[Pointcut]:

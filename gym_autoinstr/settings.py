@@ -151,6 +151,7 @@ class Number(Setting):
     ) -> None:
         self.minimum, self.above, self.maximum, self.integer = minimum, above, maximum, integer
         self.expected = expected or ("a positive number" if above else "a non-negative number")
+        fix = fix or f"Set it to e.g. {default} (or unset it)."
         super().__init__(name, default, description, fallback=fallback or f"using {default}", fix=fix)
 
     def parse(self, raw: str) -> float:
@@ -186,6 +187,7 @@ class Choice(Setting):
         fix: str = "",
     ) -> None:
         self.choices, self.aliases, self.inherits = choices, dict(aliases or {}), inherits
+        fix = fix or f"Set it to {' or '.join(choices)} (or unset it)."
         super().__init__(name, default, description, fallback=fallback, fix=fix)
 
     def holder(self, environ: Mapping[str, str] | None = None) -> str:
@@ -208,15 +210,29 @@ class Choice(Setting):
 
 
 class CommaList(Setting):
-    """Comma-separated names, blanks dropped; unset gives the default, set but empty gives ()."""
+    """Comma-separated names, blanks dropped; unset gives the default, set but empty gives ().
+    ``starts_with``: what each name must start with (a name without it does not parse)."""
 
     kind = "comma list"
+
+    def __init__(
+        self, name: str, default: tuple[str, ...], description: str, *, starts_with: str = "", example: str = ""
+    ) -> None:
+        self.starts_with = starts_with
+        fallback = f"using the default, {','.join(default)}"
+        fix = f"Set names that start with {starts_with!r}, e.g. {example}." if starts_with else ""
+        super().__init__(name, default, description, fallback=fallback, fix=fix)
 
     def empty(self, raw: str | None) -> Any:
         return self.default if raw is None else ()
 
     def parse(self, raw: str) -> tuple[str, ...]:
-        return tuple(part.strip() for part in raw.split(",") if part.strip())
+        names = tuple(part.strip() for part in raw.split(",") if part.strip())
+        bad = [name for name in names if not name.startswith(self.starts_with)]
+        if bad:
+            offenders = ", ".join(map(repr, bad))
+            raise ValueError(f"a list of names that each start with {self.starts_with!r} (not: {offenders})")
+        return names
 
 
 ALL: dict[str, Setting] = {}
@@ -226,8 +242,8 @@ ALL: dict[str, Setting] = {}
 SPAN_GROUPS = Text(
     PREFIX + "SPAN_GROUPS",
     None,
-    "span groups to record: names and presets, comma-separated "
-    "(default, all, off, ...); unknown names are ignored with a warning",
+    "span groups to record: names and presets, comma-separated (default, all, off, ...); "
+    "a spec with an unknown name: the default preset, with a warning (parsed in telemetry/groups.py)",
 )
 JOB_TRACE = Choice(
     PREFIX + "JOB_TRACE",
@@ -249,6 +265,8 @@ EXCLUDED_PATHS = CommaList(
     PREFIX + "EXCLUDED_PATHS",
     ("/", "/health", "/healthz", "/livez", "/readyz", "/metrics", "/favicon.ico"),
     "request paths that get no SERVER span, comma-separated (empty: none excluded)",
+    starts_with="/",
+    example="/health,/metrics",
 )
 ACCEPT_BAGGAGE = Switch(PREFIX + "ACCEPT_BAGGAGE", False, "read W3C baggage sent from outside the fleet")
 SERVICE_NAME_SUFFIX = Switch(
@@ -314,6 +332,11 @@ STARTUP_TRACEPARENT = Text(PREFIX + "STARTUP_TRACEPARENT", None, "internal: a sp
 SPAWN_NS = Text(PREFIX + "SPAWN_NS", None, "internal: when the orchestrator spawned this server (time.time_ns)")
 SUBMIT_TRACEPARENT = Text(
     PREFIX + "SUBMIT_TRACEPARENT", None, "internal: the gym.submit span a Slurm job's gym.job links to"
+)
+UNKNOWN_SAID = Text(
+    PREFIX + "UNKNOWN_SAID",
+    None,
+    "internal: the unknown GYM_AUTOINSTR_* names a parent process warned about (its children do not repeat it)",
 )
 
 # -- NeMo Gym's (and the cluster's) -----------------------------------------------------
@@ -428,10 +451,21 @@ def unknown(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | N
     import difflib
 
     environ = os.environ if environ is None else environ
-    ours = [name for name in ALL if name.startswith(PREFIX)]
+    # compared without the prefix all of them share (else every name is "close")
+    ours = [name.removeprefix(PREFIX) for name in ALL if name.startswith(PREFIX)]
     found = []
     for name in sorted(environ):
         if name.startswith(PREFIX) and name not in ALL:
-            close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
-            found.append((name, close[0] if close else None))
+            close = difflib.get_close_matches(name.removeprefix(PREFIX), ours, n=1, cutoff=0.6)
+            found.append((name, PREFIX + close[0] if close else None))
     return found
+
+
+def unknown_problem(name: str, closest: str | None) -> tuple[str, str]:
+    """(problem, fix) for a ``GYM_AUTOINSTR_*`` name that is none of ours, worded the same at
+    run time (one warning, the two joined) and by the doctor."""
+    problem = f"{name} is not a gym-autoinstr setting, so it is ignored"
+    if closest:
+        return f"{problem} (did you mean {closest}?)", f"Rename it to {closest}."
+    ours = ", ".join(n for n, s in ALL.items() if n.startswith(PREFIX) and not s.description.startswith("internal:"))
+    return problem, f"Remove it, or use one of: {ours}."

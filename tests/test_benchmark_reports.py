@@ -1,9 +1,53 @@
 """The benchmark's reports of saved runs (``./run-benchmarks --across``): arithmetic on
-results shaped as ``--json`` writes them; no trio is started here."""
+results shaped as ``--json`` writes them; and its ``--help``, which builds nothing.  No trio
+is started here."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
 from benchmarks.run import across_report
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MODES = {
+    "run": "",
+    "attribution": "--attribution",
+    "instructions": "--instructions",
+    "trio_instructions": "--trio-instructions",
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_modes_options_are_declared_with_the_standard_library_alone(mode):
+    # -S: no site-packages (no psutil, no Gym, no OpenTelemetry), as a python3 outside any venv
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "benchmarks.options", mode, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: run-benchmarks {MODES[mode]}".rstrip() + " [-h]")
+
+
+def test_run_benchmarks_help_builds_nothing(tmp_path):
+    cache = tmp_path / "cache"  # where tools/runner-venv would build the runner venv
+    for arguments in (["--help"], ["--quick", "-h"], ["--attribution", "--help"]):
+        result = subprocess.run(
+            [str(REPO / "run-benchmarks"), *arguments],
+            env={**os.environ, "GYM_AUTOINSTR_TEST_CACHE": str(cache)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0 and result.stdout.startswith("usage: run-benchmarks"), result.stderr
+    assert not cache.exists()
 
 
 def _run(bare: list, off: list, default: list, sampled: list, together: list | None = None) -> dict:

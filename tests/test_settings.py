@@ -139,6 +139,26 @@ def test_a_comma_list_drops_blanks_and_set_but_empty_is_empty():
     assert paths.read({paths.name: ""}) == ()
 
 
+def test_excluded_paths_that_could_never_match_a_request_fall_back_to_the_default(caplog):
+    paths = settings.EXCLUDED_PATHS
+    assert paths.read({paths.name: "/a,health"}) == paths.default  # a request's path always starts with /
+    (warning,) = _warnings(caplog, paths.name)
+    assert "'health'" in warning and "start with '/'" in warning and "/health" in warning.split(";", 1)[1]
+
+
+def test_every_value_that_does_not_parse_is_named_with_its_fallback_and_a_fix(caplog):
+    """The documented rule, for every declared setting: a bad value gives the default and
+    one message naming the variable, the value, what was used instead and what to set."""
+    for setting in settings.ALL.values():
+        value, message = setting.check({setting.name: "no such value"})
+        if message is None:  # free text (string, otel boolean) parses whatever it is
+            assert isinstance(setting, (settings.Text, settings.OtelFlag)), setting
+            continue
+        assert value == setting.default, setting
+        assert message.startswith(f"{setting.name}='no such value' is not "), message
+        assert setting.fix and message.endswith(" " + setting.fix), message
+
+
 # -- the registry, and who reads the environment --------------------------------------
 
 
@@ -185,6 +205,45 @@ def test_unknown_names_get_the_closest_known_one():
     assert found == [("GYM_AUTOINSTR_SPAN_GROUP", "GYM_AUTOINSTR_SPAN_GROUPS")]
 
 
+# -- a misspelled name, at run time --------------------------------------------------
+
+
+def test_a_misspelled_name_is_warned_about_at_run_time_once_per_process_tree(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.harness.gym_targets import clean_environment
+
+    child = "from gym_autoinstr.instrumentor import GymInstrumentor\nGymInstrumentor().instrument()\n"
+    parent = (
+        child + "import subprocess, sys\nsys.stderr.flush()\n"
+        f"subprocess.run([sys.executable, '-c', {child!r}], check=True)\n"
+    )
+    environ = clean_environment(GYM_AUTOINSTR_SPAN_GROUP="all", GYM_AUTOINSTR_NO_SUCH_THING="1")
+    result = subprocess.run(
+        [sys.executable, "-c", parent], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "is not a gym-autoinstr setting" in line]
+    assert len(lines) == 2, result.stderr  # one per name, from the parent alone
+    (misspelled,) = [line for line in lines if "GYM_AUTOINSTR_SPAN_GROUP " in line]
+    assert misspelled.startswith("gym-autoinstr: WARNING: GYM_AUTOINSTR_SPAN_GROUP is not")
+    assert "ignored" in misspelled and "did you mean GYM_AUTOINSTR_SPAN_GROUPS?" in misspelled
+    (unlike,) = [line for line in lines if "GYM_AUTOINSTR_NO_SUCH_THING" in line]
+    assert "did you mean" not in unlike and "GYM_AUTOINSTR_SPAN_GROUPS" in unlike  # the names to choose from
+    # a child that has a name its parent did not have says it itself
+    alone = subprocess.run(
+        [sys.executable, "-c", child],
+        cwd=tmp_path,
+        env={**environ, settings.UNKNOWN_SAID.name: "GYM_AUTOINSTR_NO_SUCH_THING"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = [line for line in alone.stderr.splitlines() if "is not a gym-autoinstr setting" in line]
+    assert len(said) == 1 and "GYM_AUTOINSTR_SPAN_GROUP " in said[0], alone.stderr
+
+
 # -- the doctor ------------------------------------------------------------------------
 
 
@@ -202,13 +261,18 @@ def test_the_doctor_flags_a_misspelled_variable_and_names_the_right_one():
     ]
 
 
-def test_the_doctor_names_a_bad_switch_or_number_as_the_runtime_parses_it():
+def test_the_doctor_names_a_bad_switch_number_or_list_as_the_runtime_parses_it():
     from gym_autoinstr.commands.doctor import diagnose
 
-    environ = {settings.GC_FREEZE.name: "nope", settings.FLUSH_TIMEOUT_MS.name: "-5", settings.LEAN_SPANS.name: "off"}
+    environ = {
+        settings.GC_FREEZE.name: "nope",
+        settings.FLUSH_TIMEOUT_MS.name: "-5",
+        settings.LEAN_SPANS.name: "off",
+        settings.EXCLUDED_PATHS.name: "health",
+    }
     diagnosis = diagnose(environ, offline=True)
     said = {p["problem"].split("=", 1)[0]: p for p in diagnosis["problems"] if p["subject"] == "settings"}
-    assert set(said) == {settings.GC_FREEZE.name, settings.FLUSH_TIMEOUT_MS.name}
+    assert set(said) == {settings.GC_FREEZE.name, settings.FLUSH_TIMEOUT_MS.name, settings.EXCLUDED_PATHS.name}
     assert "'nope'" in said[settings.GC_FREEZE.name]["problem"] and "'false'" in said[settings.GC_FREEZE.name]["fix"]
     # the runtime says the problem and its fix in one line; the doctor splits them, each said once
     gc_freeze = said[settings.GC_FREEZE.name]

@@ -98,6 +98,7 @@ _NOT_CARRIED = frozenset(
         settings.SPAWN_NS,
         settings.SERVER_REQUIREMENT,
         settings.SUBMIT_TRACEPARENT,
+        settings.UNKNOWN_SAID,
     )
 )
 # May hold credentials or name files of this host: never written into a job script.

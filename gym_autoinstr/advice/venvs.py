@@ -21,11 +21,12 @@ venv.  So, in the orchestrator only:
   or differ, one message names the server, the venv and the command that fixes it.
 
 Servers on other hosts: Gym builds a server's venv on the host the server runs on (a
-multi-node Ray cluster, e.g. NeMo RL's).  An index install pins ``name==X``, installable
-anywhere the index is; a local wheel, directory or editable checkout is a path on *this*
-machine.  Then the orchestrator says so once (and ``gym-autoinstr doctor`` does), and
-``GYM_AUTOINSTR_SERVER_REQUIREMENT`` names the requirement to install instead
-(``gym-autoinstr==0.3.0``, a wheel URL, a path every host shares).
+multi-node Ray cluster, e.g. NeMo RL's).  An index or git install pins a requirement
+installable anywhere; a local wheel, directory or editable checkout is a path on *this*
+machine, which is fine while every server runs here.  Then the orchestrator notes it once
+(INFO, as ``gym-autoinstr doctor`` rates it: nothing to fix on one host), and
+``GYM_AUTOINSTR_SERVER_REQUIREMENT`` names the requirement to install instead (a path every
+host shares, a wheel URL, a git URL).
 
 What is pinned: the part of gym-autoinstr's dependency closure that carries a span from
 the SDK to the wire.  OpenTelemetry's own packages pin each other exactly (sdk -> api,
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_autoinstr import settings
-from gym_autoinstr._log import warn_once
+from gym_autoinstr._log import note_once, warn_once
 
 PROJECT = "gym-autoinstr"
 # Beyond opentelemetry-*: the closure members on the span's way to the wire (see above).
@@ -177,11 +178,12 @@ def pinned_requirements(root: str = PROJECT, path: list[str] | None = None) -> l
     return [pinned_requirement(d) for key, d in sorted(closure.items()) if is_pinned(key)]
 
 
-def requirement_override(environ: Any = None) -> tuple[str, ...] | None:
-    """``GYM_AUTOINSTR_SERVER_REQUIREMENT`` as install arguments; None when unset or bad."""
+def _override(environ: Any = None) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
+    """(install arguments, None) for ``GYM_AUTOINSTR_SERVER_REQUIREMENT``; (None, (problem,
+    fix)) when it is not one requirement; (None, None) when unset."""
     raw = (settings.SERVER_REQUIREMENT.raw(environ) or "").strip()
     if not raw:
-        return None
+        return None, None
     # One requirement, as pip and uv take it ("name @ url" stays one argument), or -e PATH.
     if raw.startswith("-e ") or raw.startswith("-e\t"):
         words: tuple[str, ...] = ("-e", raw[3:].strip())
@@ -190,15 +192,27 @@ def requirement_override(environ: Any = None) -> tuple[str, ...] | None:
     else:
         words = (raw,)
     if not words or not words[-1]:
-        warn_once(
-            "venvs:override",
-            "%s=%r is not one requirement (e.g. 'gym-autoinstr==0.3.0', 'gym-autoinstr @ https://.../x.whl' "
-            "or '-e /shared/path'); server venvs get this machine's gym-autoinstr instead.",
-            SERVER_REQUIREMENT_VARIABLE,
-            raw,
+        return None, (
+            f"{SERVER_REQUIREMENT_VARIABLE}={raw!r} is not one requirement: server venvs get this machine's "
+            "gym-autoinstr instead",
+            "set one requirement, e.g. '-e /shared/path', 'gym-autoinstr @ https://host/x.whl' or "
+            "'gym-autoinstr @ git+<repository URL>@<commit>'",
         )
-        return None
+    return words, None
+
+
+def requirement_override(environ: Any = None) -> tuple[str, ...] | None:
+    """``GYM_AUTOINSTR_SERVER_REQUIREMENT`` as install arguments; None when unset or bad
+    (bad: with one warning, ``requirement_problem``)."""
+    words, problem = _override(environ)
+    if problem:
+        warn_once("venvs:override", "%s. Fix: %s.", *problem)
     return words
+
+
+def requirement_problem(environ: Any = None) -> tuple[str, str] | None:
+    """(problem, fix) when ``GYM_AUTOINSTR_SERVER_REQUIREMENT`` is set but not used; logs nothing."""
+    return _override(environ)[1]
 
 
 @functools.lru_cache(maxsize=1)
@@ -228,11 +242,12 @@ def local_path_message(local: list[PinnedRequirement]) -> str:
 
 
 def local_path_fix() -> str:
+    # gym-autoinstr is on no package index: the fixes are a shared path, a wheel URL or git.
     return (
-        f"install gym-autoinstr from a package index (then servers pin gym-autoinstr==<version>), or set "
+        f"nothing while every server runs on this host; for servers on other hosts, set "
         f"{SERVER_REQUIREMENT_VARIABLE} to a requirement every host can install, e.g. "
-        f"'gym-autoinstr==<version>', 'gym-autoinstr @ https://host/gym_autoinstr-<version>-py3-none-any.whl' "
-        f"or '-e /path/shared/by/every/host'"
+        f"'-e /path/shared/by/every/host', 'gym-autoinstr @ https://host/gym_autoinstr-<version>-py3-none-any.whl' "
+        f"or 'gym-autoinstr @ git+<repository URL>@<commit>'"
     )
 
 
@@ -277,7 +292,8 @@ def head_server_deps_advice(wrapped: Any, instance: Any, args: tuple, kwargs: di
             _store(config, deps)
             local = local_requirements()
             if local:
-                warn_once("venvs:local-path", "%s. Fix: %s.", local_path_message(local), local_path_fix())
+                # a note, not a warning: on one host (most runs) there is nothing to fix
+                note_once("venvs:local-path", "%s. Fix: %s.", local_path_message(local), local_path_fix())
     except Exception as error:  # never raise into Gym: its venvs are built as before
         warn_once(
             "venvs:head_server_deps",

@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     doctor.add_argument("--offline", action="store_true", help="do not contact the OTLP endpoint (air-gapped checks)")
+    doctor.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print the notes and every section in full: each pointcut, process-wide patch and fast-path part",
+    )
     view_command.add_parser(commands)
     args = parser.parse_args(argv)
 
@@ -41,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from gym_autoinstr.commands.doctor import main as doctor_main
 
-        return doctor_main(as_json=args.json, offline=args.offline)
+        return doctor_main(as_json=args.json, offline=args.offline, verbose=args.verbose)
     parser.print_help()
     return 0
 

@@ -39,12 +39,19 @@ sys.meta_path.insert(0, _Blocked())
 
 
 def doctor(
-    tmp_path, *, prelude: str = "", env: dict[str, str] | None = None, pythonpath: str = "", as_json: bool = True
+    tmp_path,
+    *,
+    prelude: str = "",
+    env: dict[str, str] | None = None,
+    pythonpath: str = "",
+    as_json: bool = True,
+    verbose: bool = False,
 ):
     """Run ``gym-autoinstr doctor --offline`` after ``prelude``; return (exit code, JSON or text, stderr).
     Offline: these cases are about the install; the live endpoint check has its own tests
     (test_doctor_pipeline.py)."""
     arguments = ["doctor", "--offline", "--json"] if as_json else ["doctor", "--offline"]
+    arguments += ["--verbose"] if verbose else []
     code = (
         f"import sys\n{textwrap.dedent(prelude)}\n"
         f"from gym_autoinstr.commands.cli import main\nsys.exit(main({arguments!r}))\n"
@@ -115,6 +122,7 @@ def test_a_healthy_install_is_reported_healthy(tmp_path):
     assert venvs["local_paths"]["gym-autoinstr"] and venvs["override"] is None
     (local,) = [p for p in problems(report, "info", "server venvs") if "from a path on this machine" in p["problem"]]
     assert "GYM_AUTOINSTR_SERVER_REQUIREMENT" in local["fix"]
+    assert "index" not in local["fix"] and "==" not in local["fix"]  # gym-autoinstr is on no package index
     assert not list((tmp_path / "cwd").iterdir()), "importing Gym wrote into the working directory"
 
 
@@ -130,7 +138,11 @@ def test_the_process_wide_patches_are_listed_after_the_pointcuts(tmp_path):
     }
     assert rows["asyncio.wrap_future"]["pointcut"] == "ray.await_error"
     _, text, _ = doctor(
-        tmp_path, prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS, pythonpath=here, as_json=False
+        tmp_path,
+        prelude=f"BLOCKED = [{GRPC_EXPORTER!r}]\n" + BLOCK_IMPORTS,
+        pythonpath=here,
+        as_json=False,
+        verbose=True,
     )
     listed = text.split("\nprocess-wide patches", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     names = [line.split()[0] for line in listed if not line.startswith("    ")]
@@ -178,30 +190,63 @@ def test_an_unwritable_run_directory_means_tracing_would_not_work(tmp_path):
     assert error["subject"] == "exporter" and "GYM_AUTOINSTR_OUTPUT_DIR" in error["fix"]
 
 
-def test_the_text_report_starts_with_the_verdict(tmp_path):
+SECTIONS = [
+    "nemo-gym",
+    "pointcuts",
+    "patches",
+    "start-up",
+    "exporter",
+    "metrics",
+    "logs",
+    "span groups",
+    "job traces",
+    "client spans",
+    "Gym telemetry",
+    "server venvs",
+    "ray",
+    "settings",
+    "fast path",
+]
+
+
+def test_the_text_report_is_the_verdict_the_problems_and_a_line_per_section(tmp_path):
     code, text, stderr = doctor(tmp_path, as_json=False)
     assert code == 0
     lines = text.splitlines()
     assert lines[0] == "tracing would work" and lines[1] == ""
-    assert "nemo-gym      0.4.0  (known)" in lines[2:]
+    assert [line[:14].strip() for line in lines[2:-2]] == SECTIONS  # no problem to list here: no warning
+    assert lines[2] == "nemo-gym      0.4.0  (known); gym-autoinstr 0.1.0 on Python " + sys.version.split()[0]
+    # the details are behind --verbose: module paths, every pointcut, the notes (INFO)
+    assert not any(detail in text for detail in (".py", "nemo_gym.", "INFO:")), text
+    assert lines[-2:] == [
+        "",
+        "more: gym-autoinstr doctor --verbose (every pointcut, process-wide patch and fast-path part; 2 note(s))",
+    ]
     assert "tracing would" not in "\n".join(lines[1:])  # said once, first
     assert "doctor:" not in stderr  # no progress when nobody watches (stderr is no terminal)
+    code, full, _ = doctor(tmp_path, as_json=False, verbose=True)
+    assert full.splitlines()[0] == "tracing would work" and "more: " not in full
+    assert "INFO: server venvs: " in full and "\npointcuts\n  egress " in full
+    assert "by fastpath/batching.py accepts_encoded (make_processor)" in full
 
 
 def test_a_failing_report_names_the_first_fix_in_its_first_line(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    env = {"GYM_AUTOINSTR_OUTPUT_DIR": str(blocker / "runs")}
+    env = {"GYM_AUTOINSTR_OUTPUT_DIR": str(blocker / "runs"), "GYM_AUTOINSTR_FLUSH_TIMEOUT_MS": "soon"}
     code, report, _ = doctor(tmp_path, env=env)
     (error,) = problems(report, "error")
     code, text, _ = doctor(tmp_path, env=env, as_json=False)
     assert code == 1
     first, *rest = text.splitlines()
     assert first == f"tracing would NOT work: {error['fix']}"
-    # the details follow, the problems last, errors before warnings
+    # the problems follow, errors before warnings (notes only with --verbose), then a line per section
     listed = [line.split(":", 1)[0] for line in rest if line.startswith(("ERROR:", "WARNING:", "INFO:"))]
-    assert listed[0] == "ERROR" and listed == sorted(listed, key=["ERROR", "WARNING", "INFO"].index)
-    assert rest.index("pointcuts") < next(i for i, line in enumerate(rest) if line.startswith("ERROR:"))
+    assert listed == ["ERROR", "WARNING"]
+    assert rest[1].startswith("ERROR: exporter: ") and rest[2].startswith("  fix: ")
+    assert rest.index("") < max(i for i, line in enumerate(rest) if line.startswith("  fix: ")) < len(rest) - 1
+    assert [line[:14].strip() for line in rest[6:-2]] == SECTIONS
+    assert rest[-1].endswith("(every pointcut, process-wide patch and fast-path part; 1 note(s))")
 
 
 def _doctor_on_a_terminal(tmp_path, *arguments: str) -> tuple[int, str, str]:
@@ -329,21 +374,23 @@ def test_a_pointcut_gone_from_gym_is_an_error_with_a_fix(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "env, severity, exit_code",
+    "env, closest",
     [
-        ({"GYM_AUTOINSTR_SPAN_GROUPS": "defualt"}, "error", 1),
-        ({"GYM_AUTOINSTR_SPAN_GROUPS": "default, Sandboxx"}, "warning", 0),
-        ({"NEMO_GYM_OTEL_SPAN_GROUPS": "per_rollout,bogus"}, "warning", 0),
+        ({"GYM_AUTOINSTR_SPAN_GROUPS": "defualt"}, "default"),
+        ({"GYM_AUTOINSTR_SPAN_GROUPS": "default, Sandboxx"}, "sandbox"),
+        ({"NEMO_GYM_OTEL_SPAN_GROUPS": "per_rollout,bogus"}, None),
     ],
 )
-def test_unknown_span_group_names_are_reported(tmp_path, env, severity, exit_code):
+def test_a_span_group_spec_with_an_unknown_name_means_the_default_preset(tmp_path, env, closest):
     code, report, _ = doctor(tmp_path, env=env)
-    assert code == exit_code
+    assert code == 0  # the default preset is used: tracing works
     ((variable, spec),) = env.items()
     assert report["span_groups"]["variable"] == variable and report["span_groups"]["spec"] == spec
+    assert report["span_groups"]["enabled"] == ["http_client", "job", "ray", "rollout", "server", "startup"]
     (problem,) = problems(report, subject="span groups")
-    assert problem["severity"] == severity
+    assert problem["severity"] == "warning" and "default preset is used" in problem["problem"]
     assert report["span_groups"]["unknown"] == [spec.split(",")[-1].strip()]
+    assert (f"did you mean {closest!r}" in problem["problem"]) is (closest is not None)
 
 
 def test_span_groups_all_off_is_a_warning(tmp_path):
@@ -453,7 +500,7 @@ def test_ray_propagation_is_reported_with_the_ray_version_and_why_not(tmp_path):
     # the rows a Ray actor applies when it becomes Gym's orchestrator: all present in this Gym
     assert [row["name"] for row in workers] == [p.name for p in RAY_WORKER_POINTCUTS]
     assert all(row["resolves"] for row in workers), workers
-    code, text, _ = doctor(tmp_path, as_json=False)
+    code, text, _ = doctor(tmp_path, as_json=False, verbose=True)
     assert f"ray           {ray.__version__}: tasks traced into the workers" in text
     assert "ray actors    Gym inside a Ray actor: " + ", ".join(f"{p.name} ok" for p in RAY_WORKER_POINTCUTS) in text
 
@@ -465,3 +512,8 @@ def test_the_server_requirement_setting_replaces_the_local_path(tmp_path):
     assert venvs["override"] == wheel and "gym-autoinstr" not in venvs["local_paths"]
     assert f"'{wheel}'" in venvs["requirements"]
     assert not [p for p in problems(report, subject="server venvs") if "gym-autoinstr (" in p["problem"]]
+    # one that is not a requirement is named, as the orchestrator warns, and this machine's install is used
+    code, report, _ = doctor(tmp_path, env={"GYM_AUTOINSTR_SERVER_REQUIREMENT": "--index-url http://x gym-autoinstr"})
+    assert code == 0 and report["server_venvs"]["override"] is None
+    (bad,) = problems(report, "warning", "server venvs")
+    assert "is not one requirement" in bad["problem"] and "git+" in bad["fix"]

@@ -125,7 +125,7 @@ def _progress_line(text: str) -> None:
     print(f"doctor: {text}...", file=sys.stderr, flush=True)
 
 
-def main(*, as_json: bool = False, offline: bool = False) -> int:
+def main(*, as_json: bool = False, offline: bool = False, verbose: bool = False) -> int:
     # Progress on stderr, and only to a person watching (a terminal): stdout stays the
     # report, or clean JSON with --json.
     try:
@@ -136,5 +136,5 @@ def main(*, as_json: bool = False, offline: bool = False) -> int:
     if as_json:
         print(json.dumps(diagnosis, indent=1, default=str))
     else:
-        print(render(diagnosis))
+        print(render(diagnosis, verbose=verbose))
     return exit_status(diagnosis)

@@ -38,24 +38,108 @@ def verdict_line(diagnosis: dict[str, Any]) -> str:
     return "tracing would work" + (f"  ({warnings} warning(s) below)" if warnings else "")
 
 
-def render(diagnosis: dict[str, Any]) -> str:
-    """The human-readable report: the verdict first, then the details, then every problem
-    with its fix (errors first)."""
+def render(diagnosis: dict[str, Any], *, verbose: bool = False) -> str:
+    """The human-readable report: the verdict, then the problems with their fixes (errors
+    first), then one line per section.  ``verbose``: the notes too, and each section in
+    full (every pointcut, process-wide patch and fast-path part, and how each is applied)."""
+    problems = by_severity(diagnosis["problems"])
+    shown = problems if verbose else [p for p in problems if p["severity"] != INFO]
     lines = [verdict_line(diagnosis), ""]
+    for problem in shown:
+        lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")
+        lines.append(f"  fix: {problem['fix']}")
+    if shown:
+        lines.append("")
+    lines += _details(diagnosis) if verbose else _summary(diagnosis)
+    if not verbose:
+        notes = len(problems) - len(shown)
+        lines.append("")
+        lines.append(
+            "more: gym-autoinstr doctor --verbose (every pointcut, process-wide patch and fast-path part"
+            + (f"; {notes} note(s))" if notes else ")")
+        )
+    return "\n".join(lines)
+
+
+def _gym_line(diagnosis: dict[str, Any]) -> str:
     gym = diagnosis["gym"]
     known = "known" if gym["known"] else f"not a release we know ({gym['known_range']})"
-    lines.append(f"nemo-gym      {gym['version'] or 'not installed'}" + (f"  ({known})" if gym["version"] else ""))
+    return f"nemo-gym      {gym['version'] or 'not installed'}" + (f"  ({known})" if gym["version"] else "")
+
+
+def _pointcut_state(row: dict[str, Any]) -> str:
+    if row["resolved"]:
+        return "applied" if row["expected"] is not False else "applied (table says absent)"
+    if row["expected"] is False:
+        return "absent, as expected"
+    return f"MISSING: {row['reason']}"
+
+
+def _summary(diagnosis: dict[str, Any]) -> list[str]:
+    """One line per section."""
+    lines = [_gym_line(diagnosis) + f"; gym-autoinstr {diagnosis['gym_autoinstr']} on Python {diagnosis['python']}"]
+    rows = diagnosis["pointcuts"]
+    applied = [row for row in rows if row["resolved"]]
+    absent = [row for row in rows if not row["resolved"] and row["expected"] is False]
+    missing = [row["name"] for row in rows if not row["resolved"] and row["expected"] is not False]
+    text = f"{len(applied)} applied; {len(absent)} not in this Gym release, as expected"
+    lines.append(f"pointcuts     {text}" + (f", {len(missing)} MISSING: {', '.join(missing)}" if missing else ""))
+    process_rows = diagnosis.get("process_patches") or []
+    if process_rows:
+        gone = [row["name"] for row in process_rows if not row["resolved"]]
+        lines.append(
+            f"patches       {len(process_rows)} process-wide, "
+            + (f"targets absent here: {', '.join(gone)}" if gone else "every target present")
+        )
+    start = diagnosis["startup"]
+    lines.append(
+        f"start-up      distro {start['distro']['selected'] or 'default'}, configurator "
+        f"{start['configurator']['selected'] or 'none'}, instrumentors "
+        f"{', '.join(start['instrumentors']['enabled']) or 'none'}"
+    )
+    lines += _exporter_lines(diagnosis)
+    lines += _setting_lines(diagnosis)
+    ray_section = diagnosis.get("ray") or {}
+    ray_line = _ray_line(ray_section)
+    absent_workers = [row["name"] for row in ray_section.get("worker_pointcuts") or [] if not row["resolves"]]
+    if absent_workers:
+        ray_line += f"; Gym inside a Ray actor: {', '.join(absent_workers)} absent"
+    lines.append(ray_line)
+    variables = diagnosis.get("settings") or {}
+    if variables:
+        named = variables.get("set") or []
+        flagged = [
+            f"{len(variables['unknown'])} unknown" if variables["unknown"] else "",
+            f"{len(variables['invalid'])} invalid" if variables["invalid"] else "",
+        ]
+        flagged = [word for word in flagged if word]
+        lines.append(
+            "settings      "
+            + (f"{len(named)} GYM_AUTOINSTR_* set" if named else "no GYM_AUTOINSTR_* set")
+            + (f" ({', '.join(flagged)}: above)" if flagged else "")
+        )
+    fast = diagnosis.get("fast_path") or {}
+    if fast:
+        on = [row for row in fast["parts"] if row["on"]]
+        off = [row["name"] for row in fast["parts"] if not row["on"]]
+        lines.append(
+            f"fast path     {'on' if fast['switch'] else 'OFF'}: {len(on)} of {len(fast['parts'])} parts"
+            + (f" (off: {', '.join(off)})" if off and fast["switch"] else "")
+            + f"  ({fast['variable']})"
+        )
+    return lines
+
+
+def _details(diagnosis: dict[str, Any]) -> list[str]:
+    """Every section in full."""
+    lines = [_gym_line(diagnosis)]
     lines.append(f"gym-autoinstr {diagnosis['gym_autoinstr']}  on Python {diagnosis['python']}")
     lines.append("")
     lines.append("pointcuts")
     for row in diagnosis["pointcuts"]:
-        if row["resolved"]:
-            state = "applied" if row["expected"] is not False else "applied (table says absent)"
-        elif row["expected"] is False:
-            state = "absent, as expected"
-        else:
-            state = f"MISSING: {row['reason']}"
-        lines.append(f"  {row['name']:<22} {row['module']}.{row['attribute']}  [{row['versions']}]  {state}")
+        lines.append(
+            f"  {row['name']:<22} {row['module']}.{row['attribute']}  [{row['versions']}]  {_pointcut_state(row)}"
+        )
     process_rows = diagnosis.get("process_patches") or []
     if process_rows:
         lines.append("")
@@ -83,6 +167,30 @@ def render(diagnosis: dict[str, Any]) -> str:
         f"(installed: {_names(start['configurator']['installed'])})"
     )
     lines.append(f"instrumentors {', '.join(start['instrumentors']['enabled']) or 'none'}")
+    lines += _exporter_lines(diagnosis)
+    lines += _setting_lines(diagnosis)
+    ray_section = diagnosis.get("ray") or {}
+    lines.append(_ray_line(ray_section))
+    worker_rows = ray_section.get("worker_pointcuts") or []
+    if worker_rows:
+        lines.append(
+            "ray actors    Gym inside a Ray actor: "
+            + ", ".join(f"{row['name']} {'ok' if row['resolves'] else 'absent'}" for row in worker_rows)
+        )
+    variables = diagnosis.get("settings") or {}
+    if variables:
+        lines.append("settings      " + (", ".join(variables.get("set") or []) or "no GYM_AUTOINSTR_* set"))
+    fast = diagnosis.get("fast_path") or {}
+    if fast:
+        lines.append(f"fast path     {'on' if fast['switch'] else 'OFF'}  ({fast['variable']})")
+        for row in fast["parts"]:
+            lines.append(f"  {row['name']:<16} {'on' if row['on'] else 'off: ' + row['reason']}")
+    return lines
+
+
+def _exporter_lines(diagnosis: dict[str, Any]) -> list[str]:
+    """The span, metric and log exporters, and the live check of the endpoint: a line each."""
+    lines = []
     for row in diagnosis["exporters"]:
         detail = f" over {row['used']}" if row.get("used") and row.get("protocol") else ""
         detail += f" to {row['directory']}" if row.get("directory") else ""
@@ -109,9 +217,8 @@ def render(diagnosis: dict[str, Any]) -> str:
                 )
             )
     section = diagnosis.get("pipeline") or {}
-    if section.get("skipped"):
-        if section["skipped"] == "--offline":
-            lines.append("pipeline      not checked (--offline)")
+    if section.get("skipped") == "--offline":
+        lines.append("pipeline      not checked (--offline)")
     for target in section.get("targets", []):
         how = f"{target['protocol']}{' (TLS)' if target['tls'] else ''} to {target['url']}"
         source = f" from {target['variable']}" if target["variable"] else " (default endpoint)"
@@ -119,9 +226,14 @@ def render(diagnosis: dict[str, Any]) -> str:
             f"accepted an empty export ({target.get('status')})" if target["accepted"] else "spans could NOT arrive"
         )
         lines.append(f"pipeline      {how}{source}: {verdict}")
+    return lines
+
+
+def _setting_lines(diagnosis: dict[str, Any]) -> list[str]:
+    """Span groups, the shape settings, Gym's own telemetry and the server venvs: a line each."""
     groups_section = diagnosis["span_groups"]
     source = groups_section["variable"] or "default"
-    lines.append(f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})")
+    lines = [f"span groups   {', '.join(groups_section['enabled']) or 'none'}  (from {source})"]
     for key, label, modes, otherwise in (
         (
             "job_trace",
@@ -159,33 +271,15 @@ def render(diagnosis: dict[str, Any]) -> str:
             else "NOT given our packages"
         )
     )
-    ray_section = diagnosis.get("ray") or {}
-    lines.append(
-        "ray           "
-        + (
-            f"{ray_section.get('ray_version')}: tasks traced into the workers"
-            if ray_section.get("active")
-            else f"{ray_section.get('ray_version') or 'not installed'}: not traced ({ray_section.get('reason')})"
-        )
+    return lines
+
+
+def _ray_line(ray_section: dict[str, Any]) -> str:
+    return "ray           " + (
+        f"{ray_section.get('ray_version')}: tasks traced into the workers"
+        if ray_section.get("active")
+        else f"{ray_section.get('ray_version') or 'not installed'}: not traced ({ray_section.get('reason')})"
     )
-    worker_rows = ray_section.get("worker_pointcuts") or []
-    if worker_rows:
-        lines.append(
-            "ray actors    Gym inside a Ray actor: "
-            + ", ".join(f"{row['name']} {'ok' if row['resolves'] else 'absent'}" for row in worker_rows)
-        )
-    fast = diagnosis.get("fast_path") or {}
-    if fast:
-        lines.append(f"fast path     {'on' if fast['switch'] else 'OFF'}  ({fast['variable']})")
-        for row in fast["parts"]:
-            lines.append(f"  {row['name']:<16} {'on' if row['on'] else 'off: ' + row['reason']}")
-    problems = by_severity(diagnosis["problems"])
-    if problems:
-        lines.append("")
-    for problem in problems:
-        lines.append(f"{problem['severity'].upper()}: {problem['subject']}: {problem['problem']}")
-        lines.append(f"  fix: {problem['fix']}")
-    return "\n".join(lines)
 
 
 def _names(rows: list[dict[str, str]]) -> str:

@@ -7,46 +7,32 @@ from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr.advice import egress, job
-from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import WARNING, Problem
 from gym_autoinstr.telemetry import groups
 
 
 def span_groups(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
-    setting = next((s for s in (settings.SPAN_GROUPS, settings.GYM_SPAN_GROUPS) if s.raw(environ) is not None), None)
-    variable, spec = (setting.name, setting.raw(environ)) if setting else (None, None)
-    enabled: set[str] = set(groups.PRESETS["default"]) if variable is None else set()
-    unknown: list[str] = []
-    for raw in (spec or "").split(","):
-        name = raw.strip().lower()
-        if not name:
-            continue
-        if name in groups.PRESETS:
-            enabled |= groups.PRESETS[name]
-        elif name in groups.ALL_GROUPS:
-            enabled.add(name)
-        else:
-            unknown.append(raw.strip())
+    """The span groups a Gym process would turn on, read as it reads them (``groups.from_environment``)."""
+    found = groups.from_environment(environ)
     problems = []
-    valid = ", ".join(sorted(groups.ALL_GROUPS)) + "; presets: " + ", ".join(p for p in groups.PRESETS if p != "off")
-    if unknown:
-        problems.append(
-            Problem(
-                ERROR if not enabled else WARNING,
-                "span groups",
-                f"{variable}={spec!r}: unknown name(s) {', '.join(repr(u) for u in unknown)} ignored",
-                f"use group and preset names only: {valid}",
-            )
-        )
-    elif not enabled:
+    if found.problem:
+        # the default preset is used: tracing works, not as asked
+        problems.append(Problem(WARNING, "span groups", found.problem, found.fix))
+    elif not found.enabled:
         problems.append(
             Problem(
                 WARNING,
                 "span groups",
-                f"{variable}={spec!r} turns every span group off: no span is created",
-                f"unset {variable} (preset 'default') or name groups: {valid}",
+                f"{found.variable}={found.spec!r} turns every span group off: no span is created",
+                f"unset {found.variable} (preset 'default') or name groups: {groups.VALID_NAMES}",
             )
         )
-    section = {"variable": variable, "spec": spec, "enabled": sorted(enabled), "unknown": unknown}
+    section = {
+        "variable": found.variable,
+        "spec": found.spec,
+        "enabled": sorted(found.enabled),
+        "unknown": list(found.unknown),
+    }
     return section, problems
 
 

@@ -10,27 +10,16 @@ from gym_autoinstr import settings
 from gym_autoinstr.commands.doctor.report import WARNING, Problem
 
 SUBJECT = "settings"
-# Checked by their own sections (span_groups.py, pipeline.py); switches and numbers here.
-_CHECKED_KINDS = (settings.Switch, settings.Number)
+# Checked by their own sections (span_groups.py, pipeline.py); switches, numbers and lists here.
+_CHECKED_KINDS = (settings.Switch, settings.Number, settings.CommaList)
 
 
 def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]]:
     problems: list[Problem] = []
     unknown = settings.unknown(environ)
     for name, closest in unknown:
-        problems.append(
-            Problem(
-                WARNING,
-                SUBJECT,
-                f"{name} is not a gym-autoinstr setting: it is ignored",
-                f"rename it to {closest}"
-                if closest
-                else (
-                    "remove it; the settings are: "
-                    f"{', '.join(n for n in settings.ALL if n.startswith(settings.PREFIX))}"
-                ),
-            )
-        )
+        problem, fix = settings.unknown_problem(name, closest)  # as the instrumentor warns at run time
+        problems.append(Problem(WARNING, SUBJECT, problem, fix))
     invalid = []
     for setting in settings.ALL.values():
         if not isinstance(setting, _CHECKED_KINDS):
@@ -42,5 +31,9 @@ def variables(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[Problem]
                 message = message.removesuffix(" " + setting.fix)
             fix = setting.fix or f"unset {setting.name} or set it to {setting.default!r}"
             problems.append(Problem(WARNING, SUBJECT, message, fix))
-    section = {"unknown": [{"name": name, "closest": closest} for name, closest in unknown], "invalid": invalid}
+    section = {
+        "set": sorted(name for name in environ if name.startswith(settings.PREFIX)),
+        "unknown": [{"name": name, "closest": closest} for name, closest in unknown],
+        "invalid": invalid,
+    }
     return section, problems

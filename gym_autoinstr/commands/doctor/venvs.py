@@ -28,12 +28,14 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
             local_path_message,
             local_requirements,
             requirement_override,
+            requirement_problem,
             server_requirements,
         )
 
         section["requirements"] = list(server_requirements())
         override = requirement_override()
         section["override"] = " ".join(override) if override else None
+        bad_override = requirement_problem()
         local = local_requirements()
         section["local_paths"] = {r.name: r.local_path for r in local}
     except Exception as error:
@@ -46,6 +48,8 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
             )
         ]
     section["will_install"] = bool(section["requirements"])
-    # Only a problem once servers run on other hosts: said, not warned.
+    # Only a problem once servers run on other hosts: a note, as the orchestrator logs it.
     problems = [Problem(INFO, "server venvs", local_path_message(local), local_path_fix())] if local else []
+    if bad_override:  # as the orchestrator warns
+        problems.append(Problem(WARNING, "server venvs", *bad_override))
     return section, problems
