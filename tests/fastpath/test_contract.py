@@ -383,8 +383,8 @@ def test_the_doctor_shows_each_part_and_why_one_is_off(fresh, monkeypatch, capsy
 
     diagnosis = {"fast_path": section}
     assert json.loads(json.dumps(diagnosis))["fast_path"]["parts"][2]["name"] == "wire_encoder"
-    minimal = doctor.render  # the text: one line per part
-    text = minimal({**_EMPTY_DIAGNOSIS, "fast_path": section})
+    # the text: --verbose draws one line per part (the default, one line for the section)
+    text = doctor.render({**_EMPTY_DIAGNOSIS, "fast_path": section}, verbose=True)
     assert "fast path     on  (GYM_AUTOINSTR_FAST_PATH)" in text
     assert "  wire_encoder     off: a planted difference" in text
     assert "  lean_spans       off: needs wire_encoder, encode_on_end, which are off" in text
