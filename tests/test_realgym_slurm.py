@@ -118,7 +118,7 @@ def _traced_job(collector: Collector, record: dict, slurm_id: str, start_ns: int
     traces = by_trace(spans)
     for root in roots:
         # the rollout's root: the driver's call to /run (the driver also serves the head server)
-        assert (root["kind"], root["name"], service_of(root)) == ("CLIENT", "HTTP POST", service_of(gym_job))
+        assert (root["kind"], root["name"], service_of(root)) == ("CLIENT", "POST /run", service_of(gym_job))
         assert_whole_rollout(traces[root["trace_id"]], root, job.trio)
 
     # every process of the job says where it ran: the job, its driver step, the node

@@ -212,9 +212,13 @@ def _rollout_id_in_path(url: str) -> str | None:
     return url[at + len("/ng-rollout/") :].partition("/")[0] or None
 
 
-def _route(full: str) -> str | None:
-    """The path of a redacted URL to a Gym server, without 0.5+'s ``/ng-rollout/<id>``
-    prefix: ``/verify``, ``/v1/responses`` (a route, not a per-rollout path)."""
+ROLLOUT_PREFIX_TEMPLATE = "/ng-rollout/{rollout_id}"
+
+
+def _route(full: str) -> tuple[str, str] | None:
+    """The route of a redacted URL to a Gym server and its ``url.template``: ``/verify``
+    twice, or for 0.5+'s per-rollout paths ``/v1/responses`` and
+    ``/ng-rollout/{rollout_id}/v1/responses`` (low-cardinality both, never the id)."""
     scheme_end = full.find("://")
     at = full.find("/", scheme_end + 3 if scheme_end >= 0 else 0)
     if at < 0:
@@ -222,7 +226,8 @@ def _route(full: str) -> str | None:
     path = full[at:]
     if path.startswith("/ng-rollout/"):
         path = "/" + path[len("/ng-rollout/") :].partition("/")[2]
-    return path
+        return path, ROLLOUT_PREFIX_TEMPLATE + path
+    return path, path
 
 
 def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None) -> tuple[Any, job.JobState | None]:
@@ -233,12 +238,18 @@ def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None)
         attributes["server.address"] = host
     if port is not None:
         attributes["server.port"] = port
+    # Named `{method} {url.template}` (HTTP semantic conventions) where the template is
+    # known: a call to a server of this fleet, whose routes are Gym's own; any other URL
+    # (the model server's upstream, say) may carry ids in its path: `{method}` alone.
+    name = method
     callee = pool.server_name_for(host, port)
     if callee:
         attributes[pool.DESTINATION] = callee
-        route = _route(full)
-        if route:
-            attributes[pool.DESTINATION_ROUTE] = route
+        routed = _route(full)
+        if routed:
+            attributes[pool.DESTINATION_ROUTE], template = routed
+            attributes["url.template"] = template
+            name = f"{method} {template}"
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id
@@ -246,12 +257,10 @@ def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None)
     # linked to the job (advice/job.py).
     dispatch = job.rollout_dispatch(full)
     if dispatch is None:
-        return tracer().start_span(
-            f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time
-        ), None
+        return tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time), None
     attributes[job.JOB_ID] = dispatch.job_id
     options = job.rollout_span_options(dispatch)
-    return tracer().start_span(f"HTTP {method}", kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch
+    return tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch
 
 
 def _guarded(step: str, action: Any, *args: Any) -> None:

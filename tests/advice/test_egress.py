@@ -48,7 +48,8 @@ def test_one_client_span_per_request_with_context_injected(instrumented, spans):
         )
     assert status == 200
     (span,) = _client_spans(spans)
-    assert span.name == "HTTP POST"
+    assert span.name == "POST"  # not a server of the fleet: no route known, `{method}` alone
+    assert "url.template" not in span.attributes
     assert span.attributes["http.request.method"] == "POST"
     assert span.attributes["http.response.status_code"] == 200
     assert span.attributes["url.full"].endswith("/echo")
@@ -373,7 +374,8 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
 
 def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeypatch):
     """A call to a Gym server of the fleet: the callee's server name and its route (no
-    per-rollout prefix) as attributes; the span name stays ``HTTP POST``."""
+    per-rollout prefix) as attributes, and the span named ``{method} {url.template}`` (HTTP
+    semantic conventions; the rollout id templated out); any other URL, ``{method}``."""
     from gym_autoinstr.advice import pool
 
     names: dict[str, str] = {}
@@ -390,7 +392,14 @@ def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeyp
         assert _call(f"{base}/echo?api_key=SECRET", json={}) == 200
         assert _call(f"{base}/ng-rollout/4-2/v1/responses", json={}) == 200
     outside, echo, prefixed_call = _client_spans(spans)
-    assert {s.name for s in (outside, echo, prefixed_call)} == {"HTTP POST"}
+    assert [s.name for s in (outside, echo, prefixed_call)] == [
+        "POST",
+        "POST /echo",
+        "POST /ng-rollout/{rollout_id}/v1/responses",
+    ]
+    assert "url.template" not in outside.attributes
+    assert echo.attributes["url.template"] == "/echo"
+    assert prefixed_call.attributes["url.template"] == "/ng-rollout/{rollout_id}/v1/responses"
     assert pool.DESTINATION not in outside.attributes and pool.DESTINATION_ROUTE not in outside.attributes
     assert echo.attributes[pool.DESTINATION] == "my_resources"
     assert echo.attributes[pool.DESTINATION_ROUTE] == "/echo"

@@ -192,7 +192,7 @@ def test_every_rollout_is_its_own_trace_linked_to_the_job(version, fleets):
     assert len(roots) == rows * repeats
     assert len({r["trace_id"] for r in roots}) == rows * repeats
     for root in roots:
-        assert (root["kind"], root["name"], service_of(root)) == ("CLIENT", "HTTP POST", service_of(job))
+        assert (root["kind"], root["name"], service_of(root)) == ("CLIENT", "POST /run", service_of(job))
         assert root["attributes"]["url.full"].endswith("/run")
         assert root["attributes"]["nemo.gym.job.id"] == attributes["nemo.gym.job.id"]
         assert root["links"] == [{"trace_id": job["trace_id"], "span_id": job["span_id"]}]

@@ -33,7 +33,7 @@ def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
     waterfall = out[out.index("$ gym-autoinstr view") :]
     for service in ("example_single_tool_call_simple_agent", "example_single_tool_call ", "policy_model"):
         assert f"nemo-gym/{service}" in waterfall
-    for name in ("POST /run", "gym.rollout", "HTTP POST", "POST /v1/responses", "POST /verify"):
+    for name in ("POST /run", "gym.rollout", "POST → ", "POST /v1/responses", "POST /verify"):
         assert name in waterfall
     assert "total " in waterfall and "| model " in waterfall
     page = tmp_path / "demo" / "traces.html"

@@ -160,7 +160,7 @@ def test_cli_lists_every_real_trace_then_draws_each_as_its_tree(real_run, real_s
     assert "start-up traces (processes starting, not rollouts): " in result.stdout
     # CLIENT rows name the Gym server and route they called
     first = _cli("view", str(real_run), "--trace", traces[-1].trace_id[:10]).stdout
-    assert "HTTP POST → " in first and " /v1/responses" in first
+    assert "POST → " in first and " /v1/responses" in first
     for trace in traces:
         shown = _cli("view", str(real_run), "--trace", trace.trace_id[:16])
         assert shown.returncode == 0, shown.stderr

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from gym_autoinstr.commands.view.filters import select
-from gym_autoinstr.commands.view.model import build_traces, summary
+from gym_autoinstr.commands.view.model import build_traces, display_name, summary
 from gym_autoinstr.commands.view.model import callee as callee_text
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
 
@@ -128,7 +128,7 @@ def _assert_text_matches_rows(block: list[str], trace) -> None:
         name_field = line[2 + service_width + 2 :]
         indent = len(name_field) - len(name_field.lstrip(" "))
         assert indent == 2 * row.depth, (line, row.depth)
-        assert name_field.lstrip(" ").startswith(row.span["name"])
+        assert name_field.lstrip(" ").startswith(display_name(row.span))
 
 
 # ------------------------------------------------------------------------- fixtures
@@ -200,7 +200,7 @@ def handbuilt_run(tmp_path) -> dict:
             callee = "model" if tracer is model else "resources"
             client = span(
                 agent,
-                "HTTP POST",
+                f"POST /ng-rollout/{{rollout_id}}{route}",
                 SpanKind.CLIENT,
                 at,
                 at + duration + 2,
@@ -744,7 +744,7 @@ def test_list_json_filters_and_width(handbuilt_run):
         assert lines and max(len(line) for line in lines) <= 60
         assert any(line.endswith("…") for line in lines)
     wide = _cli("view", directory, "--rollout", "7-1").stdout
-    assert "HTTP POST → resources /get_weather" in wide and "POST /get_weather" in wide
+    assert "POST → resources /get_weather" in wide and "POST /get_weather" in wide
 
 
 def test_callee_of_older_files_comes_from_the_url():

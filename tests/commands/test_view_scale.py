@@ -138,7 +138,7 @@ def write_synthetic_run(directory: Path, rollouts: int, names: dict[str, str] | 
             trace_id,
             client,
             None,
-            "HTTP POST",
+            "POST /run",
             3,
             t0,
             t0 + took,
@@ -175,7 +175,7 @@ def write_synthetic_run(directory: Path, rollouts: int, names: dict[str, str] | 
                 trace_id,
                 call,
                 seam,
-                "HTTP POST",
+                f"POST /ng-rollout/{{rollout_id}}{route}",
                 3,
                 at,
                 at + duration + 2,
@@ -263,7 +263,7 @@ def test_a_16k_rollout_run_lists_in_one_line_per_trace(big_run, capsys):
         assert fields[1] == big_run["rollouts"][index][:12]
         assert fields[4] == "11" and fields[5] == ("ERROR" if index % 1000 == 999 else "ok")
         assert fields[6] == f"0-{index}" and fields[7] == "201/40"
-        assert "HTTP POST → agent /run" in rollout_lines[index]
+        assert "POST → agent /run" in rollout_lines[index]
     # the start-up trace: listed apart, after the rollouts
     at = lines.index("start-up traces (processes starting, not rollouts): 1")
     assert at > lines.index(rollout_lines[-1])
@@ -294,7 +294,7 @@ def test_a_16k_rollout_run_filters_and_one_trace(big_run):
     assert shown.returncode == 0, shown.stderr
     job, block = _text_blocks(shown.stdout)
     assert job[0].startswith("job ") and block[0].startswith(f"trace {wanted}  11 spans")
-    clients = [line for line in block[2:] if "HTTP POST" in line]
+    clients = [line for line in block[2:] if "POST → " in line]
     assert [line.split("→ ")[1].split("  ")[0].strip() for line in clients] == [
         "agent /run",
         "model /v1/responses",

@@ -134,8 +134,13 @@ def callee(span: dict) -> str:
 
 
 def display_name(span: dict) -> str:
+    """A CLIENT span as its method and callee (``POST → agent /run``: its name,
+    ``POST /run``, would say the route twice), any other span by its name."""
     target = callee(span)
-    return f"{span['name']} {target}" if target else span["name"]
+    if not target:
+        return span["name"]
+    method = (span.get("attributes") or {}).get("http.request.method")
+    return f"{method or span['name']} {target}"
 
 
 _START = itemgetter("start_ns")
