@@ -19,9 +19,11 @@ the URL to open and keeps MLflow running until Enter or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,10 +34,11 @@ from gym_autoinstr.commands.view.model import build_traces  # noqa: E402
 from gym_autoinstr.setup.files import (  # noqa: E402
     LOGS_SUFFIX,
     METRICS_SUFFIX,
-    read_path,  # noqa: E402
+    embedded_default_applies,
+    read_path,
 )
 from tests.harness.gym_install import gym_venv  # noqa: E402
-from tests.harness.trio import GymTrio, PolicyModel  # noqa: E402
+from tests.harness.trio import AGENT, GymTrio, PolicyModel  # noqa: E402
 
 
 def progress(done: int, total: int, started: float) -> None:
@@ -48,11 +51,55 @@ def progress(done: int, total: int, started: float) -> None:
     sys.stdout.flush()
 
 
+DEMO_RUNS = REPO / ".cache" / "demo"  # each run's work directory; the newest KEEP_RUNS kept
+KEEP_RUNS = 5
+COLLECT_ROWS, COLLECT_REPEATS = 2, 2
+
+
+def _work_directory(asked: str | None) -> Path:
+    """``--workdir``, else a new ``.cache/demo/<time>`` (older demo runs beyond the newest
+    ``KEEP_RUNS`` removed: nothing piles up in the system's temp directory)."""
+    if asked:
+        return Path(asked).resolve()
+    DEMO_RUNS.mkdir(parents=True, exist_ok=True)
+    for old in sorted(p for p in DEMO_RUNS.iterdir() if p.is_dir())[: -(KEEP_RUNS - 1) or None]:
+        shutil.rmtree(old, ignore_errors=True)
+    workdir = DEMO_RUNS / time.strftime("%Y%m%d-%H%M%S")
+    workdir.mkdir()
+    return workdir
+
+
+def _user_settings() -> dict[str, str]:
+    """The user's own GYM_AUTOINSTR_* and OTEL_* settings: the demo's Gym runs with them."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("GYM_AUTOINSTR_", "OTEL_"))}
+
+
+def _collect(trio: GymTrio, venv: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A small collection job, as the README's step 3 runs one: ``opentelemetry-instrument
+    ng_collect_rollouts`` from the directory Gym runs in (it joins the fleet's run)."""
+    rows = trio.workdir / "collect-rows.jsonl"
+    rows.write_text("".join(json.dumps(trio.default_row()) + "\n" for _ in range(COLLECT_ROWS)))
+    command = [
+        str(venv / "bin" / "opentelemetry-instrument"),
+        str(venv / "bin" / "ng_collect_rollouts"),
+        f"+config_paths=[{trio.config_path}]",
+        f"+agent_name={AGENT}",
+        f"+input_jsonl_fpath={rows}",
+        f"+output_jsonl_fpath={trio.workdir / 'collected-rollouts.jsonl'}",
+        f"+num_repeats={COLLECT_REPEATS}",
+        "+upload_rollouts_to_wandb=false",
+    ]
+    environment = {**trio.environment(), **env}
+    return subprocess.run(command, cwd=trio.workdir, env=environment, capture_output=True, text=True, timeout=300)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=5)
     parser.add_argument("--gym-version", default="0.4.0")
-    parser.add_argument("--workdir", help="where Gym runs and the traces are written (default: a new temp dir)")
+    parser.add_argument(
+        "--workdir", help="where Gym runs and the traces are written (default: a new .cache/demo/<time>)"
+    )
     parser.add_argument(
         "--backend", choices=["mlflow"], help="send the traces to this UI, started locally, and print its URL"
     )
@@ -62,9 +109,14 @@ def main() -> int:
 
     print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr (the first run installs; later runs reuse it)...")
     venv = gym_venv(args.gym_version)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gym-autoinstr-demo-")).resolve()
+    workdir = _work_directory(args.workdir)
+    settings = _user_settings()
+    if settings:
+        print("your settings, passed to Gym: " + ", ".join(sorted(settings)))
+    to_files = embedded_default_applies(settings)
     with PolicyModel() as model:
-        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, instrument=True)
+        # Gym starts its own Ray, as it does for a user
+        trio = GymTrio(venv, args.gym_version, workdir, model.url, env=settings, instrument=True, own_ray=True)
         print("starting Gym: opentelemetry-instrument gym env start ...")
         trio.start()
         print(f"  {len(trio.server_names)} servers ready in {trio.startup_seconds:.1f}s")
@@ -74,35 +126,58 @@ def main() -> int:
             for i in range(args.rollouts):
                 results.append(trio.rollout())
                 progress(i + 1, args.rollouts, started)
+            print(
+                f"a collection job: opentelemetry-instrument ng_collect_rollouts "
+                f"({COLLECT_ROWS} tasks x {COLLECT_REPEATS} repeats) ..."
+            )
+            collected = _collect(trio, venv, settings)
         finally:
             print("stopping Gym (SIGINT, as a user would)...")
             trio.stop()
     print(f"  rewards: {[r.get('reward') for r in results]}")
+    if collected.returncode != 0:
+        print("the collection job failed:\n" + collected.stderr[-3000:])
+        return 1
+    if not to_files:
+        print("\nyour settings send the traces to your exporter, not to local files: look for them there.")
+        return 0
 
     run_dirs = sorted((workdir / "gym-autoinstr-runs").glob("*"))
-    if not run_dirs:
-        print("no trace files were written; Gym's log:\n" + trio.log_tail(40))
+    if len(run_dirs) != 1:
+        print(f"expected one run directory, found {len(run_dirs)}; Gym's log:\n" + trio.log_tail(40))
         return 1
-    run_dir = run_dirs[-1]
-    traces = [t for t in build_traces(read_path(run_dir)) if any(s["name"] == "POST /run" for s in t.spans)]
+    run_dir = run_dirs[0]
+    traces = build_traces(read_path(run_dir))
+    rollouts = [t for t in traces if any(s["name"] == "POST /run" and s["kind"] == "SERVER" for s in t.spans)]
     span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
     print(
-        f"\n{len(traces)} rollouts -> {len(traces)} traces, {len(span_files)} trace files "
-        f"(one per process) in\n  {run_dir}\n"
+        f"\n{len(rollouts)} rollouts ({args.rollouts} sent one by one, {COLLECT_ROWS * COLLECT_REPEATS} by the "
+        f"collection job) -> {len(rollouts)} traces, {len(span_files)} trace files (one per process) in\n  {run_dir}\n"
     )
-    if not traces:
+    if not rollouts:
         return 1
-    gym_autoinstr = str(venv / "bin" / "gym-autoinstr")
-    rollout_ids = sorted(traces[-1].rollout_ids)
-    view = [gym_autoinstr, "view", str(run_dir)] + (
-        ["--rollout", rollout_ids[0]] if rollout_ids else ["--trace", traces[-1].trace_id]
-    )
-    print("$ gym-autoinstr view " + " ".join(view[2:]))
-    subprocess.run(view, check=True)
+    gym_autoinstr = venv / "bin" / "gym-autoinstr"
+    shown = _shown_path(gym_autoinstr)
+    print(f"$ {shown} view {_shown_path(run_dir)}")
+    subprocess.run([str(gym_autoinstr), "view", str(run_dir)], check=True)
+    rollout_ids = sorted(rollouts[-1].rollout_ids)
+    pick = ["--rollout", rollout_ids[0]] if rollout_ids else ["--trace", rollouts[-1].trace_id]
+    print(f"\n$ {shown} view {_shown_path(run_dir)} {' '.join(pick)}")
+    subprocess.run([str(gym_autoinstr), "view", str(run_dir), *pick], check=True)
     page = workdir / "traces.html"
-    subprocess.run([gym_autoinstr, "view", str(run_dir), "--html", str(page)], check=True, stdout=subprocess.DEVNULL)
+    html = [str(gym_autoinstr), "view", str(run_dir), "--html", str(page)]
+    subprocess.run(html, check=True, stdout=subprocess.DEVNULL)
     print(f"\nall {len(traces)} traces as one HTML page: {page}")
+    print(f"(gym-autoinstr is in the demo's venv: `source {_shown_path(venv / 'bin' / 'activate')}` puts it on PATH)")
     return 0
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the current directory when it is inside it (shorter to copy)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def with_mlflow(args: argparse.Namespace) -> int:
@@ -113,14 +188,14 @@ def with_mlflow(args: argparse.Namespace) -> int:
         "(the first run installs; later runs reuse them)..."
     )
     venv = gym_venv(args.gym_version)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gym-autoinstr-demo-")).resolve()
+    workdir = _work_directory(args.workdir)
     with PolicyModel() as model, MlflowServer(workdir / "mlflow") as mlflow:
         experiment = mlflow.create_experiment("gym-autoinstr-demo")
         env = {**mlflow.otlp_env(experiment), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
         print(f"MLflow tracking server at {mlflow.url} (store: {mlflow.workdir / 'mlflow.db'})")
         for name, value in env.items():
             print(f"  {name}={value}")
-        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True)
+        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True, own_ray=True)
         print("starting Gym: opentelemetry-instrument gym env start ...")
         trio.start()
         started = time.monotonic()
