@@ -67,6 +67,18 @@ def test_the_readme_steps_join_a_collection_job_to_its_rollouts_in_one_run_direc
         services = {service_of(s) for s in traces[root["trace_id"]]}
         assert service_of(root) in services and f"nemo-gym/{AGENT}" in services and len(services) >= 4
 
+    # honest timings: a SERVER span ends when its response is sent, so never after the
+    # CLIENT span of the caller that waited for it (one host, one clock)
+    by_id = {s["span_id"]: s for s in spans}
+    served = [
+        (s, by_id[s["parent_span_id"]])
+        for s in spans
+        if s["kind"] == "SERVER" and by_id.get(s["parent_span_id"], {}).get("kind") == "CLIENT"
+    ]
+    assert len(served) >= 6 * ROWS * REPEATS  # /run, seed, the agent's own call, 2 model calls, tool, verify
+    late = [(s["name"], s["end_ns"] - c["end_ns"]) for s, c in served if s["end_ns"] > c["end_ns"]]
+    assert not late, late
+
     # step 4: the list shows the job with its rollouts, joined
     view = subprocess.run(
         [str(venv / "bin" / "gym-autoinstr"), "view", str(run_dir)],

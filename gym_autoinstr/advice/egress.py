@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,6 +303,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             _guarded("ending the span", span.end)
         warn_once("egress:start", "egress tracing skipped (%r); the request is unaffected.", error)
         return await wrapped(*args, **kwargs)
+    response = None
     try:
         call = wrapped(*args, **_with_context(span, kwargs))
         # Gym's coroutine holds its own copy of the arguments: no dict of them is kept
@@ -331,10 +333,39 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             attempts = getattr(span, "gym_attempts", None)
             if attempts is not None and attempts > 1:
                 span.set_attribute("http.request.resend_count", attempts - 1)
-            span.end()
+            if response is None or not _end_with_the_body(span, response):
+                span.end()
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)
         _guarded("restoring the context", propagation.leave, entered)
+
+
+def _end_with_the_body(span: Any, response: Any) -> bool:
+    """End ``span`` when the whole response has arrived, not when its headers did (what
+    Gym's request returns on): the callee's SERVER span ends as its last body message is
+    sent, so a CLIENT span that ended at the headers could end before it.  The body is
+    neither read nor parsed here: aiohttp's payload says when its last byte came in
+    (``on_eof``), whether Gym reads it or not.  True when the end is left to that (or, a
+    payload that fails or is dropped before its end, to the response's release by Gym);
+    False when the body is in already (end now)."""
+    if type(span) is NonRecordingSpan:
+        return False
+    try:
+        content = response.content
+        if content.is_eof():
+            return False
+        ended = []
+
+        def end() -> None:
+            if not ended:
+                ended.append(True)
+                span.end()
+
+        content.on_eof(end)
+        weakref.finalize(response, end)  # a payload that breaks clears its eof callbacks
+        return True
+    except Exception:  # not aiohttp's response, or another aiohttp: end at the headers
+        return False
 
 
 def _with_context(span: Any, kwargs: dict, context: otel_context.Context | None = None) -> dict:

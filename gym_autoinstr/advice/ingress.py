@@ -384,25 +384,30 @@ class _ResponseStart:
     """``forward`` is the ``send`` the app is given: notes the status of
     ``http.response.start`` (and, ``timed``, when it passed) on its way to the server's
     own ``send``, whose awaitable it hands back (ASGI only asks that ``send(message)`` be
-    awaitable: no coroutine of ours per message), and when the response's last body
-    message passed (``sent_ns``, wall clock): the SERVER span ends there, not when the app
-    returns, so neither the app's own after-work (background tasks, middleware) nor ours
-    makes a server look slower than the caller saw it, and a callee's span never ends
-    after its caller's CLIENT span.  Two objects per request (this one and
+    awaitable: no coroutine of ours per message), and when the response's last byte
+    passed (``sent_ns``, wall clock: the last body message with bytes, or the closing one
+    when none had any): the SERVER span ends there, not when the app returns, so neither
+    the app's own after-work (background tasks, middleware) nor ours makes a server look
+    slower than the caller saw it.  (A response relayed by Starlette's ``BaseHTTPMiddleware``,
+    as Gym's session middleware is, ends with an empty message that may follow its bytes by
+    milliseconds on a busy loop: by then the caller, whose CLIENT span ends when the last
+    byte is in, has its answer.)  Two objects per request (this one and
     the bound method) where a closure over the server's ``send`` and a list took five;
     they live as long as the request, long enough for Gym's servers under load to carry
     them into the older GC generations, whose collections walk them.  (A ``__call__`` of
     its own would be one object, at ~600 instructions more per message.)"""
 
-    __slots__ = ("send", "timed", "status", "at", "sent_ns", "sent")
+    __slots__ = ("send", "timed", "status", "at", "sent_ns", "sent", "bytes_ns", "bytes_at")
 
     def __init__(self, send: Any, timed: bool) -> None:
         self.send = send
         self.timed = timed
         self.status: int | None = None
         self.at = 0.0
-        self.sent_ns: int | None = None
-        self.sent = 0.0
+        self.sent_ns: int | None = None  # the response's last byte passed (wall clock)
+        self.sent = 0.0  # the same, perf_counter (timed)
+        self.bytes_ns = 0  # the last body message with bytes passed
+        self.bytes_at = 0.0
 
     def forward(self, message: dict) -> Any:
         if self.status is None:
@@ -410,11 +415,15 @@ class _ResponseStart:
                 if self.timed:
                     self.at = time.perf_counter()
                 self.status = message.get("status", 0)
-        elif self.sent_ns is None and not message.get("more_body", False):
-            # after the start only body messages come (or trailers, after the last body)
-            self.sent_ns = time.time_ns()
-            if self.timed:
-                self.sent = time.perf_counter()
+        elif self.sent_ns is None:  # after the start only body messages come (trailers after the last)
+            if message.get("body"):
+                self.bytes_ns = time.time_ns()
+                if self.timed:
+                    self.bytes_at = time.perf_counter()
+            if not message.get("more_body", False):
+                self.sent_ns = self.bytes_ns or time.time_ns()
+                if self.timed:
+                    self.sent = self.bytes_at or time.perf_counter()
         return self.send(message)
 
 

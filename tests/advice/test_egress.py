@@ -406,3 +406,62 @@ def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeyp
     assert prefixed_call.attributes[pool.DESTINATION] == "my_resources"
     assert prefixed_call.attributes[pool.DESTINATION_ROUTE] == "/v1/responses"
     assert prefixed_call.attributes["nemo.gym.rollout.id"] == "4-2"
+
+
+def test_the_client_span_ends_when_the_whole_response_is_in_not_at_its_headers(instrumented, spans):
+    """Gym's request returns at the response's headers; the body may come later (a
+    callee's middleware streams it).  The CLIENT span lasts until its last byte is in, so
+    the callee's SERVER span (ending at its last body message) never outlives it; the
+    body is not read for that (Gym reads it, or not, as before)."""
+    import asyncio
+    import time
+
+    from nemo_gym import server_utils
+
+    async def slow_body(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await asyncio.sleep(0.3)
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    marks = {}
+    with serve(slow_body) as base:
+
+        async def go():
+            response = await server_utils.request("POST", f"{base}/slow", json={})
+            marks["headers"] = time.time_ns()
+            await response.read()
+            marks["body"] = time.time_ns()
+            return response
+
+        run_async(go())
+    (span,) = _client_spans(spans)
+    assert marks["headers"] - span.start_time < 0.2e9  # the headers came at once
+    assert span.end_time >= marks["headers"] + 0.2e9  # the span waited for the body
+    assert span.end_time <= marks["body"]
+
+
+def test_a_body_gym_never_reads_still_ends_the_span_when_it_is_in(instrumented, spans):
+    import time
+
+    from nemo_gym import server_utils
+
+    with serve(_echo_app()) as base:
+
+        async def go():
+            response = await server_utils.request("POST", f"{base}/echo", json={})
+            return response.status  # the body is never read
+
+        assert run_async(go()) == 200
+        deadline = time.monotonic() + 5
+        while not _client_spans(spans) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (span,) = _client_spans(spans)
+    assert span.attributes["http.response.status_code"] == 200 and span.end_time >= span.start_time

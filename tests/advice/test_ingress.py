@@ -687,3 +687,42 @@ def test_the_server_span_ends_when_the_response_is_sent_not_after_the_apps_after
     (span,) = [s for s in _server_spans(spans) if s.name == "POST /verify"]
     assert before <= span.start_time < span.end_time <= answered  # the caller had its answer
     assert span.end_time <= marks["after_work_started"] < marks["app_done"]
+
+
+def test_a_relayed_response_ends_the_span_at_its_last_byte_not_at_the_closing_empty_message(instrumented, spans):
+    """Starlette's BaseHTTPMiddleware (Gym's session middleware) relays a response as its
+    bytes, then an empty closing message, which a busy loop may send milliseconds later:
+    the caller has the whole answer at the last byte, and so the span ends there."""
+    import asyncio
+    import time
+
+    from gym_autoinstr.advice.ingress import GymServerMiddleware
+
+    marks: dict[str, int] = {}
+
+    async def relayed(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": True})
+        marks["bytes_out"] = time.time_ns()
+        await asyncio.sleep(0.2)  # the loop busy elsewhere
+        marks["closing"] = time.time_ns()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message):
+        pass
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/verify",
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1:8000")],
+    }
+    asyncio.run(GymServerMiddleware(relayed, server_name="my_resources")(scope, receive, send))
+    (span,) = [s for s in _server_spans(spans) if s.name.startswith("POST")]
+    assert span.end_time <= marks["bytes_out"] < marks["closing"]

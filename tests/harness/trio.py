@@ -166,10 +166,18 @@ class GymTrio:
         # "code_gen", whose verify runs the model's code in Ray tasks); its config key is
         # its implementation's name.
         self.resources = resources
-        # Gym starts a Ray head of its own only with own_ray (or a ray_head_node_address of
-        # the test's, or servers in venvs of their own); otherwise the fleet joins the
-        # session's cluster for its Python and Ray (tests/harness/shared_ray.py).
-        self.own_ray = own_ray or build_venvs or bool(self.server_venvs) or "ray_head_node_address" in self.extra_config
+        # The example trio only connects to Ray (every server is a driver; nothing runs on
+        # it): it joins the session's cluster for its Python and Ray (shared_ray.py).  Gym
+        # starts a Ray head of its own with own_ray, for a resources server that runs Ray
+        # tasks (code_gen, ray_scorer: their workers are the fleet's), for servers in venvs
+        # of their own, and a ray_head_node_address of the test's is the test's.
+        self.own_ray = (
+            own_ray
+            or resources != RESOURCES
+            or build_venvs
+            or bool(self.server_venvs)
+            or "ray_head_node_address" in self.extra_config
+        )
         self.ray_address: str | None = None
         names = [resources, AGENT, MODEL] + ([ENVIRONMENT] if self.has_relay else [])
         ports = free_ports(len(names) + 1, self.host)
