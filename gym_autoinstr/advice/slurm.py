@@ -12,7 +12,8 @@ that does not see the host's files).  So what the job needs rides in the command
   ``env <settings> sh -c <guard> gym-autoinstr`` before ``gym eval run``.  The settings
   are this process's OpenTelemetry and gym-autoinstr settings that mean the same on
   another machine (never headers, certificates or keys: they may hold credentials and
-  the script is a file; never paths of this host), and ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT``
+  the script is a file; never paths of this host; never our distro's defaults, which the
+  job's own start-up sets, or not, from its image), and ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT``
   (``gym.submit``'s context: the job's ``gym.job`` carries a span link to it).  The guard
   starts the command under ``opentelemetry-instrument`` when the driver's environment (its
   image) has gym-autoinstr, else says so once in the driver's log and runs it untraced.
@@ -37,7 +38,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath.propagation import traceparent
-from gym_autoinstr.setup import files
+from gym_autoinstr.setup import distro, files
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
@@ -98,6 +99,7 @@ _NOT_CARRIED = frozenset(
         settings.SPAWN_NS,
         settings.SERVER_REQUIREMENT,
         settings.SUBMIT_TRACEPARENT,
+        settings.DISTRO_DEFAULTS,
         settings.UNKNOWN_SAID,
     )
 )
@@ -232,7 +234,7 @@ def job_settings(config: Any, job_dir: Path, environ: Any = None) -> dict[str, s
         if name.startswith(settings.PREFIX) and name in settings.ALL and name not in _NOT_CARRIED:
             carried[name] = environ[name]
     for setting in _CARRIED_OTEL:
-        if environ.get(setting.name):
+        if distro.set_by_user(setting.name, environ):  # our distro's defaults are the job's own to set
             carried[setting.name] = environ[setting.name]
     secrets = sorted(name for name in environ if _SECRET.match(name) and environ[name])
     if _gym_collector_on(config):

@@ -104,6 +104,32 @@ def test_the_driver_command_carries_portable_settings_and_never_credentials(envi
     )
 
 
+def _carried(script: str) -> dict[str, str]:
+    argv = _gym_cmd(script)
+    return dict(item.split("=", 1) for item in argv[1 : argv.index("sh")])
+
+
+def test_our_distros_defaults_are_not_carried_as_if_the_user_had_set_them(environ):
+    from gym_autoinstr.setup.distro import DEFAULTS, GymDistro
+
+    for name in (*DEFAULTS, settings.DISTRO_DEFAULTS.name):
+        environ.delenv(name, raising=False)  # restored after the test: the distro writes os.environ
+    GymDistro()._configure()  # as opentelemetry-instrument's start-up in the submitting process
+    assert os.environ["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "fastapi"
+    assert "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS" not in _carried(_build(_config()))  # the image's own stands
+    # a process started from that one inherits the value and knows it is ours
+    GymDistro()._configure()
+    assert "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS" not in _carried(_build(_config()))
+    # the user's own value (set before the start-up, or changed in a child) is carried
+    environ.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "fastapi,requests")
+    GymDistro()._configure()
+    assert _carried(_build(_config()))["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "fastapi,requests"
+    environ.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "fastapi")
+    environ.delenv(settings.DISTRO_DEFAULTS.name)
+    GymDistro()._configure()
+    assert _carried(_build(_config()))["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "fastapi"
+
+
 def test_the_embedded_default_writes_into_the_job_directory(environ):
     argv = _gym_cmd(_build(_config()))
     assert f"GYM_AUTOINSTR_OUTPUT_DIR={JOB_DIR}/gym-autoinstr" in argv[: argv.index("sh")]
