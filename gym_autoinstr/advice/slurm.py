@@ -16,7 +16,9 @@ that does not see the host's files).  So what the job needs rides in the command
   job's own start-up sets, or not, from its image), and ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT``
   (``gym.submit``'s context: the job's ``gym.job`` carries a span link to it).  The guard
   starts the command under ``opentelemetry-instrument`` when the driver's environment (its
-  image) has gym-autoinstr, else says so once in the driver's log and runs it untraced.
+  image) has gym-autoinstr, else runs it as Gym wrote it, with one line in the driver's log
+  saying whether it is traced anyway (through an OpenTelemetry start-up inherited from a
+  local submit) or untraced.
 * Gym's collector step on (``otel.enabled``): the job's telemetry goes to that collector
   (OTLP/HTTP on the driver's node, where Gym points its own); ours is not carried.
 * The embedded file default: the files go to ``<job dir>/gym-autoinstr``, which the driver
@@ -112,11 +114,33 @@ _submitting: ContextVar[Any] = ContextVar("gym_autoinstr_submit", default=None)
 # driver's environment has gym-autoinstr, else the command as is, with one line in its log.
 # Installed beside the command (in the environment of the `gym` it runs) is what counts: an
 # opentelemetry-instrument of another environment would start Gym without our distro.
+# Not beside it, the job may still be traced: a local submit's job inherits the submitting
+# environment (sbatch's --export=ALL), whose PYTHONPATH starts OpenTelemetry in every Python
+# (its sitecustomize); gym's own Python (its #! line) then traces it if it has gym-autoinstr.
+# The line in the log says which: traced through that inheritance, untraced, or (gym's Python
+# unknown) traced only if that Python has gym-autoinstr.
 _GUARD = (
-    'bin=$(dirname "$(command -v "$1")"); '
+    'gym=$(command -v "$1"); bin=$(dirname "$gym"); '
     'if [ -x "$bin/opentelemetry-instrument" ] && [ -x "$bin/gym-autoinstr" ]; '
     'then exec "$bin/opentelemetry-instrument" "$@"; fi; '
-    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs ({where}), so the job '
+    "startup=$(IFS=:; set -f; for dir in $PYTHONPATH; do case $dir in "
+    '*/opentelemetry/instrumentation/auto_instrumentation) [ -f "$dir/sitecustomize.py" ] && echo "$dir";; '
+    "esac; done); "
+    'if [ -n "$startup" ]; then '
+    'py=; { IFS= read -r first; } < "$gym" && py=${first#"#!"}; '
+    'case $py in /*python*) case $py in *" "*) py=;; esac;; *) py=;; esac; '
+    'if [ -z "$py" ]; then '
+    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs (@WHERE@); the job inherits '
+    "OpenTelemetry's start-up from the submitting environment (PYTHONPATH), which traces it only if the Python "
+    "that runs $1 has gym-autoinstr. Fix: install gym-autoinstr into the environment that runs Gym in the driver "
+    'image (see docs/slurm.md)." >&2; exec "$@"; fi; '
+    'if "$py" -I -c "import gym_autoinstr" 2>/dev/null; then '
+    'echo "gym-autoinstr: the job is traced through the OpenTelemetry start-up it inherits from the submitting '
+    "environment (PYTHONPATH): gym-autoinstr is in $1's Python but not installed beside it (@WHERE@), so a job "
+    "that inherits nothing (over SSH, SBATCH_EXPORT=NONE) runs untraced. Fix: install gym-autoinstr into the "
+    'environment that runs Gym in the driver image (see docs/slurm.md)." >&2; exec "$@"; fi; '
+    "fi; "
+    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs (@WHERE@), so the job '
     "runs untraced. Fix: install gym-autoinstr into the environment that runs Gym in the driver image "
     '(see docs/slurm.md)." >&2; '
     'exec "$@"'
@@ -215,7 +239,7 @@ def _carry(script: str, config: Any, benchmark_name: str, job_dir: Path) -> str:
     carried = job_settings(config, job_dir)
     where = "image " + _PRINTABLE.sub("?", str(getattr(config.driver, "container", None) or "none"))
     tokens = ["env", *(f"{name}={value}" for name, value in carried.items())]
-    tokens += ["sh", "-c", _GUARD.format(where=where), "gym-autoinstr"]
+    tokens += ["sh", "-c", _GUARD.replace("@WHERE@", where), "gym-autoinstr"]
     prefix = "".join(f"    {shlex.quote(token)}\n" for token in tokens)
     return script.replace(_GYM_CMD, f"GYM_CMD=(\n{prefix}    gym eval run\n", 1)
 

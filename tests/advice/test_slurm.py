@@ -158,18 +158,23 @@ def test_a_failing_rewrite_keeps_gyms_script(environ, caplog):
     assert "could not prepare the Slurm job" in caplog.text
 
 
-def _run_driver(script: str, tmp_path: Path, tools: dict[str, str], extra_path: str = "") -> Any:
+def _run_driver(
+    script: str, tmp_path: Path, tools: dict[str, str], extra_path: str = "", env: dict[str, str] | None = None
+) -> Any:
     """The driver command as the job runs it, with ``gym`` (and maybe the tracer's
-    commands) as scripts on PATH that print what they were started with."""
+    commands) as scripts on PATH that print what they were started with (``#!/bin/sh``
+    unless the body starts with its own ``#!`` line)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in tools.items():
         path = bin_dir / name
-        path.write_text("#!/bin/sh\n" + body)
+        path.write_text(body if body.startswith("#!") else "#!/bin/sh\n" + body)
         path.chmod(0o755)
     block = script[script.index("GYM_CMD=(") : script.index(")\n", script.index("GYM_CMD=(")) + 2]
-    env = {"PATH": f"{bin_dir}:{extra_path}:/usr/bin:/bin" if extra_path else f"{bin_dir}:/usr/bin:/bin"}
-    return subprocess.run(["bash", "-c", block + '"${GYM_CMD[@]}"'], capture_output=True, text=True, env=env)
+    path = f"{bin_dir}:{extra_path}:/usr/bin:/bin" if extra_path else f"{bin_dir}:/usr/bin:/bin"
+    return subprocess.run(
+        ["bash", "-c", block + '"${GYM_CMD[@]}"'], capture_output=True, text=True, env={"PATH": path, **(env or {})}
+    )
 
 
 GYM = 'echo "gym $* endpoint=$OTEL_EXPORTER_OTLP_ENDPOINT"\n'
@@ -208,6 +213,74 @@ def test_the_guard_wants_us_beside_gym_not_in_another_environment(environ, tmp_p
     done = _run_driver(script, tmp_path, {"gym": GYM}, extra_path=str(elsewhere))
     assert done.returncode == 0 and "instrumented" not in done.stdout
     assert "runs untraced" in done.stderr
+
+
+def _inherited_startup(tmp_path: Path, *, present: bool = True) -> str:
+    """A PYTHONPATH as opentelemetry-instrument leaves it for the submitting process's children."""
+    directory = tmp_path / "submit venv" / "site-packages" / "opentelemetry/instrumentation/auto_instrumentation"
+    if present:
+        directory.mkdir(parents=True)
+        (directory / "sitecustomize.py").write_text("")
+    return f"{tmp_path}/elsewhere:{directory}"
+
+
+def _python(tmp_path: Path, *, has_us: bool) -> Path:
+    """A stand-in for the Python ``gym``'s #! line names: answers the guard's import check
+    (and notes it), and runs the ``gym`` script it is handed (a shell script) with sh."""
+    python = tmp_path / "gym-venv" / "bin" / "python3"  # a #! line cannot hold a space
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = -I ]; then echo "$*" >> "{tmp_path}/import-checks"; exit {0 if has_us else 1}; fi\n'
+        'exec sh "$@"\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+def test_a_job_that_inherits_the_instrumented_environment_is_not_said_untraced(environ, tmp_path):
+    """A local submit's job inherits the submitting shell (sbatch --export=ALL): OpenTelemetry's
+    start-up rides in PYTHONPATH, and gym's Python has gym-autoinstr though its bin lacks our commands."""
+    python = _python(tmp_path, has_us=True)
+    env = {"PYTHONPATH": _inherited_startup(tmp_path)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": f"#!{python}\n" + GYM}, env=env)
+    assert done.returncode == 0
+    assert done.stdout.startswith("gym eval run +output_jsonl_fpath=")  # started as Gym wrote it
+    assert (tmp_path / "import-checks").read_text() == "-I -c import gym_autoinstr\n"
+    assert "so the job runs untraced" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("gym-autoinstr:")]
+    assert line.startswith(
+        "gym-autoinstr: the job is traced through the OpenTelemetry start-up it inherits from the submitting "
+        "environment (PYTHONPATH)"
+    )
+    assert "over SSH, SBATCH_EXPORT=NONE" in line and "Fix: install gym-autoinstr" in line
+
+
+def test_an_inherited_start_up_without_us_in_gyms_python_is_untraced(environ, tmp_path):
+    python = _python(tmp_path, has_us=False)
+    env = {"PYTHONPATH": _inherited_startup(tmp_path)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": f"#!{python}\n" + GYM}, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("gym eval run")
+    assert (tmp_path / "import-checks").exists() and "so the job runs untraced." in done.stderr
+
+
+def test_a_start_up_path_the_job_cannot_see_is_not_inherited(environ, tmp_path):
+    # a container does not see the submitting host's files: PYTHONPATH names a directory that is not there
+    python = _python(tmp_path, has_us=True)
+    env = {"PYTHONPATH": _inherited_startup(tmp_path, present=False)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": f"#!{python}\n" + GYM}, env=env)
+    assert done.returncode == 0 and not (tmp_path / "import-checks").exists()
+    assert "so the job runs untraced." in done.stderr
+
+
+def test_an_inherited_start_up_with_gyms_python_unknown_says_what_it_depends_on(environ, tmp_path):
+    env = {"PYTHONPATH": _inherited_startup(tmp_path)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": "#!/usr/bin/env python3\n" + GYM}, env=env)
+    assert "runs untraced" not in done.stderr
+    assert (
+        "the job inherits OpenTelemetry's start-up from the submitting environment (PYTHONPATH), which traces "
+        "it only if the Python that runs gym has gym-autoinstr" in done.stderr
+    )
 
 
 def test_gym_submit_records_the_jobs_and_the_job_links_to_it(environ, spans):
