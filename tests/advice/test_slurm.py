@@ -6,6 +6,7 @@ The real ``gym eval submit`` on a real Slurm cluster is ``tests/test_realgym_slu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -315,6 +316,73 @@ def test_gym_submit_records_the_jobs_and_the_job_links_to_it(environ, spans):
     assert (linked.trace_id, linked.span_id) == (submit.context.trace_id, submit.context.span_id)
     assert linked.is_remote
     assert job.submission({"GYM_AUTOINSTR_SUBMIT_TRACEPARENT": "garbage"}) is None
+
+
+def _submit(config: SimpleNamespace, *, dry_run: bool = False, hostname: str | None = None) -> Any:
+    """``SlurmExecutor.run`` as Gym's: a script per benchmark, then (not a dry run) the record."""
+    record = SimpleNamespace(
+        gym_job_id="gym-job-20261206-abc",
+        hostname=hostname,
+        benchmarks=[SimpleNamespace(benchmark="bench", job_id="41"), SimpleNamespace(benchmark="other", job_id=None)],
+    )
+
+    def run(config, *, dry_run=False):
+        for name in config.driver.benchmarks:
+            slurm.sbatch_script_advice(lambda *a, **k: SCRIPT, None, (config, name, None, None, JOB_DIR / name), {})
+        return None if dry_run else record
+
+    return slurm.executor_run_advice(run, None, (config,), {"dry_run": dry_run})
+
+
+def _said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "their traces into their job directories" in r.getMessage()]
+
+
+def test_the_submit_says_once_where_each_job_writes_its_traces(environ, caplog, tmp_path, monkeypatch):
+    own = tmp_path / "gym-autoinstr-runs" / "r1"  # this process's own files (the configurator set it)
+    environ.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(own))
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO", logger="gym_autoinstr")
+    _submit(_config())
+    (said,) = _said(caplog)
+    assert said == (
+        f"the Slurm jobs write their traces into their job directories: bench (Slurm job 41): {JOB_DIR}/bench/"
+        "gym-autoinstr. Read a job's with `gym-autoinstr view <its directory>`; `gym-autoinstr view "
+        "gym-autoinstr-runs/r1` shows this submission with its jobs once they ran."
+    )
+    # the note view follows from this process's directory (the benchmark whose sbatch failed has no job)
+    (note,) = own.glob("submission-*.json")
+    assert json.loads(note.read_text()) == {
+        "submission": "gym-job-20261206-abc",
+        "hostname": None,
+        "jobs": [{"benchmark": "bench", "slurm_job_id": "41", "traces": f"{JOB_DIR}/bench/gym-autoinstr"}],
+    }
+
+
+def test_over_ssh_and_in_a_dry_run_the_submit_says_where_too(environ, caplog, tmp_path, monkeypatch):
+    environ.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path / "own"))
+    caplog.set_level("INFO", logger="gym_autoinstr")
+    _submit(_config(), hostname="login.cluster")
+    (said,) = _said(caplog)
+    assert said.startswith(
+        f"the Slurm jobs write their traces into their job directories on login.cluster: bench (Slurm job 41): "
+        f"{JOB_DIR}/bench/gym-autoinstr."
+    )
+    assert "shows this submission and says where its jobs' traces are on login.cluster" in said
+    caplog.clear()
+    _submit(_config(), dry_run=True)
+    (said,) = _said(caplog)
+    assert said == (
+        f"the Slurm jobs would write their traces into their job directories: bench: {JOB_DIR}/bench/gym-autoinstr; "
+        f"other: {JOB_DIR}/other/gym-autoinstr. Read a job's with `gym-autoinstr view <its directory>`."
+    )
+
+
+def test_with_an_exporter_configured_the_submit_says_nothing_of_directories(environ, caplog, tmp_path):
+    environ.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector.example:4318")
+    caplog.set_level("INFO", logger="gym_autoinstr")
+    _submit(_config())
+    assert _said(caplog) == [] and not list(tmp_path.iterdir())
 
 
 def test_a_failed_submission_marks_gym_submit(environ, spans):
