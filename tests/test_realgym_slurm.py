@@ -16,7 +16,10 @@ The job's driver step runs ``gym eval run``: Ray, the head server and the trio, 
   login shell reaches the job, not even Gym's ``driver.env``; our settings ride in the
   driver's command and the job is traced the same;
 * an image without gym-autoinstr: the job runs untraced, its rollouts written, and the
-  driver's log says why in one line.
+  driver's log says why in one line;
+* no exporter configured (the embedded file default): the submit names the job's trace
+  directory, and ``gym-autoinstr view`` of the directory submitted from shows
+  ``gym.submit`` with the job's ``gym.job`` and rollouts.
 """
 
 from __future__ import annotations
