@@ -333,6 +333,11 @@ SPAWN_NS = Text(PREFIX + "SPAWN_NS", None, "internal: when the orchestrator spaw
 SUBMIT_TRACEPARENT = Text(
     PREFIX + "SUBMIT_TRACEPARENT", None, "internal: the gym.submit span a Slurm job's gym.job links to"
 )
+DISTRO_DEFAULTS = Text(
+    PREFIX + "DISTRO_DEFAULTS",
+    None,
+    "internal: the OTEL_* variables whose value is our distro's default, not the user's (set for children too)",
+)
 UNKNOWN_SAID = Text(
     PREFIX + "UNKNOWN_SAID",
     None,

@@ -129,12 +129,16 @@ def test_an_instrumented_dry_run_prints_the_driver_command_as_it_would_be_submit
     # no exporter configured: the embedded files go into the job directory; the submission's context rides
     assert carried.pop("GYM_AUTOINSTR_OUTPUT_DIR") == f"{rendered.job_dir}/gym-autoinstr"
     submitted = carried.pop("GYM_AUTOINSTR_SUBMIT_TRACEPARENT")
-    assert carried == {
-        "GYM_AUTOINSTR_JOB_TRACE": "single",
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi",  # our distro's default, set in the submitting process
-    }
+    # what the user set; not our distro's default OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi, set in the
+    # submitting process by its start-up (the image's own value stands in the job)
+    assert carried == {"GYM_AUTOINSTR_JOB_TRACE": "single", "OTEL_BSP_SCHEDULE_DELAY": "200"}
     assert rendered.driver_line == plain.driver_line.replace(str(plain.run_dir), str(rendered.run_dir))
+    # said once on the submitting side: where the job would write its traces (no note: nothing submitted)
+    assert (
+        "gym-autoinstr: INFO: the Slurm jobs would write their traces into their job directories: "
+        f"{job.benchmark}: {rendered.job_dir}/gym-autoinstr." in done.stderr
+    ), done.stderr[-3000:]
+    assert not list((tmp_path / "gym-autoinstr-runs").rglob("submission-*.json"))
 
     # the dry run's gym.submit, in the submitting process's own files (./gym-autoinstr-runs/<run id>)
     from gym_autoinstr.setup.files import read_path

@@ -16,12 +16,16 @@ The job's driver step runs ``gym eval run``: Ray, the head server and the trio, 
   login shell reaches the job, not even Gym's ``driver.env``; our settings ride in the
   driver's command and the job is traced the same;
 * an image without gym-autoinstr: the job runs untraced, its rollouts written, and the
-  driver's log says why in one line.
+  driver's log says why in one line;
+* no exporter configured (the embedded file default): the submit names the job's trace
+  directory, and ``gym-autoinstr view`` of the directory submitted from shows
+  ``gym.submit`` with the job's ``gym.job`` and rollouts.
 """
 
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import time
 
@@ -45,16 +49,24 @@ def module_collector(tmp_path_factory):
 
 
 def _submit(
-    job: SubmitJob, cluster, collector: Collector, *, env: dict[str, str] | None = None, ssh: SshClient | None = None
-) -> tuple[dict, str, int]:
-    """Submit under opentelemetry-instrument; wait for the job; its record, Slurm id and start time.
+    job: SubmitJob,
+    cluster,
+    collector: Collector | None,
+    *,
+    env: dict[str, str] | None = None,
+    ssh: SshClient | None = None,
+    cwd: pathlib.Path | None = None,
+) -> tuple[dict, str, int, str]:
+    """Submit under opentelemetry-instrument; wait for the job; its record, Slurm id, start
+    time and what the submit wrote on stderr.
 
+    ``collector``: None for the embedded file default (the submit's files under ``cwd``).
     ``ssh``: the config names its host; Gym's ``ssh``/``rsync`` find the client's wrapper first
     on PATH, and the submitting process has no ``SLURM_CONF`` (the login node's sessions do)."""
     environment = {
         **job.environment(),  # without the test process's own Gym and telemetry settings
         "SLURM_CONF": cluster.env["SLURM_CONF"],
-        **otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200"),
+        **(otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200") if collector else {}),
         **(env or {}),
     }
     if ssh is not None:
@@ -66,6 +78,7 @@ def _submit(
         # `--`: opentelemetry-instrument would take `--config` for an abbreviation of its own options
         [str(job.venv / "bin" / "opentelemetry-instrument"), "--", *job.argv()],
         env=environment,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
@@ -84,7 +97,7 @@ def _submit(
     )
     rollouts = [json.loads(line) for line in job.rollouts_path(run_dir).read_text().splitlines()]
     assert [r["reward"] for r in rollouts] == [1.0] * REPEATS  # the policy model answers right
-    return record, slurm_id, start_ns
+    return record, slurm_id, start_ns, done.stderr
 
 
 def _traced_job(collector: Collector, record: dict, slurm_id: str, start_ns: int, job: SubmitJob) -> None:
@@ -143,7 +156,7 @@ def test_a_submitted_job_is_traced_whole_and_linked_to_its_submission(
         tmp_path / "submit", venv, policy_model.url, tmp_path / "jobs", partition="main", repeats=REPEATS
     )
     try:
-        record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector)
+        record, slurm_id, start_ns, _ = _submit(job, slurm_cluster, module_collector)
         _traced_job(module_collector, record, slurm_id, start_ns, job)
         _staged_and_recorded(job, record, slurm_id, slurm_cluster)
     finally:
@@ -192,7 +205,7 @@ def test_over_ssh_with_sbatch_export_none_the_settings_ride_in_the_driver_comman
     sessions = len(ssh_server.sessions())
     logins = ssh_server.log_text().count("Accepted publickey for ")
     try:
-        record, slurm_id, start_ns = _submit(job, slurm_cluster, module_collector, ssh=login)
+        record, slurm_id, start_ns, _ = _submit(job, slurm_cluster, module_collector, ssh=login)
         # the transport was SSH: the record names the host, and sshd served Gym's commands
         # (mkdir, rsync, the sbatch commands on bash's stdin, the manifest) over its connection
         assert record["hostname"] == login.host
@@ -200,5 +213,42 @@ def test_over_ssh_with_sbatch_export_none_the_settings_ride_in_the_driver_comman
         assert ssh_server.log_text().count("Accepted publickey for ") > logins
         assert len(ssh_server.sessions()) >= sessions + 3, ssh_server.sessions()[sessions:]
         _traced_job(module_collector, record, slurm_id, start_ns, job)
+    finally:
+        job.cleanup()
+
+
+def test_with_the_file_default_the_submit_says_where_and_view_shows_the_submission_with_its_job(
+    slurm_cluster, policy_model, tmp_path
+):
+    """No exporter configured: the job writes into its job directory; the submit names it, and
+    ``gym-autoinstr view`` of the directory submitted from reads it beside ``gym.submit``."""
+    venv = serving_venv()
+    job = write_submit(
+        tmp_path / "submit", venv, policy_model.url, tmp_path / "jobs", partition="main", repeats=REPEATS
+    )
+    here = tmp_path / "here"  # where the user runs gym eval submit
+    here.mkdir()
+    try:
+        record, slurm_id, _, said = _submit(job, slurm_cluster, None, cwd=here)
+        (run_dir,) = job.run_dirs()
+        traces = job.job_dir(run_dir) / "gym-autoinstr"
+        assert (
+            f"gym-autoinstr: INFO: the Slurm jobs write their traces into their job directories: "
+            f"{job.benchmark} (Slurm job {slurm_id}): {traces}." in said
+        ), said[-3000:]
+        shown = subprocess.run(
+            [str(venv / "bin" / "gym-autoinstr"), "view", "--json"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert shown.returncode == 0, shown.stderr[-3000:]
+        roots = [t["root"] for t in json.loads(shown.stdout)["traces"] if not t["startup"]]
+        assert roots.count("gym.submit") == roots.count("gym.job") == 1, roots
+        assert roots.count("POST /run") == REPEATS, roots
+        assert f"reading Slurm job {slurm_id} ({job.benchmark}, submission {record['gym_job_id']}) too" in (
+            shown.stderr
+        )
     finally:
         job.cleanup()

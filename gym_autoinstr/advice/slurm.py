@@ -12,14 +12,19 @@ that does not see the host's files).  So what the job needs rides in the command
   ``env <settings> sh -c <guard> gym-autoinstr`` before ``gym eval run``.  The settings
   are this process's OpenTelemetry and gym-autoinstr settings that mean the same on
   another machine (never headers, certificates or keys: they may hold credentials and
-  the script is a file; never paths of this host), and ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT``
+  the script is a file; never paths of this host; never our distro's defaults, which the
+  job's own start-up sets, or not, from its image), and ``GYM_AUTOINSTR_SUBMIT_TRACEPARENT``
   (``gym.submit``'s context: the job's ``gym.job`` carries a span link to it).  The guard
   starts the command under ``opentelemetry-instrument`` when the driver's environment (its
-  image) has gym-autoinstr, else says so once in the driver's log and runs it untraced.
+  image) has gym-autoinstr, else runs it as Gym wrote it, with one line in the driver's log
+  saying whether it is traced anyway (through an OpenTelemetry start-up inherited from a
+  local submit) or untraced.
 * Gym's collector step on (``otel.enabled``): the job's telemetry goes to that collector
   (OTLP/HTTP on the driver's node, where Gym points its own); ours is not carried.
 * The embedded file default: the files go to ``<job dir>/gym-autoinstr``, which the driver
-  step mounts, not to a path of the submitting host.
+  step mounts, not to a path of the submitting host.  The submit says so once, per job, and
+  leaves a note beside its own files that ``gym-autoinstr view`` follows from there
+  (``setup/runs.py``: the submission and its jobs, viewed together).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import re
 import shlex
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +41,9 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_autoinstr import settings
-from gym_autoinstr._log import warn_once
+from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.fastpath.propagation import traceparent
-from gym_autoinstr.setup import files
+from gym_autoinstr.setup import distro, files, runs
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
@@ -98,23 +104,56 @@ _NOT_CARRIED = frozenset(
         settings.SPAWN_NS,
         settings.SERVER_REQUIREMENT,
         settings.SUBMIT_TRACEPARENT,
+        settings.DISTRO_DEFAULTS,
         settings.UNKNOWN_SAID,
     )
 )
 # May hold credentials or name files of this host: never written into a job script.
 _SECRET = re.compile(r"^OTEL_EXPORTER_OTLP_(\w+_)?(HEADERS|CERTIFICATE|CLIENT_KEY|CLIENT_CERTIFICATE)$")
 
-_submitting: ContextVar[Any] = ContextVar("gym_autoinstr_submit", default=None)
+
+@dataclass
+class _Submission:
+    """One ``SlurmExecutor.run``: its span, and where each benchmark's job writes the
+    embedded files (``build_sbatch_script`` notes them as it writes each script)."""
+
+    span: Any = None  # gym.submit; None when the job span group is off
+    trace_dirs: dict[str, Path] = field(default_factory=dict)
+
+
+_submitting: ContextVar[_Submission | None] = ContextVar("gym_autoinstr_submit", default=None)
 
 # What the job's driver runs first: the command under opentelemetry-instrument when the
 # driver's environment has gym-autoinstr, else the command as is, with one line in its log.
 # Installed beside the command (in the environment of the `gym` it runs) is what counts: an
 # opentelemetry-instrument of another environment would start Gym without our distro.
+# Not beside it, the job may still be traced: a local submit's job inherits the submitting
+# environment (sbatch's --export=ALL), whose PYTHONPATH starts OpenTelemetry in every Python
+# (its sitecustomize); gym's own Python (its #! line) then traces it if it has gym-autoinstr.
+# The line in the log says which: traced through that inheritance, untraced, or (gym's Python
+# unknown) traced only if that Python has gym-autoinstr.
 _GUARD = (
-    'bin=$(dirname "$(command -v "$1")"); '
+    'gym=$(command -v "$1"); bin=$(dirname "$gym"); '
     'if [ -x "$bin/opentelemetry-instrument" ] && [ -x "$bin/gym-autoinstr" ]; '
     'then exec "$bin/opentelemetry-instrument" "$@"; fi; '
-    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs ({where}), so the job '
+    "startup=$(IFS=:; set -f; for dir in $PYTHONPATH; do case $dir in "
+    '*/opentelemetry/instrumentation/auto_instrumentation) [ -f "$dir/sitecustomize.py" ] && echo "$dir";; '
+    "esac; done); "
+    'if [ -n "$startup" ]; then '
+    'py=; { IFS= read -r first; } < "$gym" && py=${first#"#!"}; '
+    'case $py in /*python*) case $py in *" "*) py=;; esac;; *) py=;; esac; '
+    'if [ -z "$py" ]; then '
+    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs (@WHERE@); the job inherits '
+    "OpenTelemetry's start-up from the submitting environment (PYTHONPATH), which traces it only if the Python "
+    "that runs $1 has gym-autoinstr. Fix: install gym-autoinstr into the environment that runs Gym in the driver "
+    'image (see docs/slurm.md)." >&2; exec "$@"; fi; '
+    'if "$py" -I -c "import gym_autoinstr" 2>/dev/null; then '
+    'echo "gym-autoinstr: the job is traced through the OpenTelemetry start-up it inherits from the submitting '
+    "environment (PYTHONPATH): gym-autoinstr is in $1's Python but not installed beside it (@WHERE@), so a job "
+    "that inherits nothing (over SSH, SBATCH_EXPORT=NONE) runs untraced. Fix: install gym-autoinstr into the "
+    'environment that runs Gym in the driver image (see docs/slurm.md)." >&2; exec "$@"; fi; '
+    "fi; "
+    'echo "gym-autoinstr: gym-autoinstr is not installed beside $1 where this job runs (@WHERE@), so the job '
     "runs untraced. Fix: install gym-autoinstr into the environment that runs Gym in the driver image "
     '(see docs/slurm.md)." >&2; '
     'exec "$@"'
@@ -128,28 +167,40 @@ def _config_arg(args: tuple, kwargs: dict) -> Any:
 
 
 def executor_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``gym.submit`` around ``SlurmExecutor.run(config, *, dry_run)``."""
-    if groups.JOB not in groups.ENABLED:
-        return wrapped(*args, **kwargs)
+    """``gym.submit`` around ``SlurmExecutor.run(config, *, dry_run)``; afterwards, once, where
+    the jobs write their traces (the embedded file default)."""
+    submission = _Submission()
+    if groups.JOB in groups.ENABLED:
+        try:
+            submission.span = tracer().start_span(
+                SUBMIT_SPAN, kind=SpanKind.PRODUCER, attributes=_submit_attributes(args, kwargs)
+            )
+        except Exception as error:
+            warn_once("slurm:submit", "gym.submit skipped (%r); the submission is unaffected.", error)
+    span = submission.span
+    token = _submitting.set(submission)
     try:
-        span = tracer().start_span(SUBMIT_SPAN, kind=SpanKind.PRODUCER, attributes=_submit_attributes(args, kwargs))
-    except Exception as error:
-        warn_once("slurm:submit", "gym.submit skipped (%r); the submission is unaffected.", error)
-        return wrapped(*args, **kwargs)
-    token = _submitting.set(span)
-    try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+        if span is None:
             record = wrapped(*args, **kwargs)
+        else:
+            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                record = wrapped(*args, **kwargs)
     except BaseException as error:
-        if isinstance(error, Exception):
+        if span is not None and isinstance(error, Exception):
             mark_error(span, error)
         raise
     else:
-        _record_jobs(span, record)
+        if span is not None:
+            _record_jobs(span, record)
+        try:
+            _say_where_traces_go(submission, record, _config_arg(args, kwargs))
+        except Exception as error:
+            warn_once("slurm:where", "gym-autoinstr could not say where the Slurm jobs write their traces (%r)", error)
         return record
     finally:
         _submitting.reset(token)
-        span.end()
+        if span is not None:
+            span.end()
 
 
 def _submit_attributes(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -177,6 +228,67 @@ def _record_jobs(span: Any, record: Any) -> None:
             span.set_attribute("error.type", "sbatch")
     except Exception as error:
         warn_once("slurm:record", "gym.submit: could not read the submission record (%r)", error)
+
+
+def _say_where_traces_go(submission: _Submission, record: Any, config: Any) -> None:
+    """With the embedded file default, each job writes into its own job directory, on the
+    cluster: said once, per job; and noted beside this process's own files, where
+    ``gym-autoinstr view`` of this process's directory follows it (``runs.submitted_jobs``)."""
+    written = submission.trace_dirs
+    if not written:  # an exporter is configured (the jobs' traces go where this process's go), or none traced
+        return
+    if record is None:  # a dry run
+        hostname = getattr(next(iter(config.compute.values()), None), "hostname", None)
+        jobs = [{"benchmark": name, "traces": str(directory)} for name, directory in written.items()]
+    else:
+        hostname = record.hostname
+        jobs = [
+            {"benchmark": str(job.benchmark), "slurm_job_id": str(job.job_id), "traces": str(written[job.benchmark])}
+            for job in record.benchmarks
+            if job.job_id and getattr(job, "benchmark", None) in written  # a failed sbatch has no job
+        ]
+    if not jobs:
+        return
+    listed = "; ".join(
+        f"{job['benchmark']} (Slurm job {job['slurm_job_id']}): {job['traces']}"
+        if "slurm_job_id" in job
+        else f"{job['benchmark']}: {job['traces']}"
+        for job in jobs
+    )
+    on = f" on {hostname}" if hostname else ""
+    how = "Read a job's with `gym-autoinstr view <its directory>`"
+    here = _own_run_directory()
+    if record is not None and here is not None:
+        runs.record_submission(here, str(record.gym_job_id), hostname, jobs)
+        if hostname:
+            how += (
+                f"; `gym-autoinstr view {_shown_path(here)}` shows this submission and says where its jobs' "
+                f"traces are on {hostname}"
+            )
+        else:
+            how += f"; `gym-autoinstr view {_shown_path(here)}` shows this submission with its jobs once they ran"
+    logger.info(
+        "the Slurm jobs %s their traces into their job directories%s: %s. %s.",
+        "would write" if record is None else "write",
+        on,
+        listed,
+        how,
+    )
+
+
+def _own_run_directory() -> Path | None:
+    """Where this process writes its own embedded files; None when it writes none."""
+    if not files.embedded_default_applies():
+        return None
+    directory = settings.OUTPUT_DIR.raw()
+    return Path(directory) if directory else None
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def sbatch_script_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> str:
@@ -211,9 +323,12 @@ def _carry(script: str, config: Any, benchmark_name: str, job_dir: Path) -> str:
         )
         return script
     carried = job_settings(config, job_dir)
+    submission = _submitting.get()
+    if submission is not None and settings.OUTPUT_DIR.name in carried:  # the embedded file default, in the job
+        submission.trace_dirs[benchmark_name] = Path(carried[settings.OUTPUT_DIR.name])
     where = "image " + _PRINTABLE.sub("?", str(getattr(config.driver, "container", None) or "none"))
     tokens = ["env", *(f"{name}={value}" for name, value in carried.items())]
-    tokens += ["sh", "-c", _GUARD.format(where=where), "gym-autoinstr"]
+    tokens += ["sh", "-c", _GUARD.replace("@WHERE@", where), "gym-autoinstr"]
     prefix = "".join(f"    {shlex.quote(token)}\n" for token in tokens)
     return script.replace(_GYM_CMD, f"GYM_CMD=(\n{prefix}    gym eval run\n", 1)
 
@@ -232,7 +347,7 @@ def job_settings(config: Any, job_dir: Path, environ: Any = None) -> dict[str, s
         if name.startswith(settings.PREFIX) and name in settings.ALL and name not in _NOT_CARRIED:
             carried[name] = environ[name]
     for setting in _CARRIED_OTEL:
-        if environ.get(setting.name):
+        if distro.set_by_user(setting.name, environ):  # our distro's defaults are the job's own to set
             carried[setting.name] = environ[setting.name]
     secrets = sorted(name for name in environ if _SECRET.match(name) and environ[name])
     if _gym_collector_on(config):
@@ -257,7 +372,8 @@ def job_settings(config: Any, job_dir: Path, environ: Any = None) -> dict[str, s
                 secrets[0],
                 secrets[0],
             )
-    span = _submitting.get()
+    submission = _submitting.get()
+    span = None if submission is None else submission.span
     if span is not None:
         context = span.get_span_context()
         if context.is_valid:

@@ -23,7 +23,8 @@ venv.  So, in the orchestrator only:
 Servers on other hosts: Gym builds a server's venv on the host the server runs on (a
 multi-node Ray cluster, e.g. NeMo RL's).  An index or git install pins a requirement
 installable anywhere; a local wheel, directory or editable checkout is a path on *this*
-machine, which is fine while every server runs here.  Then the orchestrator notes it once
+machine, which is fine while every server runs here (and while it exists: a path that is
+gone is never handed on, see ``server_requirements``).  Then the orchestrator notes it once
 (INFO, as ``gym-autoinstr doctor`` rates it: nothing to fix on one host), and
 ``GYM_AUTOINSTR_SERVER_REQUIREMENT`` names the requirement to install instead (a path every
 host shares, a wheel URL, a git URL).
@@ -95,6 +96,17 @@ class PinnedRequirement:
             if url.startswith("file:"):
                 return _file_path(url)
         return None
+
+    @property
+    def gone(self) -> bool:
+        """Installed from a path on this machine that no longer exists (a wheel deleted
+        after the install, as a Dockerfile's clean-up does): no venv can install it."""
+        path = self.local_path
+        return path is not None and not os.path.exists(path)
+
+    def from_index(self) -> PinnedRequirement:
+        """The same version, from the package index."""
+        return PinnedRequirement(self.name, self.version, (f"{self.name}=={self.version}",), "index")
 
 
 def _file_path(url: str) -> str:
@@ -217,20 +229,60 @@ def requirement_problem(environ: Any = None) -> tuple[str, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def server_requirements() -> tuple[str, ...]:
-    """What every server venv must install, as shell-quoted ``head_server_deps`` entries."""
+    """What every server venv must install, as shell-quoted ``head_server_deps`` entries.
+
+    A requirement whose local file is gone (``gone_requirements``) is never handed on: uv
+    would fail the server venv's whole install, and Gym with it.  Ours is left out then (it
+    is on no package index: those servers run untraced, said once); any other is installed
+    at the same version from the index."""
     override = requirement_override()
-    return tuple(
-        " ".join(shlex.quote(word) for word in override)
-        if override and requirement.name == PROJECT
-        else requirement.shell()
-        for requirement in pinned_requirements()
-    )
+    entries = []
+    for requirement in pinned_requirements():
+        if override and requirement.name == PROJECT:
+            entries.append(" ".join(shlex.quote(word) for word in override))
+        elif not requirement.gone:
+            entries.append(requirement.shell())
+        elif requirement.name != PROJECT:
+            entries.append(requirement.from_index().shell())
+    return tuple(entries)
+
+
+def _overridden(requirement: PinnedRequirement) -> bool:
+    return requirement.name == PROJECT and requirement_override() is not None
 
 
 def local_requirements() -> list[PinnedRequirement]:
-    """The pinned requirements installed from a path on this machine (not overridden)."""
-    overridden = requirement_override() is not None
-    return [r for r in pinned_requirements() if r.local_path and not (overridden and r.name == PROJECT)]
+    """The pinned requirements installed from a path on this machine that is still there (not overridden)."""
+    return [r for r in pinned_requirements() if r.local_path and not r.gone and not _overridden(r)]
+
+
+def gone_requirements() -> list[PinnedRequirement]:
+    """The pinned requirements installed from a path on this machine that no longer exists (not overridden)."""
+    return [r for r in pinned_requirements() if r.gone and not _overridden(r)]
+
+
+def gone_message(gone: list[PinnedRequirement]) -> str:
+    names = ", ".join(f"{r.name} ({r.local_path})" for r in gone)
+    instead = [
+        "server venvs are built without gym-autoinstr, so the servers Gym starts in them run untraced"
+        if r.name == PROJECT
+        else f"{r.name} {r.version} is installed from the package index instead"
+        for r in gone
+    ]
+    return (
+        f"server venvs cannot install {names}: this environment was installed from that path, which no longer "
+        f"exists (deleted after the install?). Gym runs as usual; {'; '.join(dict.fromkeys(instead))}"
+    )
+
+
+def gone_fix() -> str:
+    return (
+        "keep the file where it was installed from (a Dockerfile that installs a wheel must not delete it: "
+        "docs/slurm.md#the-driver-image), reinstall from a path that stays, or set "
+        f"{SERVER_REQUIREMENT_VARIABLE} to a requirement server venvs can install, e.g. "
+        "'gym-autoinstr @ file:///opt/wheels/gym_autoinstr-<version>-py3-none-any.whl' or "
+        "'gym-autoinstr @ https://host/gym_autoinstr-<version>-py3-none-any.whl'"
+    )
 
 
 def local_path_message(local: list[PinnedRequirement]) -> str:
@@ -290,6 +342,9 @@ def head_server_deps_advice(wrapped: Any, instance: Any, args: tuple, kwargs: di
             ours = server_requirements()
             deps = with_server_requirements(config[HEAD_SERVER_DEPS_KEY] or (), ours)
             _store(config, deps)
+            gone = gone_requirements()
+            if gone:
+                warn_once("venvs:gone", "%s. Fix: %s.", gone_message(gone), gone_fix())
             local = local_requirements()
             if local:
                 # a note, not a warning: on one host (most runs) there is nothing to fix

@@ -9,6 +9,10 @@ Gym-friendly components:
   request without ASGI ``http send/receive`` children.  Set
   ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` yourself to choose otherwise.
 
+A default it sets is named in ``GYM_AUTOINSTR_DISTRO_DEFAULTS``, which children inherit
+with the value: what the user set and what we defaulted stay apart (``set_by_user``), so
+a Slurm job script carries the user's settings, not our defaults.
+
 And, at the end of the start-up (``opentelemetry_post_instrument`` entry point), the
 children keep OpenTelemetry's sitecustomize: contrib before 0.63b0 takes its directory
 off ``PYTHONPATH`` for good, so the servers ``gym env start`` spawns would run untraced
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +47,28 @@ DEFAULTS = {
 
 class GymDistro(BaseDistro):
     def _configure(self, **kwargs: Any) -> None:
+        # ours: set here now, or inherited from a parent that set it (and not changed since)
+        ours = {name for name in DEFAULTS if os.environ.get(name) and not set_by_user(name)}
         for name, value in DEFAULTS.items():
-            os.environ.setdefault(name, value)
+            if name not in os.environ:
+                os.environ[name] = value
+                ours.add(name)
+        if ours:
+            os.environ[settings.DISTRO_DEFAULTS.name] = ",".join(sorted(ours))
+        else:
+            os.environ.pop(settings.DISTRO_DEFAULTS.name, None)
         ACTIVE.configured = True
+
+
+def set_by_user(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``name`` is set to a value of the user's, not to our distro's default (set
+    in this process or inherited from the parent it was set in)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(name)
+    if not value:
+        return False
+    ours = (settings.DISTRO_DEFAULTS.raw(environ) or "").split(",")
+    return not (name in ours and value == DEFAULTS.get(name))
 
 
 def active_distro() -> str:

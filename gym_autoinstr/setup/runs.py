@@ -11,6 +11,13 @@ starts no servers (``starts_fleet``) and has no run of its own (no
 ``./gym-autoinstr-runs`` whose orchestrator is still running: the same directory, the same
 ``nemo.gym.run.id``, inherited by its own children.  It says so once, with the way to
 choose otherwise; a process that finds none says where it writes instead.
+
+A Slurm submission (``gym eval submit``) writes ``gym.submit`` into its own run directory,
+but each job writes into its job directory, on the cluster.  So the submitting process
+leaves a note beside its files (``submission-<id>.json``: the submission, the host, each
+job's Slurm id and trace directory), which ``gym-autoinstr view`` follows: viewing the
+submit's directory reads the jobs' files too where they are on this machine, and names
+where they are where not (``submitted_jobs``).
 """
 
 from __future__ import annotations
@@ -133,3 +140,44 @@ def join_live_run(parent: Path, environ: dict[str, str] | os._Environ[str] | Non
         settings.OUTPUT_DIR.name,
     )
     return directory
+
+
+# -- Slurm submissions ----------------------------------------------------------------------
+
+SUBMISSION_NOTE_PREFIX = "submission-"
+
+
+def record_submission(directory: Path, submission: str, hostname: str | None, jobs: list[dict[str, str]]) -> None:
+    """The submitting process's note in its run directory: ``jobs`` as
+    ``{"benchmark", "slurm_job_id", "traces"}`` (the job's trace directory, on ``hostname``
+    when the submit went over SSH, else on this machine)."""
+    note = {"submission": submission, "hostname": hostname, "jobs": jobs}
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in submission)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f".{SUBMISSION_NOTE_PREFIX}{safe}.{os.getpid()}"
+        partial.write_text(json.dumps(note) + "\n")
+        os.replace(partial, directory / f"{SUBMISSION_NOTE_PREFIX}{safe}.json")
+    except OSError as error:
+        logger.debug("submission note not written in %s: %s", directory, error)
+
+
+def submitted_jobs(path: Path) -> list[dict]:
+    """Every job the submission notes under the directory ``path`` name, each
+    with its ``submission`` and ``hostname``; notes that cannot be read are skipped."""
+    try:
+        notes = sorted(path.rglob(f"{SUBMISSION_NOTE_PREFIX}*.json")) if path.is_dir() else []
+    except OSError:
+        return []
+    jobs = []
+    for note_path in notes:
+        try:
+            note = json.loads(note_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(note, dict) or not isinstance(note.get("jobs"), list):
+            continue
+        for job in note["jobs"]:
+            if isinstance(job, dict) and isinstance(job.get("traces"), str):
+                jobs.append({**job, "submission": note.get("submission"), "hostname": note.get("hostname")})
+    return jobs

@@ -6,6 +6,7 @@ The real ``gym eval submit`` on a real Slurm cluster is ``tests/test_realgym_slu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -104,6 +105,32 @@ def test_the_driver_command_carries_portable_settings_and_never_credentials(envi
     )
 
 
+def _carried(script: str) -> dict[str, str]:
+    argv = _gym_cmd(script)
+    return dict(item.split("=", 1) for item in argv[1 : argv.index("sh")])
+
+
+def test_our_distros_defaults_are_not_carried_as_if_the_user_had_set_them(environ):
+    from gym_autoinstr.setup.distro import DEFAULTS, GymDistro
+
+    for name in (*DEFAULTS, settings.DISTRO_DEFAULTS.name):
+        environ.delenv(name, raising=False)  # restored after the test: the distro writes os.environ
+    GymDistro()._configure()  # as opentelemetry-instrument's start-up in the submitting process
+    assert os.environ["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "fastapi"
+    assert "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS" not in _carried(_build(_config()))  # the image's own stands
+    # a process started from that one inherits the value and knows it is ours
+    GymDistro()._configure()
+    assert "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS" not in _carried(_build(_config()))
+    # the user's own value (set before the start-up, or changed in a child) is carried
+    environ.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "fastapi,requests")
+    GymDistro()._configure()
+    assert _carried(_build(_config()))["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "fastapi,requests"
+    environ.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "fastapi")
+    environ.delenv(settings.DISTRO_DEFAULTS.name)
+    GymDistro()._configure()
+    assert _carried(_build(_config()))["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "fastapi"
+
+
 def test_the_embedded_default_writes_into_the_job_directory(environ):
     argv = _gym_cmd(_build(_config()))
     assert f"GYM_AUTOINSTR_OUTPUT_DIR={JOB_DIR}/gym-autoinstr" in argv[: argv.index("sh")]
@@ -132,18 +159,23 @@ def test_a_failing_rewrite_keeps_gyms_script(environ, caplog):
     assert "could not prepare the Slurm job" in caplog.text
 
 
-def _run_driver(script: str, tmp_path: Path, tools: dict[str, str], extra_path: str = "") -> Any:
+def _run_driver(
+    script: str, tmp_path: Path, tools: dict[str, str], extra_path: str = "", env: dict[str, str] | None = None
+) -> Any:
     """The driver command as the job runs it, with ``gym`` (and maybe the tracer's
-    commands) as scripts on PATH that print what they were started with."""
+    commands) as scripts on PATH that print what they were started with (``#!/bin/sh``
+    unless the body starts with its own ``#!`` line)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in tools.items():
         path = bin_dir / name
-        path.write_text("#!/bin/sh\n" + body)
+        path.write_text(body if body.startswith("#!") else "#!/bin/sh\n" + body)
         path.chmod(0o755)
     block = script[script.index("GYM_CMD=(") : script.index(")\n", script.index("GYM_CMD=(")) + 2]
-    env = {"PATH": f"{bin_dir}:{extra_path}:/usr/bin:/bin" if extra_path else f"{bin_dir}:/usr/bin:/bin"}
-    return subprocess.run(["bash", "-c", block + '"${GYM_CMD[@]}"'], capture_output=True, text=True, env=env)
+    path = f"{bin_dir}:{extra_path}:/usr/bin:/bin" if extra_path else f"{bin_dir}:/usr/bin:/bin"
+    return subprocess.run(
+        ["bash", "-c", block + '"${GYM_CMD[@]}"'], capture_output=True, text=True, env={"PATH": path, **(env or {})}
+    )
 
 
 GYM = 'echo "gym $* endpoint=$OTEL_EXPORTER_OTLP_ENDPOINT"\n'
@@ -184,6 +216,74 @@ def test_the_guard_wants_us_beside_gym_not_in_another_environment(environ, tmp_p
     assert "runs untraced" in done.stderr
 
 
+def _inherited_startup(tmp_path: Path, *, present: bool = True) -> str:
+    """A PYTHONPATH as opentelemetry-instrument leaves it for the submitting process's children."""
+    directory = tmp_path / "submit venv" / "site-packages" / "opentelemetry/instrumentation/auto_instrumentation"
+    if present:
+        directory.mkdir(parents=True)
+        (directory / "sitecustomize.py").write_text("")
+    return f"{tmp_path}/elsewhere:{directory}"
+
+
+def _python(tmp_path: Path, *, has_us: bool) -> Path:
+    """A stand-in for the Python ``gym``'s #! line names: answers the guard's import check
+    (and notes it), and runs the ``gym`` script it is handed (a shell script) with sh."""
+    python = tmp_path / "gym-venv" / "bin" / "python3"  # a #! line cannot hold a space
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = -I ]; then echo "$*" >> "{tmp_path}/import-checks"; exit {0 if has_us else 1}; fi\n'
+        'exec sh "$@"\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+def test_a_job_that_inherits_the_instrumented_environment_is_not_said_untraced(environ, tmp_path):
+    """A local submit's job inherits the submitting shell (sbatch --export=ALL): OpenTelemetry's
+    start-up rides in PYTHONPATH, and gym's Python has gym-autoinstr though its bin lacks our commands."""
+    python = _python(tmp_path, has_us=True)
+    env = {"PYTHONPATH": _inherited_startup(tmp_path)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": f"#!{python}\n" + GYM}, env=env)
+    assert done.returncode == 0
+    assert done.stdout.startswith("gym eval run +output_jsonl_fpath=")  # started as Gym wrote it
+    assert (tmp_path / "import-checks").read_text() == "-I -c import gym_autoinstr\n"
+    assert "so the job runs untraced" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("gym-autoinstr:")]
+    assert line.startswith(
+        "gym-autoinstr: the job is traced through the OpenTelemetry start-up it inherits from the submitting "
+        "environment (PYTHONPATH)"
+    )
+    assert "over SSH, SBATCH_EXPORT=NONE" in line and "Fix: install gym-autoinstr" in line
+
+
+def test_an_inherited_start_up_without_us_in_gyms_python_is_untraced(environ, tmp_path):
+    python = _python(tmp_path, has_us=False)
+    env = {"PYTHONPATH": _inherited_startup(tmp_path)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": f"#!{python}\n" + GYM}, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("gym eval run")
+    assert (tmp_path / "import-checks").exists() and "so the job runs untraced." in done.stderr
+
+
+def test_a_start_up_path_the_job_cannot_see_is_not_inherited(environ, tmp_path):
+    # a container does not see the submitting host's files: PYTHONPATH names a directory that is not there
+    python = _python(tmp_path, has_us=True)
+    env = {"PYTHONPATH": _inherited_startup(tmp_path, present=False)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": f"#!{python}\n" + GYM}, env=env)
+    assert done.returncode == 0 and not (tmp_path / "import-checks").exists()
+    assert "so the job runs untraced." in done.stderr
+
+
+def test_an_inherited_start_up_with_gyms_python_unknown_says_what_it_depends_on(environ, tmp_path):
+    env = {"PYTHONPATH": _inherited_startup(tmp_path)}
+    done = _run_driver(_build(_config()), tmp_path, {"gym": "#!/usr/bin/env python3\n" + GYM}, env=env)
+    assert "runs untraced" not in done.stderr
+    assert (
+        "the job inherits OpenTelemetry's start-up from the submitting environment (PYTHONPATH), which traces "
+        "it only if the Python that runs gym has gym-autoinstr" in done.stderr
+    )
+
+
 def test_gym_submit_records_the_jobs_and_the_job_links_to_it(environ, spans):
     record = SimpleNamespace(
         gym_job_id="20261206-abc",
@@ -216,6 +316,73 @@ def test_gym_submit_records_the_jobs_and_the_job_links_to_it(environ, spans):
     assert (linked.trace_id, linked.span_id) == (submit.context.trace_id, submit.context.span_id)
     assert linked.is_remote
     assert job.submission({"GYM_AUTOINSTR_SUBMIT_TRACEPARENT": "garbage"}) is None
+
+
+def _submit(config: SimpleNamespace, *, dry_run: bool = False, hostname: str | None = None) -> Any:
+    """``SlurmExecutor.run`` as Gym's: a script per benchmark, then (not a dry run) the record."""
+    record = SimpleNamespace(
+        gym_job_id="gym-job-20261206-abc",
+        hostname=hostname,
+        benchmarks=[SimpleNamespace(benchmark="bench", job_id="41"), SimpleNamespace(benchmark="other", job_id=None)],
+    )
+
+    def run(config, *, dry_run=False):
+        for name in config.driver.benchmarks:
+            slurm.sbatch_script_advice(lambda *a, **k: SCRIPT, None, (config, name, None, None, JOB_DIR / name), {})
+        return None if dry_run else record
+
+    return slurm.executor_run_advice(run, None, (config,), {"dry_run": dry_run})
+
+
+def _said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "their traces into their job directories" in r.getMessage()]
+
+
+def test_the_submit_says_once_where_each_job_writes_its_traces(environ, caplog, tmp_path, monkeypatch):
+    own = tmp_path / "gym-autoinstr-runs" / "r1"  # this process's own files (the configurator set it)
+    environ.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(own))
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO", logger="gym_autoinstr")
+    _submit(_config())
+    (said,) = _said(caplog)
+    assert said == (
+        f"the Slurm jobs write their traces into their job directories: bench (Slurm job 41): {JOB_DIR}/bench/"
+        "gym-autoinstr. Read a job's with `gym-autoinstr view <its directory>`; `gym-autoinstr view "
+        "gym-autoinstr-runs/r1` shows this submission with its jobs once they ran."
+    )
+    # the note view follows from this process's directory (the benchmark whose sbatch failed has no job)
+    (note,) = own.glob("submission-*.json")
+    assert json.loads(note.read_text()) == {
+        "submission": "gym-job-20261206-abc",
+        "hostname": None,
+        "jobs": [{"benchmark": "bench", "slurm_job_id": "41", "traces": f"{JOB_DIR}/bench/gym-autoinstr"}],
+    }
+
+
+def test_over_ssh_and_in_a_dry_run_the_submit_says_where_too(environ, caplog, tmp_path, monkeypatch):
+    environ.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path / "own"))
+    caplog.set_level("INFO", logger="gym_autoinstr")
+    _submit(_config(), hostname="login.cluster")
+    (said,) = _said(caplog)
+    assert said.startswith(
+        f"the Slurm jobs write their traces into their job directories on login.cluster: bench (Slurm job 41): "
+        f"{JOB_DIR}/bench/gym-autoinstr."
+    )
+    assert "shows this submission and says where its jobs' traces are on login.cluster" in said
+    caplog.clear()
+    _submit(_config(), dry_run=True)
+    (said,) = _said(caplog)
+    assert said == (
+        f"the Slurm jobs would write their traces into their job directories: bench: {JOB_DIR}/bench/gym-autoinstr; "
+        f"other: {JOB_DIR}/other/gym-autoinstr. Read a job's with `gym-autoinstr view <its directory>`."
+    )
+
+
+def test_with_an_exporter_configured_the_submit_says_nothing_of_directories(environ, caplog, tmp_path):
+    environ.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector.example:4318")
+    caplog.set_level("INFO", logger="gym_autoinstr")
+    _submit(_config())
+    assert _said(caplog) == [] and not list(tmp_path.iterdir())
 
 
 def test_a_failed_submission_marks_gym_submit(environ, spans):

@@ -418,3 +418,69 @@ def test_a_setting_that_is_not_one_requirement_is_named_and_ignored(said, fresh_
     assert warning == f"{problem}. Fix: {fix}."
     (ours,) = [r for r in venvs.pinned_requirements() if r.name == "gym-autoinstr"]
     assert ours.shell() in venvs.server_requirements()
+
+
+# -- a local file that is gone ----------------------------------------------------------------
+
+
+@pytest.fixture
+def deleted_wheels(tmp_path, monkeypatch, fresh_requirements):
+    """This environment as a Dockerfile that installs wheels and deletes them leaves it:
+    gym-autoinstr and opentelemetry-sdk installed from files that are gone, wrapt from the index."""
+    site = tmp_path / "site"
+    wheels = tmp_path / "wheels"  # never created: deleted after the install
+
+    def dist(name, version, url=None, *requires):
+        directory = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        directory.mkdir(parents=True)
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        (directory / "METADATA").write_text("\n".join(lines + [f"Requires-Dist: {r}" for r in requires]) + "\n")
+        (directory / "INSTALLER").write_text("pip\n")
+        if url:
+            (directory / "direct_url.json").write_text(json.dumps({"url": url, "archive_info": {}}))
+
+    ours = wheels / "gym_autoinstr-0.1.0-py3-none-any.whl"
+    dist("gym-autoinstr", "0.1.0", ours.as_uri(), "opentelemetry-sdk", "wrapt")
+    dist("opentelemetry-sdk", "1.2.3", (wheels / "opentelemetry_sdk-1.2.3-py3-none-any.whl").as_uri())
+    dist("wrapt", "1.17.0")
+    real = venvs.pinned_requirements
+    monkeypatch.setattr(venvs, "pinned_requirements", lambda root=venvs.PROJECT, path=None: real(root, [str(site)]))
+    monkeypatch.delenv(venvs.SERVER_REQUIREMENT_VARIABLE, raising=False)
+    return ours
+
+
+def test_a_requirement_whose_file_is_gone_is_not_handed_to_server_venvs(tmp_path, orchestrator, said, deleted_wheels):
+    deps = list(_parsed(tmp_path)["head_server_deps"])
+    # nothing uv would fail the server venv's whole install on: no file:// of a file that is gone
+    assert not [d for d in deps if "file:" in d], deps
+    assert "opentelemetry-sdk==1.2.3" in deps and "wrapt==1.17.0" in deps  # the same versions, from the index
+    assert not [d for d in deps if "autoinstr" in d]  # ours is on no index: left out
+    (warning,) = [r for r in said if "no longer exists" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
+    message = warning.getMessage()
+    assert f"gym-autoinstr ({deleted_wheels})" in message and "no longer exists" in message
+    assert "servers Gym starts in them run untraced" in message and "Gym runs as usual" in message
+    assert "opentelemetry-sdk 1.2.3 is installed from the package index instead" in message
+    assert "must not delete it" in message and venvs.SERVER_REQUIREMENT_VARIABLE in message
+    assert venvs.local_requirements() == []  # not "a path on this machine" too: it is on none
+    _parsed(tmp_path)
+    assert len([r for r in said if "no longer exists" in r.getMessage()]) == 1  # said once
+
+
+def test_the_doctor_names_a_requirement_whose_file_is_gone(deleted_wheels):
+    from gym_autoinstr.commands.doctor.venvs import server_venvs
+
+    section, problems = server_venvs([{"name": "venvs.requirements", "resolved": True}])
+    assert section["gone_paths"]["gym-autoinstr"] == str(deleted_wheels)
+    (problem,) = [p for p in problems if "no longer exists" in p.problem]
+    assert problem.severity == "warning" and "must not delete it" in problem.fix
+
+
+def test_the_setting_replaces_a_gone_gym_autoinstr(tmp_path, orchestrator, said, deleted_wheels, monkeypatch):
+    monkeypatch.setenv(venvs.SERVER_REQUIREMENT_VARIABLE, "gym-autoinstr @ https://example.invalid/g.whl")
+    deps = list(_parsed(tmp_path)["head_server_deps"])
+    assert "'gym-autoinstr @ https://example.invalid/g.whl'" in deps
+    assert "opentelemetry-sdk==1.2.3" in deps
+    (message,) = [r.getMessage() for r in said if "no longer exists" in r.getMessage()]
+    assert message.startswith("server venvs cannot install opentelemetry-sdk (")  # ours is the setting's now
+    assert "gym-autoinstr (" not in message and "run untraced" not in message

@@ -209,18 +209,34 @@ SECTIONS = [
 ]
 
 
+def _config_is_ambiguous() -> bool:
+    """Gym's --config stops opentelemetry-instrument where its SDK has OTEL_CONFIG_FILE too (newer SDKs)."""
+    from gym_autoinstr.setup import command_line
+
+    return bool(command_line.ambiguous("--config", command_line.instrument_options()))
+
+
+def _sections() -> list[str]:
+    """SECTIONS, and how to start Gym after the start-up where opentelemetry-instrument would stop at --config."""
+    sections = list(SECTIONS)
+    if _config_is_ambiguous():
+        sections.insert(sections.index("start-up") + 1, "command line")
+    return sections
+
+
 def test_the_text_report_is_the_verdict_the_problems_and_a_line_per_section(tmp_path):
     code, text, stderr = doctor(tmp_path, as_json=False)
     assert code == 0
     lines = text.splitlines()
     assert lines[0] == "tracing would work" and lines[1] == ""
-    assert [line[:14].strip() for line in lines[2:-2]] == SECTIONS  # no problem to list here: no warning
+    assert [line[:14].strip() for line in lines[2:-2]] == _sections()  # no problem to list here: no warning
     assert lines[2] == "nemo-gym      0.4.0  (known); gym-autoinstr 0.1.0 on Python " + sys.version.split()[0]
     # the details are behind --verbose: module paths, every pointcut, the notes (INFO)
     assert not any(detail in text for detail in (".py", "nemo_gym.", "INFO:")), text
     assert lines[-2:] == [
         "",
-        "more: gym-autoinstr doctor --verbose (every pointcut, process-wide patch and fast-path part; 2 note(s))",
+        "more: gym-autoinstr doctor --verbose (every pointcut, process-wide patch and fast-path part; "
+        f"{3 if _config_is_ambiguous() else 2} note(s))",
     ]
     assert "tracing would" not in "\n".join(lines[1:])  # said once, first
     assert "doctor:" not in stderr  # no progress when nobody watches (stderr is no terminal)
@@ -245,8 +261,9 @@ def test_a_failing_report_names_the_first_fix_in_its_first_line(tmp_path):
     assert listed == ["ERROR", "WARNING"]
     assert rest[1].startswith("ERROR: exporter: ") and rest[2].startswith("  fix: ")
     assert rest.index("") < max(i for i, line in enumerate(rest) if line.startswith("  fix: ")) < len(rest) - 1
-    assert [line[:14].strip() for line in rest[6:-2]] == SECTIONS
-    assert rest[-1].endswith("(every pointcut, process-wide patch and fast-path part; 1 note(s))")
+    assert [line[:14].strip() for line in rest[6:-2]] == _sections()
+    notes = 2 if _config_is_ambiguous() else 1
+    assert rest[-1].endswith(f"(every pointcut, process-wide patch and fast-path part; {notes} note(s))")
 
 
 def _doctor_on_a_terminal(tmp_path, *arguments: str) -> tuple[int, str, str]:
@@ -517,3 +534,24 @@ def test_the_server_requirement_setting_replaces_the_local_path(tmp_path):
     assert code == 0 and report["server_venvs"]["override"] is None
     (bad,) = problems(report, "warning", "server venvs")
     assert "is not one requirement" in bad["problem"] and "git+" in bad["fix"]
+
+
+def test_gyms_options_that_stop_opentelemetry_instrument_are_named_with_the_fix(tmp_path):
+    # Gym's `gym` command (0.4.0 here) has --config; OTEL_PYTHON_CONFIGURATOR is --configurator
+    code, report, _ = doctor(tmp_path)
+    section = report["command_line"]
+    assert section["gym_options"] > 10
+    if not _config_is_ambiguous():  # an SDK without OTEL_CONFIG_FILE: --config is --configurator's alone
+        assert section["ambiguous"] == {} and not problems(report, "info", "command line")
+        return
+    assert section["ambiguous"] == {"--config": ["--config_file", "--configurator"]}
+    (note,) = problems(report, "info", "command line")
+    assert "Gym's --config (could be --config_file, --configurator)" in note["problem"]
+    assert note["fix"] == (
+        "end its options with -- before the command: opentelemetry-instrument -- gym eval submit --config my.yaml"
+    )
+    code, text, _ = doctor(tmp_path, as_json=False)
+    assert (
+        "command line  opentelemetry-instrument -- gym ...: without --, it stops at gym's --config "
+        "('ambiguous option')" in text.splitlines()
+    )

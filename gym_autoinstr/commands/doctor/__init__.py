@@ -39,7 +39,7 @@ from gym_autoinstr.commands.doctor.pipeline import pipeline
 from gym_autoinstr.commands.doctor.ray import ray_propagation
 from gym_autoinstr.commands.doctor.report import ERROR, exit_status, render
 from gym_autoinstr.commands.doctor.span_groups import client_spans, job_trace, span_groups
-from gym_autoinstr.commands.doctor.startup import startup
+from gym_autoinstr.commands.doctor.startup import command_line, startup
 from gym_autoinstr.commands.doctor.variables import variables
 from gym_autoinstr.commands.doctor.venvs import server_venvs
 
@@ -64,6 +64,8 @@ def diagnose(
     process_rows = process_patches()
     step("checking the start-up: distro, configurator, exporters")
     start, effective, found = startup(environ)
+    problems += found
+    command_section, found = command_line()
     problems += found
     exporter_rows, found = exporters(effective, start["configurator"]["selected"])
     problems += found
@@ -101,6 +103,7 @@ def diagnose(
         "pointcuts": report,
         "process_patches": process_rows,
         "startup": start,
+        "command_line": command_section,
         "exporters": exporter_rows,
         "metric_exporters": metric_rows,
         "log_exporters": log_rows,

@@ -97,6 +97,7 @@ def _summary(diagnosis: dict[str, Any]) -> list[str]:
         f"{start['configurator']['selected'] or 'none'}, instrumentors "
         f"{', '.join(start['instrumentors']['enabled']) or 'none'}"
     )
+    lines += _command_line_lines(diagnosis)
     lines += _exporter_lines(diagnosis)
     lines += _setting_lines(diagnosis)
     ray_section = diagnosis.get("ray") or {}
@@ -167,6 +168,7 @@ def _details(diagnosis: dict[str, Any]) -> list[str]:
         f"(installed: {_names(start['configurator']['installed'])})"
     )
     lines.append(f"instrumentors {', '.join(start['instrumentors']['enabled']) or 'none'}")
+    lines += _command_line_lines(diagnosis)
     lines += _exporter_lines(diagnosis)
     lines += _setting_lines(diagnosis)
     ray_section = diagnosis.get("ray") or {}
@@ -186,6 +188,17 @@ def _details(diagnosis: dict[str, Any]) -> list[str]:
         for row in fast["parts"]:
             lines.append(f"  {row['name']:<16} {'on' if row['on'] else 'off: ' + row['reason']}")
     return lines
+
+
+def _command_line_lines(diagnosis: dict[str, Any]) -> list[str]:
+    """How to start Gym when opentelemetry-instrument would stop at one of its options."""
+    found = (diagnosis.get("command_line") or {}).get("ambiguous") or {}
+    if not found:
+        return []
+    return [
+        f"command line  opentelemetry-instrument -- gym ...: without --, it stops at gym's {', '.join(found)} "
+        "('ambiguous option')"
+    ]
 
 
 def _exporter_lines(diagnosis: dict[str, Any]) -> list[str]:

@@ -152,3 +152,52 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
         },
     }
     return section, effective, problems
+
+
+def _gym_long_options() -> set[str]:
+    """Every long option of Gym's ``gym`` command and its subcommands (0.6+: ``build_parser``);
+    none for a Gym without it (its commands take Hydra's ``+key=value``)."""
+    import argparse
+
+    try:
+        from nemo_gym.cli.main import build_parser
+
+        parsers = [build_parser()]
+    except Exception:
+        return set()
+    found: set[str] = set()
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            else:
+                found.update(option for option in action.option_strings if option.startswith("--"))
+    return found
+
+
+def command_line() -> tuple[dict[str, Any], list[Problem]]:
+    """Which of Gym's options ``opentelemetry-instrument`` stops at, unless ``--`` ends its own
+    options before the command (``setup/command_line.py`` says so when it happens)."""
+    from gym_autoinstr.setup.command_line import PROGRAM, ambiguous, instrument_options
+
+    try:
+        options = instrument_options()
+        gym_options = _gym_long_options()
+    except Exception:
+        return {"ambiguous": {}}, []
+    found = {option: ambiguous(option, options) for option in sorted(gym_options)}
+    found = {option: matches for option, matches in found.items() if matches}
+    section = {"gym_options": len(gym_options), "ambiguous": found}
+    if not found:
+        return section, []
+    which = "; ".join(f"{option} (could be {', '.join(matches)})" for option, matches in found.items())
+    return section, [
+        Problem(
+            INFO,
+            "command line",
+            f"{PROGRAM} takes Gym's {which} for an abbreviation of its own options, even after the command, "
+            "and stops with 'ambiguous option' before Gym starts",
+            f"end its options with -- before the command: {PROGRAM} -- gym eval submit --config my.yaml",
+        )
+    ]

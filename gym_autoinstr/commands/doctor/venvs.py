@@ -24,6 +24,9 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
         ]
     try:
         from gym_autoinstr.advice.venvs import (
+            gone_fix,
+            gone_message,
+            gone_requirements,
             local_path_fix,
             local_path_message,
             local_requirements,
@@ -38,6 +41,8 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
         bad_override = requirement_problem()
         local = local_requirements()
         section["local_paths"] = {r.name: r.local_path for r in local}
+        gone = gone_requirements()
+        section["gone_paths"] = {r.name: r.local_path for r in gone}
     except Exception as error:
         return section, [
             Problem(
@@ -52,4 +57,6 @@ def server_venvs(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Pro
     problems = [Problem(INFO, "server venvs", local_path_message(local), local_path_fix())] if local else []
     if bad_override:  # as the orchestrator warns
         problems.append(Problem(WARNING, "server venvs", *bad_override))
+    if gone:  # as the orchestrator warns
+        problems.append(Problem(WARNING, "server venvs", gone_message(gone), gone_fix()))
     return section, problems

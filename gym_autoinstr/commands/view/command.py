@@ -39,7 +39,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="show traces as waterfalls in the terminal, or as one HTML page",
         description="Read a run directory written by the embedded default (or OTLP-JSON files, or - for "
         "standard input) and join every process's spans by trace. Lists the traces, one line each (start-up "
-        "traces apart); --trace or --rollout draws that trace as a waterfall. Lines fit the terminal.",
+        "traces apart); --trace or --rollout draws that trace as a waterfall. Lines fit the terminal. The "
+        "directory of a gym eval submit brings its Slurm jobs' traces too, where this machine has them.",
     )
     view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
     view.add_argument("--trace", metavar="ID", help="draw the trace whose id starts with ID (any unique prefix)")
@@ -149,6 +150,39 @@ def _write(lines: Iterable[str]) -> int:
     return 0
 
 
+def with_submitted_jobs(paths: Sequence[str]) -> list[str]:
+    """``paths``, and the trace directories of the Slurm jobs submitted from them (the notes a
+    ``gym eval submit`` leaves beside its own files: ``setup/runs.py``) that are on this
+    machine and not among them already; where one is not, one line says where it is."""
+    import sys
+    from pathlib import Path
+
+    from gym_autoinstr.setup.runs import submitted_jobs
+
+    given = [Path(path).resolve() for path in paths if str(path) != "-"]
+    result = [str(path) for path in paths]
+    for path in given:
+        for job in submitted_jobs(path):
+            traces = Path(job["traces"])
+            job_id = job.get("slurm_job_id") or "?"
+            name = f"Slurm job {job_id} ({job.get('benchmark')}, submission {job['submission']})"
+            if not traces.is_dir():
+                host = job.get("hostname")
+                where = (
+                    f"on {host}: view them there, or copy them here and view both (gym-autoinstr view {path} <copy>)"
+                    if host
+                    else f"there yet: has the job started? (squeue -j {job_id})"
+                )
+                print(f"gym-autoinstr view: {name} writes its traces to {traces}, not {where}", file=sys.stderr)
+                continue
+            resolved = traces.resolve()
+            if any(resolved == other or other in resolved.parents for other in given) or str(traces) in result:
+                continue
+            result.append(str(traces))
+            print(f"gym-autoinstr view: reading {name} too, submitted from {path}: {traces}", file=sys.stderr)
+    return result
+
+
 def main(
     paths: Sequence[str],
     *,
@@ -171,8 +205,9 @@ def main(
     from gym_autoinstr.commands import slow
     from gym_autoinstr.setup.files import read_path
 
+    paths = list(paths or ["."])
     if metrics:
-        text = slow.render_text(slow.summary_for(paths or ["."]))
+        text = slow.render_text(slow.summary_for(with_submitted_jobs(paths)))
         if not text:
             print(
                 "no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr
@@ -185,17 +220,18 @@ def main(
     except ValueError as error:
         print(f"gym-autoinstr view: --attr: {error}", file=sys.stderr)
         return 2
-    for path in paths or ["."]:
+    for path in paths:
         if str(path) != "-" and not Path(path).exists():
             print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
             return 2
+    paths = with_submitted_jobs(paths)  # a Slurm submission's directory: its jobs' files too
     # Hundreds of thousands of span dicts, and no reference cycles among them: the cyclic
     # collector would walk the growing heap again and again (about 3/4 of the time).
     collecting = gc.isenabled()
     gc.disable()
     try:
         spans: list[dict] = []
-        for path in paths or ["."]:
+        for path in paths:
             spans.extend(read_path(Path(path)))
         everything = build_traces(spans)
     finally:
@@ -242,7 +278,7 @@ def main(
         items = group_by_job(drawn, everything)
         drawn = [t for item in items for t in (item.traces if isinstance(item, Job) else [item])]
         page = render_html(items, index=traces, hint=hint)
-        why_slow = slow.render_html(slow.summary_for([p for p in (paths or ["."]) if p != "-"]))
+        why_slow = slow.render_html(slow.summary_for([p for p in paths if p != "-"]))
         if why_slow:
             page = page.replace("<script>", why_slow + "<script>", 1)
         Path(html_file).write_text(page, encoding="utf-8")
