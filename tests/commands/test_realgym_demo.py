@@ -40,7 +40,7 @@ def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
     assert "4 linked rollout traces below" in listing and "gym.job" in listing
     assert listing.count("POST → example_single_tool_call_simple_agent /run") == 4
     waterfall = out[out.rindex("$ ") :]
-    assert "--rollout " in waterfall.splitlines()[0]
+    assert " --trace " in waterfall.splitlines()[0]  # 0.4.0 has no rollout ids (0.5+: --rollout)
     for service in ("example_single_tool_call_simple_agent", "example_single_tool_call ", "policy_model"):
         assert f"nemo-gym/{service}" in waterfall
     for name in ("POST /run", "gym.rollout", "gym.model.responses", "POST → ", "POST /v1/responses", "POST /verify"):
