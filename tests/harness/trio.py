@@ -5,9 +5,11 @@
         result = trio.rollout()          # one task row through the agent's /run
         assert result["reward"] == 1.0
 
-What runs is Gym's own orchestrator (head server, Ray start, process spawning,
-readiness polling, SIGINT shutdown); only the per-server venv installs are
-skipped (``+skip_venv_if_present=true`` with ``<type>/<name>/.venv`` symlinks in
+What runs is Gym's own orchestrator (head server, Ray, process spawning, readiness
+polling, SIGINT shutdown).  Ray: the example trio joins the session's cluster through
+Gym's ``ray_head_node_address`` (tests/harness/shared_ray.py); ``own_ray=True`` (and a
+resources server that runs Ray tasks) has Gym start its own, as users run it.  Only the
+per-server venv installs are skipped (``+skip_venv_if_present=true`` with ``<type>/<name>/.venv`` symlinks in
 the working directory pointing at the shared venv; ``server_venvs`` points one
 server's symlink elsewhere).  With ``build_venvs=True`` nothing is skipped: Gym
 builds a uv venv per server in the working directory, as users run it (the venv
