@@ -47,7 +47,9 @@ def address_for(venv: pathlib.Path | str) -> str:
         cluster = _clusters.get(key)
         if cluster is None:
             workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"gar-shared-ray-{key[0]}-"))
-            cluster = RayCluster(venv, workdir, {}, num_cpus=2, instrument=False).start()
+            # no idle workers waiting for tasks the example trio never sends
+            quiet = {"RAY_enable_worker_prestart": "false", "RAY_prestart_worker_first_driver": "false"}
+            cluster = RayCluster(venv, workdir, quiet, num_cpus=2, instrument=False).start()
             _clusters[key] = cluster
         return cluster.address
 
