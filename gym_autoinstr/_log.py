@@ -33,12 +33,18 @@ def _ensure_visible() -> None:
 _ensure_visible()
 
 
-def warn_once(key: str, message: str, *args: object) -> bool:
-    """Log ``message`` at WARNING the first time ``key`` is seen; return whether it was logged."""
+def _first_time(key: str) -> bool:
     with _said_lock:
         if key in _said:
             return False
         _said.add(key)
+        return True
+
+
+def warn_once(key: str, message: str, *args: object) -> bool:
+    """Log ``message`` at WARNING the first time ``key`` is seen; return whether it was logged."""
+    if not _first_time(key):
+        return False
     logger.warning(message, *args)
     return True
 
@@ -46,10 +52,8 @@ def warn_once(key: str, message: str, *args: object) -> bool:
 def note_once(key: str, message: str, *args: object) -> bool:
     """Log ``message`` at INFO the first time ``key`` is seen (worth knowing, nothing to fix:
     what ``gym-autoinstr doctor`` rates "info"); return whether it was logged."""
-    with _said_lock:
-        if key in _said:
-            return False
-        _said.add(key)
+    if not _first_time(key):
+        return False
     logger.info(message, *args)
     return True
 

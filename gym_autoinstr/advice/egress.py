@@ -354,15 +354,9 @@ def _end_with_the_body(span: Any, response: Any) -> bool:
         content = response.content
         if content.is_eof():
             return False
-        ended = []
-
-        def end() -> None:
-            if not ended:
-                ended.append(True)
-                span.end()
-
-        content.on_eof(end)
-        weakref.finalize(response, end)  # a payload that breaks clears its eof callbacks
+        # One end, whichever comes first: the payload's eof, or the response's release (a
+        # payload that breaks clears its eof callbacks); a finalizer runs once.
+        content.on_eof(weakref.finalize(response, span.end))
         return True
     except Exception:  # not aiohttp's response, or another aiohttp: end at the headers
         return False

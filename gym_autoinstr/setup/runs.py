@@ -85,15 +85,20 @@ def record_run(directory: Path, run_id: str) -> None:
         "process_start": _process_start(os.getpid()),
         "started": time.time(),
     }
+    # (the files themselves report an unwritable directory; without the note a collection
+    # process writes beside, not inside, this run)
+    _write_note(directory, RUN_NOTE, note)
+
+
+def _write_note(directory: Path, name: str, note: dict) -> None:
+    """``note`` as ``directory/name``, whole or not at all (written aside, then renamed)."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        partial = directory / f".{RUN_NOTE}.{os.getpid()}"
+        partial = directory / f".{name}.{os.getpid()}"
         partial.write_text(json.dumps(note) + "\n")
-        os.replace(partial, directory / RUN_NOTE)
+        os.replace(partial, directory / name)
     except OSError as error:
-        # the files themselves report an unwritable directory; without the note a
-        # collection process writes beside, not inside, this run
-        logger.debug("run note not written in %s: %s", directory, error)
+        logger.debug("note %s not written in %s: %s", name, directory, error)
 
 
 def live_run(parent: Path) -> tuple[Path, dict] | None:
@@ -153,13 +158,7 @@ def record_submission(directory: Path, submission: str, hostname: str | None, jo
     when the submit went over SSH, else on this machine)."""
     note = {"submission": submission, "hostname": hostname, "jobs": jobs}
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in submission)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        partial = directory / f".{SUBMISSION_NOTE_PREFIX}{safe}.{os.getpid()}"
-        partial.write_text(json.dumps(note) + "\n")
-        os.replace(partial, directory / f"{SUBMISSION_NOTE_PREFIX}{safe}.json")
-    except OSError as error:
-        logger.debug("submission note not written in %s: %s", directory, error)
+    _write_note(directory, f"{SUBMISSION_NOTE_PREFIX}{safe}.json", note)
 
 
 def submitted_jobs(path: Path) -> list[dict]:

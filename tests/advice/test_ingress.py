@@ -37,6 +37,19 @@ def _gym_like_app() -> FastAPI:
     return app
 
 
+def _http_scope(path: str) -> dict:
+    """The ASGI scope of a POST to ``path`` on 127.0.0.1:8000, as uvicorn makes it."""
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "scheme": "http",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1:8000")],
+    }
+
+
 def _server_spans(spans):
     return [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
 
@@ -318,15 +331,7 @@ def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_con
         sent.append(message.get("status"))
 
     middleware = GymServerMiddleware(app, server_name="root_server")
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/run",
-        "scheme": "http",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "headers": [(b"host", b"127.0.0.1:8000")],
-    }
+    scope = _http_scope("/run")
 
     async def caller():
         before = otel_context.get_current()
@@ -532,15 +537,7 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
     middleware, seen, receive, send = _calls_seeing_middleware(
         monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "root_server", lean_tracer
     )
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/run",
-        "scheme": "http",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "headers": [(b"host", b"127.0.0.1:8000")],
-    }
+    scope = _http_scope("/run")
     for _ in range(2):
         asyncio.run(middleware(dict(scope), receive, send))
     for context, kept, (_span, headers) in seen:
@@ -629,15 +626,7 @@ def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
         pass
 
     middleware = GymServerMiddleware(app, server_name="root_server")
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/run",
-        "scheme": "http",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "headers": [(b"host", b"127.0.0.1:8000")],
-    }
+    scope = _http_scope("/run")
 
     async def serve():
         for _ in range(400):
@@ -714,15 +703,7 @@ def test_a_relayed_response_ends_the_span_at_its_last_byte_not_at_the_closing_em
     async def send(message):
         pass
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/verify",
-        "scheme": "http",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "headers": [(b"host", b"127.0.0.1:8000")],
-    }
+    scope = _http_scope("/verify")
     asyncio.run(GymServerMiddleware(relayed, server_name="my_resources")(scope, receive, send))
     (span,) = [s for s in _server_spans(spans) if s.name.startswith("POST")]
     assert span.end_time <= marks["bytes_out"] < marks["closing"]
