@@ -5,12 +5,15 @@ nemo-gym 0.4.0) whose environment was bent one way: an exporter package that wil
 import, a Gym version we do not know, a Gym whose target is gone, a span-group typo,
 Gym's own telemetry live.  Breakage is simulated inside that interpreter by a short
 ``-c`` prelude, never by a ``sitecustomize``: the doctor must see exactly what a Gym
-process would.
+process would.  The interpreters are forks of one that imported Gym's third-party
+dependencies once (tests/harness/forkserver.py; about 1 s a diagnosis instead of 5): Gym,
+OpenTelemetry's SDK and exporters and this project are imported fresh in each.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -19,6 +22,7 @@ import textwrap
 import pytest
 
 from gym_autoinstr.pointcuts import POINTCUTS, PROCESS_PATCHES, version_applies
+from tests.harness.forkserver import ForkServer
 from tests.harness.gym_targets import clean_environment
 
 HTTP_EXPORTER = "opentelemetry.exporter.otlp.proto.http"
@@ -36,6 +40,24 @@ class _Blocked(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _Blocked())
 """
+
+
+# Gym's third-party imports, the bulk of a diagnosis's time (none reads the settings varied here)
+PRELOAD = (
+    "pandas", "wandb", "ray", "openai", "numpy", "fastapi", "aiohttp", "pydantic", "hydra", "omegaconf", "rich",
+    "pydot", "pyarrow", "urllib3", "httpx", "click", "starlette", "uvicorn", "yaml", "requests", "psutil", "grpc",
+    "google.protobuf",
+)  # fmt: skip
+_FORKS: ForkServer | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server():
+    global _FORKS
+    with ForkServer(sys.executable, PRELOAD, clean_environment()) as server:
+        _FORKS = server
+        yield server
+    _FORKS = None
 
 
 def doctor(
@@ -61,9 +83,7 @@ def doctor(
         environ["PYTHONPATH"] = pythonpath
     workdir = tmp_path / "cwd"
     workdir.mkdir(exist_ok=True)
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=workdir, env=environ, capture_output=True, text=True, timeout=120
-    )
+    result = _FORKS.run(code, env=environ, cwd=workdir, pythonpath=pythonpath.split(os.pathsep) if pythonpath else ())
     if not as_json:
         return result.returncode, result.stdout, result.stderr
     try:
@@ -268,7 +288,6 @@ def test_a_failing_report_names_the_first_fix_in_its_first_line(tmp_path):
 
 def _doctor_on_a_terminal(tmp_path, *arguments: str) -> tuple[int, str, str]:
     """The doctor with stderr on a pseudo-terminal (a person watching), stdout a pipe."""
-    import os
     import pty
 
     controller, terminal = pty.openpty()

@@ -14,20 +14,27 @@ pytestmark = pytest.mark.realgym
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _a_users_environment(**settings: str) -> dict[str, str]:
+    """This session's environment as a user's shell would have it: no COLUMNS (pytest sets 80
+    for its own terminal, which would make the waterfall fit 80 columns; captured output cuts
+    nothing), none of the GYM_AUTOINSTR_*/OTEL_* names in-process tests left behind (a run
+    id, an output directory), and the user's own ``settings``."""
+    kept = {k: v for k, v in os.environ.items() if k != "COLUMNS" and not k.startswith(("GYM_AUTOINSTR_", "OTEL_"))}
+    return {**kept, **settings}
+
+
 def test_the_demo_shows_a_multi_process_rollout_as_a_waterfall(tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "demo.py"), "--rollouts", "3", "--workdir", str(tmp_path / "demo")],
         capture_output=True,
         text=True,
         timeout=600,
-        # output captured, no terminal: `view` cuts nothing (pytest sets COLUMNS=80 for its own
-        # terminal, which would make the waterfall fit 80 columns); a setting of the user's,
-        # which the demo's Gym runs with (every span group: the model-call seam appears)
-        env={**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "GYM_AUTOINSTR_SPAN_GROUPS": "all"},
+        env=_a_users_environment(GYM_AUTOINSTR_SPAN_GROUPS="all"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    assert "your settings, passed to Gym: GYM_AUTOINSTR_SPAN_GROUPS" in out
+    # a setting of the user's, which the demo's Gym runs with (every span group: the model-call seam appears)
+    assert "your settings, passed to Gym: GYM_AUTOINSTR_SPAN_GROUPS\n" in out
     assert "rollouts [##############################] 3/3" in out  # the progress bar completed
     assert "rewards: [1.0, 1.0, 1.0]" in out
     # three sent one by one and four by the collection job (2 tasks x 2 repeats); three
