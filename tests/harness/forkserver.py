@@ -51,7 +51,8 @@ for name in PRELOAD:
         pass
 loaded = sorted({n for n in NEVER for m in sys.modules if m == n or m.startswith(n + ".")})
 if loaded:
-    print(json.dumps({"error": "preloading imported " + ", ".join(loaded) + ": a run would not see them fresh"}), flush=True)
+    said = "preloading imported " + ", ".join(loaded) + ": a run would not see them fresh"
+    print(json.dumps({"error": said}), flush=True)
     sys.exit(1)
 import threading
 if threading.active_count() != 1:
