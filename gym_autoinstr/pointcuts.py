@@ -39,6 +39,7 @@ from gym_autoinstr.advice import (
     fleet,
     ingress,
     job,
+    outcome,
     ray_actor,
     ray_tasks,
     routes,
@@ -77,6 +78,18 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="CLIENT span per logical request, traceparent injected into a copy of the headers",
         rebind_copies=True,
         parameters=("method", "url"),
+    ),
+    Pointcut(
+        name="outcome",
+        module="nemo_gym.server_utils",
+        attribute="get_response_json",
+        advice=outcome.get_response_json_advice,
+        versions="0.2.0+",
+        group=groups.HTTP_CLIENT,
+        purpose="a rollout's reward, tokens and failure from the answers Gym parses (/run, /verify, model calls) "
+        "onto their CLIENT spans, which end then (no second parse)",
+        rebind_copies=True,
+        parameters=("response",),
     ),
     Pointcut(
         name="ingress",

@@ -26,6 +26,7 @@ Calls to anything that is not a Gym server of the fleet, the collection driver's
 from __future__ import annotations
 
 import enum
+import functools
 import sys
 import time
 import weakref
@@ -38,7 +39,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanKind
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
-from gym_autoinstr.advice import coexistence, job, pool
+from gym_autoinstr.advice import coexistence, job, outcome, pool
 from gym_autoinstr.fastpath import propagation
 from gym_autoinstr.fastpath.contract import SUPPRESS_HTTP_INSTRUMENTATION_KEY as _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 from gym_autoinstr.telemetry import groups, metrics, sampling
@@ -182,7 +183,7 @@ async def _lean_request(wrapped: Any, args: tuple, kwargs: dict, parent: Any) ->
 
 
 def _failed_call_span(args: tuple, kwargs: dict, started: int, error: BaseException) -> None:
-    span, _ = _start_client_span(args, kwargs, start_time=started)
+    span, _, _ = _start_client_span(args, kwargs, start_time=started)
     mark_error(span, error)
     span.end()
 
@@ -231,7 +232,11 @@ def _route(full: str) -> tuple[str, str] | None:
     return path, path
 
 
-def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None) -> tuple[Any, job.JobState | None]:
+def _start_client_span(
+    args: tuple, kwargs: dict, start_time: int | None = None
+) -> tuple[Any, job.JobState | None, str | None]:
+    """The call's CLIENT span, the job it dispatches a rollout for (or None), and what its
+    answer says (``outcome.RUN``, ``VERIFY``, ``MODEL``: read when Gym parses it; or None)."""
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
@@ -243,14 +248,21 @@ def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None)
     # known: a call to a server of this fleet, whose routes are Gym's own; any other URL
     # (the model server's upstream, say) may carry ids in its path: `{method}` alone.
     name = method
+    answer = None
     callee = pool.server_name_for(host, port)
     if callee:
         attributes[pool.DESTINATION] = callee
         routed = _route(full)
         if routed:
-            attributes[pool.DESTINATION_ROUTE], template = routed
+            route, template = routed
+            attributes[pool.DESTINATION_ROUTE] = route
             attributes["url.template"] = template
             name = f"{method} {template}"
+            # the call in GenAI terms (an agent invocation, a tool, a model call), and
+            # whether its answer says how a rollout went (advice/outcome.py)
+            answer, genai = outcome.call_attributes(callee, pool.server_kind_for(host, port), route, kwargs.get("json"))
+            if genai:
+                attributes.update(genai)
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
         attributes["nemo.gym.rollout.id"] = rollout_id
@@ -258,10 +270,11 @@ def _start_client_span(args: tuple, kwargs: dict, start_time: int | None = None)
     # linked to the job (advice/job.py).
     dispatch = job.rollout_dispatch(full)
     if dispatch is None:
-        return tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time), None
+        span = tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
+        return span, None, answer
     attributes[job.JOB_ID] = dispatch.job_id
     options = job.rollout_span_options(dispatch)
-    return tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch
+    return tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch, answer
 
 
 def _guarded(step: str, action: Any, *args: Any) -> None:
@@ -282,9 +295,11 @@ def _suppress_http_key() -> object | None:
 
 
 async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
-    span = dispatch = None
+    span = dispatch = answer = relay = None
     try:
-        span, dispatch = _start_client_span(args, kwargs)
+        span, dispatch, answer = _start_client_span(args, kwargs)
+        if answer == outcome.RUN:
+            relay = outcome.relay_of(trace.get_current_span())
         if type(span) is not NonRecordingSpan:
             try:
                 span.gym_attempts = 0  # Gym's session counts this call's attempts on its span (pool.count_attempts)
@@ -333,7 +348,14 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             attempts = getattr(span, "gym_attempts", None)
             if attempts is not None and attempts > 1:
                 span.set_attribute("http.request.resend_count", attempts - 1)
-            if response is None or not _end_with_the_body(span, response):
+            if response is None:
+                span.end()
+            elif answer is not None and type(span) is not NonRecordingSpan:
+                # ends once Gym has parsed the answer, which says how the rollout went
+                failed = None if dispatch is None else functools.partial(job.rollout_failed, dispatch)
+                if not outcome.hold(span, answer, response, failed, relay):
+                    span.end()
+            elif not _end_with_the_body(span, response):
                 span.end()
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)

@@ -8,20 +8,18 @@ arguments never leave the request or response object.
 Gym's three model routes carry usage in two dialects: the Responses and Anthropic
 Messages APIs say ``input_tokens``/``output_tokens``, Chat Completions says
 ``prompt_tokens``/``completion_tokens``.  A handler may return a pydantic model, a
-plain dict, or (0.7+) a ready ``Response`` whose body is JSON bytes.
+plain dict, or (0.7+) a ready ``Response`` whose body is JSON bytes: that body is not
+parsed here (it would be a second parse on the request's path); the caller's CLIENT span
+gets the usage when Gym parses the answer there (``outcome.py``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-OPERATION = "chat"  # all three routes are chat-style generation in GenAI semconv terms
+from gym_autoinstr.advice.outcome import usage_attributes
 
-# Gym 0.7 hands back model responses as JSON bytes: reading the usage means parsing the
-# body a second time, on the request's path.  Larger bodies keep their spans without
-# token counts rather than pay that twice.
-_MAX_PARSED_BODY = 1024 * 1024
+OPERATION = "chat"  # all three routes are chat-style generation in GenAI semconv terms
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -50,37 +48,14 @@ def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]
     return attributes
 
 
-def _response_payload(result: Any) -> Any:
-    body = getattr(result, "body", None)
-    if isinstance(body, (bytes, bytearray)) and not hasattr(result, "model_fields"):
-        media_type = str(getattr(result, "media_type", "") or "")
-        if "json" not in media_type or len(body) > _MAX_PARSED_BODY:
-            return None
-        try:
-            return json.loads(body)
-        except ValueError:
-            return None
-    return result
-
-
 def response_attributes(result: Any) -> dict[str, Any]:
-    """``gen_ai.response.model`` and token usage from a handler's return value, if present."""
-    payload = _response_payload(result)
-    if payload is None:
+    """``gen_ai.response.model`` and token usage from a handler's return value, if present
+    (nothing from a response whose body is already bytes)."""
+    if isinstance(getattr(result, "body", None), (bytes, bytearray)) and not hasattr(result, "model_fields"):
         return {}
     attributes: dict[str, Any] = {}
-    model = _field(payload, "model")
+    model = _field(result, "model")
     if isinstance(model, str) and model:
         attributes["gen_ai.response.model"] = model
-    usage = _field(payload, "usage")
-    if usage is not None:
-        for name, keys in (
-            ("gen_ai.usage.input_tokens", ("input_tokens", "prompt_tokens")),
-            ("gen_ai.usage.output_tokens", ("output_tokens", "completion_tokens")),
-        ):
-            for key in keys:
-                value = _field(usage, key)
-                if isinstance(value, int) and not isinstance(value, bool):
-                    attributes[name] = value
-                    break
+    usage_attributes(_field(result, "usage"), attributes)
     return attributes

@@ -60,6 +60,7 @@ class _PoolState:
     histogram: Any = None  # gym.http.connection_pool.queue_duration_ms, once made
     trace_config: Any = None  # the aiohttp TraceConfig, on an aiohttp without our hooks
     names: dict[str, str] | None = None  # host:port -> Gym server name, once Gym's config is loaded
+    kinds: dict[str, str] | None = None  # host:port -> the server's kind (responses_api_models, ...)
     retries: Any = None  # counters of retries and timeouts, made with the histogram
     timeouts: Any = None
 
@@ -86,18 +87,23 @@ def _server_names() -> dict[str, str]:
     names = _state.names
     if names is not None:
         return names
-    names = {}
+    names, kinds = {}, {}
     config = getattr(sys.modules.get("nemo_gym.global_config"), "_GLOBAL_CONFIG_DICT", None)
     if config is not None:
         try:
             for top, value in config.items():
                 try:
-                    server = list(list(value.values())[0].values())[0]
-                    names[f"{server['host']}:{server['port']}"] = str(top)
+                    # {name: {kind: {implementation: {host, port, ...}}}}
+                    kind, implementations = next(iter(value.items()))
+                    server = next(iter(implementations.values()))
+                    key = f"{server['host']}:{server['port']}"
+                    names[key] = str(top)
+                    kinds[key] = str(kind)
                 except Exception:
                     continue
         except Exception as error:
             warn_once("pool:names", "destination server names unavailable (%r); host:port is used.", error)
+        _state.kinds = kinds
         _state.names = names  # cached only once Gym's config is loaded
     return names
 
@@ -115,6 +121,13 @@ def destination_attributes(host: str | None, port: int | None) -> dict[str, str]
 def server_name_for(host: str | None, port: int | None) -> str | None:
     """The Gym server at ``host:port`` per Gym's config, or None."""
     return _server_names().get(f"{host}:{port}")
+
+
+def server_kind_for(host: str | None, port: int | None) -> str | None:
+    """The kind of the Gym server at ``host:port`` (``responses_api_agents``,
+    ``responses_api_models``, ``resources_servers``, ...) per Gym's config, or None."""
+    _server_names()
+    return (_state.kinds or {}).get(f"{host}:{port}")
 
 
 async def _on_request_start(session: Any, context: Any, params: Any) -> None:

@@ -52,7 +52,7 @@ from opentelemetry.trace import SpanKind
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
-from gym_autoinstr.advice import coexistence, concurrency, genai
+from gym_autoinstr.advice import coexistence, concurrency, genai, outcome
 from gym_autoinstr.advice.egress import current_rollout_id
 from gym_autoinstr.fastpath import propagation
 from gym_autoinstr.telemetry import groups, metrics, sampling
@@ -88,6 +88,7 @@ class Seam:
     server: Any  # the Gym server instance whose setup_webserver registered the route
     server_name: str
     model_call: bool = False
+    reward: metrics.RewardMetric | None = None  # an agent's /run: gym.rollout.reward's attributes
 
 
 def server_kind(cls: type) -> str | None:
@@ -160,7 +161,9 @@ def _with_seam_endpoint(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if found is None:
         return args, kwargs
     span_name, group = found
-    seam = Seam(span_name, group, server, _server_name(server), model_call=span_name.startswith("gym.model."))
+    name = _server_name(server)
+    reward = metrics.RewardMetric(name, _resources_server_of(server)) if group == groups.ROLLOUT else None
+    seam = Seam(span_name, group, server, name, model_call=span_name.startswith("gym.model."), reward=reward)
     traced = wrap_handler(endpoint, seam)
     setattr(traced, metrics.SEAM_ATTRIBUTE, seam_metric(span_name, seam.server_name))
     if len(args) > 1:
@@ -168,6 +171,12 @@ def _with_seam_endpoint(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     else:
         kwargs = {**kwargs, "endpoint": traced}
     return args, kwargs
+
+
+def _resources_server_of(agent: Any) -> str | None:
+    """The resources server an agent's config names (``resources_server.name``), if any."""
+    name = getattr(getattr(getattr(agent, "config", None), "resources_server", None), "name", None)
+    return name if isinstance(name, str) and name else None
 
 
 _SEAM_METRIC_KINDS = {"gym.rollout": "rollout", "gym.verify": "verify"}
@@ -200,6 +209,14 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> trace.Span | None:
             attributes[ROLLOUT_ID] = rollout_id
         if seam.model_call:
             attributes.update(genai.request_attributes(args, kwargs, seam.server))
+            outcome.openinference(attributes, outcome.LLM_KIND)
+        elif seam.group == groups.ROLLOUT:
+            attributes[outcome.OPERATION] = outcome.INVOKE_AGENT
+            attributes[outcome.AGENT_NAME] = seam.server_name
+            _row_identity(args, kwargs, attributes)
+            outcome.openinference(attributes, outcome.AGENT_KIND)
+        elif seam.group == groups.VERIFY:
+            outcome.openinference(attributes, outcome.EVALUATOR_KIND)
         return tracer().start_span(seam.span_name, kind=SpanKind.INTERNAL, attributes=attributes)
     except Exception as error:
         warn_once(f"routes:start:{seam.span_name}", "%s span skipped: %r", seam.span_name, error)
@@ -240,6 +257,20 @@ def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> str | None:
     return str(rollout_id) if rollout_id else None
 
 
+def _row_identity(args: tuple, kwargs: dict, attributes: dict[str, Any]) -> None:
+    """The task and rollout index Gym's collection driver put in a ``/run`` body (extra
+    fields of its pydantic model)."""
+    body = kwargs.get("body")
+    if body is None:
+        body = next((a for a in args if hasattr(a, "model_fields")), None)
+    extra = getattr(body, "__pydantic_extra__", None)
+    if type(extra) is dict:
+        found = outcome.call_attributes("", AGENT, "/run", extra)[1]  # read as egress reads the row
+        for key in (outcome.TASK_INDEX, outcome.ROLLOUT_INDEX):
+            if key in found:
+                attributes[key] = found[key]
+
+
 def _fail(span: trace.Span, error: BaseException) -> None:
     # Cancellation and exits are not errors of the work: end without ERROR.
     if isinstance(error, Exception):
@@ -252,6 +283,8 @@ def _finish(span: trace.Span, seam: Seam, result: Any) -> Any:
     try:
         if seam.model_call:
             span.set_attributes(genai.response_attributes(result))
+        elif seam.group == groups.ROLLOUT or seam.group == groups.VERIFY:
+            _verdict(span, seam, result)
         body = getattr(result, "body_iterator", None)
         if body is not None and hasattr(body, "__aiter__"):
             result.body_iterator = _ending_stream(body, span)
@@ -259,6 +292,42 @@ def _finish(span: trace.Span, seam: Seam, result: Any) -> Any:
     except Exception as error:
         warn_once(f"routes:finish:{seam.span_name}", "%s: response not annotated: %r", seam.span_name, error)
     span.end()
+    return result
+
+
+def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
+    """The reward (and 0.7's mask_sample) a ``/verify`` or ``/run`` handler returned, on its
+    seam; for ``/run`` also the rollout's total tokens, on the seam and on the request's
+    SERVER span (the rollout's root when its caller is not traced)."""
+    attributes: dict[str, Any] = {}
+    if seam.group == groups.VERIFY:
+        outcome.verdict_attributes(result, attributes)
+    else:
+        outcome.rollout_attributes(result, attributes)
+        _record_reward(seam, attributes)
+        server_span = trace.get_current_span()  # the seam's context is left: the SERVER span
+        if attributes and server_span is not span and server_span.is_recording():
+            server_span.set_attributes(attributes)
+    if attributes:
+        span.set_attributes(attributes)
+
+
+def _record_reward(seam: Seam, attributes: dict[str, Any]) -> None:
+    reward = attributes.get(outcome.REWARD)
+    if reward is not None and seam.reward is not None and metrics.LIVE:
+        metrics.record_reward(reward, attributes.get(outcome.MASK_SAMPLE) is True, seam.reward)
+
+
+async def _rewarded(running: Any, seam: Seam) -> Any:
+    """A rollout whose seam records no span (its group off, its request not sampled): its
+    reward still goes to ``gym.rollout.reward``."""
+    result = await running
+    try:
+        attributes: dict[str, Any] = {}
+        outcome.rollout_attributes(result, attributes)
+        _record_reward(seam, attributes)
+    except Exception as error:
+        warn_once("routes:reward", "a rollout's reward not recorded: %r", error)
     return result
 
 
@@ -303,14 +372,16 @@ def _dispatching(handler: Callable, seam: Seam, in_seam: Callable) -> Callable:
     request (its group off, or the request's span dropped by the sampler), and else hands
     it to ``in_seam``, which runs it inside the seam's span."""
 
+    rewarded = seam.reward is not None and in_seam is _in_seam  # an agent's /run (a coroutine)
+
     @functools.wraps(handler)
     def seam_handler(*args: Any, **kwargs: Any) -> Any:
-        if not _enabled(seam):
-            return handler(*args, **kwargs)
-        span = _start(seam, args, kwargs)
-        if span is None:
-            return handler(*args, **kwargs)
-        return in_seam(handler, seam, span, args, kwargs)
+        span = _start(seam, args, kwargs) if _enabled(seam) else None
+        if span is not None:
+            return in_seam(handler, seam, span, args, kwargs)
+        if rewarded and metrics.LIVE:
+            return _rewarded(handler(*args, **kwargs), seam)
+        return handler(*args, **kwargs)
 
     return seam_handler
 

@@ -73,6 +73,12 @@ SANDBOX_BOUNDARIES_MS = (250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 
 SANDBOX_PROVIDER = "nemo.gym.sandbox.provider"
 TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000)
 
+# A reward is usually in [0, 1]; the sum and count are exact whatever it is.
+REWARD_BOUNDARIES = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1)
+AGENT_NAME = "gen_ai.agent.name"
+RESOURCES_SERVER = "nemo.gym.resources_server.name"
+MASK_SAMPLE = "nemo.gym.mask_sample"
+
 # The semantic conventions' advice for http.server.request.duration, extended to Gym's minutes.
 HTTP_BOUNDARIES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 120, 300, 600)
 
@@ -92,6 +98,13 @@ _HISTOGRAMS = (
         "ms",
         "Duration of one verification (resources /verify).",
         DURATION_BOUNDARIES_MS,
+    ),
+    (
+        "reward",
+        "gym.rollout.reward",
+        "1",
+        "The verifier's reward of one rollout (agent /run), masked samples included (nemo.gym.mask_sample).",
+        REWARD_BOUNDARIES,
     ),
     ("model", "gym.model.call_duration_ms", "ms", "Duration of one model-server dialect call.", DURATION_BOUNDARIES_MS),
     (
@@ -242,6 +255,25 @@ def record_request(
         _instruments["model"].record(ms, seam.identity)
         if ttfb_seconds is not None:
             _instruments["ttfb"].record(ttfb_seconds * 1000.0, seam.identity)
+
+
+class RewardMetric:
+    """The attribute sets one agent's rewards are recorded with (built once: the fast
+    histograms find a point by its attribute set's identity)."""
+
+    __slots__ = ("kept", "masked")
+
+    def __init__(self, agent: str, resources_server: str | None) -> None:
+        base: dict[str, Any] = {AGENT_NAME: agent}
+        if resources_server:
+            base[RESOURCES_SERVER] = resources_server
+        self.kept = {**base, MASK_SAMPLE: False}
+        self.masked = {**base, MASK_SAMPLE: True}
+
+
+def record_reward(reward: float, masked: bool, metric: RewardMetric) -> None:
+    """One rollout's reward (caller checked ``LIVE``)."""
+    _instruments["reward"].record(reward, metric.masked if masked else metric.kept)
 
 
 _sandbox_attributes: dict[str, dict[str, str]] = {}

@@ -397,3 +397,25 @@ def test_a_seam_that_records_nothing_hands_back_the_handlers_own_coroutine(instr
     assert seamed.cr_code is not type(server).verify.__code__
     assert run_async(seamed) == {"reward": 1.0}
     assert [s.name for s in _named(spans)] == ["gym.verify"]
+
+
+def test_the_rollout_and_verify_seams_carry_the_reward_their_handler_returned(instrumented, spans):
+    """The reward is read off the handler's return value (no parse): on ``gym.verify``, on
+    ``gym.rollout`` (an agent invocation in GenAI terms) and on the ``/run`` request's SERVER
+    span, the rollout's root when its caller is not traced."""
+    agent, resources = _agent("graded_agent"), _resources(name="graded_resources")
+    agent_app, resources_app = agent.setup_webserver(), resources.setup_webserver()
+    instrument_app(agent_app, "graded_agent")
+    instrument_app(resources_app, "graded_resources")
+    with serve(agent_app) as agent_url, serve(resources_app) as resources_url:
+        assert _post(agent_url + "/run", {"question": "q"})[0] == 200
+        assert _post(resources_url + "/verify", {"question": "q"})[0] == 200
+    finished = spans.get_finished_spans()
+    (rollout,) = [s for s in finished if s.name == "gym.rollout"]
+    (verify,) = [s for s in finished if s.name == "gym.verify"]
+    run_server, verify_server = [s for s in finished if s.kind == SpanKind.SERVER]
+    assert rollout.attributes["nemo.gym.reward"] == 1.0 == run_server.attributes["nemo.gym.reward"]
+    assert rollout.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert rollout.attributes["gen_ai.agent.name"] == "graded_agent"
+    assert verify.attributes["nemo.gym.reward"] == 1.0
+    assert "nemo.gym.reward" not in verify_server.attributes  # only a /run's SERVER span gets it

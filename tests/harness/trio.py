@@ -73,11 +73,17 @@ RESOURCES_CONFIGS: dict[str, dict[str, Any]] = {
     # A test server in the style of Gym's actor-based verifiers (tests/fixtures/ray_scorer): its
     # verify calls long-lived Ray actors (plain, threaded, async).
     "ray_scorer": {"domain": "other", "verified": False, "description": "ray_scorer"},
+    # A test server whose verify returns each row's own reward (tests/fixtures/graded): varied,
+    # known rewards; its tool is get_weather, as the example's.
+    "graded": {"domain": "other", "verified": False, "description": "graded"},
 }
+# The resources servers whose verify runs Ray tasks or actors (their workers are the fleet's).
+RAY_RESOURCES = ("code_gen", "ray_scorer")
 # Resources servers that are not Gym's: their source directory, copied into the working
 # directory as resources_servers/<name> (where `gym env start` looks first).
 LOCAL_RESOURCES: dict[str, pathlib.Path] = {
     "ray_scorer": pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "ray_scorer",
+    "graded": pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "graded",
 }
 # A ray_scorer task row; `fail` ("await" or "get") makes its verify also call an actor
 # method that raises, and wait for it that way.
@@ -95,6 +101,16 @@ CODE_GEN_ROW = {
     "verifier_metadata": {"unit_tests": {"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12\n"], "fn_name": None}},
 }
 CODE_ANSWER = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+# Gym's `collect_rollouts()` body (the `ng_collect_rollouts` entry point), without the CLI
+# dispatch around it, whose 0.4+ module imports optional packages the test venvs lack.
+COLLECT_DRIVER = """\
+import asyncio
+from nemo_gym.global_config import get_global_config_dict
+from nemo_gym.rollout_collection import RolloutCollectionConfig, RolloutCollectionHelper
+config = RolloutCollectionConfig.model_validate(get_global_config_dict())
+asyncio.run(RolloutCollectionHelper().run_from_config(config))
+"""
 
 _MARKER_ENV = "GYM_AUTOINSTR_TRIO_ID"
 _READY_RE = re.compile(r"All (\d+) / (\d+) servers ready!")
@@ -175,7 +191,7 @@ class GymTrio:
         # of their own, and a ray_head_node_address of the test's is the test's.
         self.own_ray = (
             own_ray
-            or resources != RESOURCES
+            or resources in RAY_RESOURCES
             or build_venvs
             or bool(self.server_venvs)
             or "ray_head_node_address" in self.extra_config
@@ -548,6 +564,52 @@ class GymTrio:
         with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as ex:
             futs = [ex.submit(self.rollout, row, timeout=timeout, rollout_index=start + i) for i in range(n)]
             return [f.result() for f in futs]
+
+    def collect(
+        self,
+        rows: list[Mapping],
+        directory: pathlib.Path,
+        *,
+        num_repeats: int = 1,
+        parallel: int | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 600,
+    ) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
+        """Gym's own collection driver on ``rows`` against this fleet, under
+        ``opentelemetry-instrument`` with this fleet's environment (plus ``env``), run from
+        ``directory``: ``gym eval run --no-serve`` on 0.7+, else what ``ng_collect_rollouts``
+        runs (``RolloutCollectionHelper.run_from_config``, without the CLI around it).
+        Returns Gym's output file (its rows: reward, ``_ng_task_index``, ...) and the run."""
+        directory.mkdir(parents=True, exist_ok=True)
+        input_rows = directory / "rows.jsonl"
+        input_rows.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        output = directory / "rollouts.jsonl"
+        overrides = [
+            f"+config_paths=[{self.config_path}]",
+            f"+agent_name={AGENT}",
+            f"+input_jsonl_fpath={input_rows}",
+            f"+output_jsonl_fpath={output}",
+            f"+num_repeats={num_repeats}",
+            "+upload_rollouts_to_wandb=false",
+        ]
+        if parallel is not None:
+            overrides.append(f"+num_samples_in_parallel={parallel}")
+        if _vtuple(self.gym_version) >= (0, 7):
+            command = [str(self.venv / "bin" / "gym"), "eval", "run", "--no-serve", *overrides]
+        else:
+            script = directory / "collect.py"
+            script.write_text(COLLECT_DRIVER)
+            command = [str(self.venv / "bin" / "python"), str(script), *overrides]
+        environment = {**self.environment(), **(env or {})}
+        done = subprocess.run(
+            [str(self.venv / "bin" / "opentelemetry-instrument"), *command],
+            cwd=directory,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return output, done
 
     # ------------------------------------------------------------------ stop
 

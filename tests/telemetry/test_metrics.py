@@ -129,6 +129,34 @@ def test_the_server_group_off_still_gives_metrics(instrumented, reader, spans, m
     assert counts(reader, "gym.rollout.duration_ms").get(None, 0) == before + 1
 
 
+def test_each_rollouts_reward_is_recorded_with_its_agent_span_or_not(instrumented, reader, spans, monkeypatch):
+    """``gym.rollout.reward``: one point per /run, read off the agent's answer, whether the
+    rollout's seam records a span (its group on) or not (off: the reward is still read)."""
+    from gym_autoinstr.telemetry import groups
+
+    agent = _agent("rewarding_agent")
+    app = agent.setup_webserver()
+    instrument_app(app, "rewarding_agent")
+
+    def recorded():
+        found = [
+            p
+            for _, p in points(reader, "gym.rollout.reward")
+            if dict(p.attributes)["gen_ai.agent.name"] == "rewarding_agent"
+        ]
+        return sum(p.count for p in found), sum(p.sum for p in found), [dict(p.attributes) for p in found]
+
+    with serve(app) as base:
+        assert _post(base + "/run", {"question": "q"})[0] == 200
+        monkeypatch.setattr(groups, "ENABLED", frozenset())
+        assert _post(base + "/run", {"question": "q"})[0] == 200
+    count, total, attribute_sets = recorded()
+    assert (count, total) == (2, 2.0)  # the test agent's reward is 1.0
+    assert attribute_sets == [{"gen_ai.agent.name": "rewarding_agent", "nemo.gym.mask_sample": False}]
+    (metric, _), *_ = points(reader, "gym.rollout.reward")
+    assert metric.unit == "1"
+
+
 def test_a_request_whose_caller_was_sampled_out_is_measured_without_a_span(instrumented, reader, spans):
     from opentelemetry import trace
 

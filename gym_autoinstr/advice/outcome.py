@@ -1,0 +1,310 @@
+"""How a rollout ended, read from what Gym parses anyway: reward, tokens, identity, failure.
+
+Gym's own telemetry leaves the outcome out; a trace without it says where a rollout's
+time went, never how it ended.  Every value here is a scalar Gym already holds; nothing
+is parsed a second time and no text is recorded (no prompt, completion, tool argument,
+task or failure message):
+
+* the answers Gym parses with ``server_utils.get_response_json`` (every release
+  0.2-0.7: ``orjson.loads(await response.read())``): the collection driver's ``/run``
+  answers, the agent's ``/verify`` and model answers.  Egress *holds* the CLIENT span of
+  such a call (``hold``): it does not end when the body arrives but when Gym has parsed
+  it (``get_response_json_advice`` reads the dict Gym made) or, when Gym never parses it,
+  when the response is released; either way its end time is the body's arrival, as for
+  any CLIENT span.  A body Gym never reads is not read here either.
+* the return values of Gym's route handlers (``routes.py``'s ``gym.rollout`` and
+  ``gym.verify`` seams, and the agent's SERVER span of ``/run``): pydantic objects whose
+  attributes are read.
+* the ``/run`` request's row, a dict, before Gym serializes it: its task and rollout
+  (repeat) index, as Gym's collection driver assigned them.
+
+Attributes (docs/spans-and-metrics.md): ``nemo.gym.reward``, ``nemo.gym.mask_sample``,
+``nemo.gym.task.index``, ``nemo.gym.rollout.index``, ``nemo.gym.failure.stage``,
+``error.type`` (a 0.7 failure record's kind), and the GenAI conventions' usage and
+operation names (``gen_ai.usage.input_tokens`` ..., ``gen_ai.operation.name``).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gym_autoinstr import settings
+from gym_autoinstr._log import warn_once
+
+REWARD = "nemo.gym.reward"
+MASK_SAMPLE = "nemo.gym.mask_sample"
+TASK_INDEX = "nemo.gym.task.index"
+ROLLOUT_INDEX = "nemo.gym.rollout.index"
+FAILURE_STAGE = "nemo.gym.failure.stage"
+ERROR_TYPE = "error.type"
+
+OPERATION = "gen_ai.operation.name"
+AGENT_NAME = "gen_ai.agent.name"
+TOOL_NAME = "gen_ai.tool.name"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+INVOKE_AGENT, EXECUTE_TOOL, CHAT = "invoke_agent", "execute_tool", "chat"
+
+# Gym's row keys (global_config.TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME; 0.2.1+)
+_TASK_KEY, _ROLLOUT_KEY = "_ng_task_index", "_ng_rollout_index"
+
+# What a held call's answer is: a rollout (/run), a verification, a model call.
+RUN, VERIFY, MODEL = "run", "verify", "model"
+
+_AGENTS, _MODELS, _RESOURCES = "responses_api_agents", "responses_api_models", "resources_servers"
+# Gym 0.7's environment servers take a rollout's /run and relay it to their agent
+_RUNNERS = frozenset((_AGENTS, "environment_servers"))
+_MODEL_ROUTES = frozenset(("/v1/responses", "/v1/chat/completions", "/v1/messages"))
+# a resources server's routes that are Gym's plumbing, not tools the model calls
+_NOT_TOOLS = frozenset(("/verify", "/seed_session", "/aggregate_metrics"))
+
+_HELD = "_gym_autoinstr_outcome"  # the attribute a held call's response carries
+
+
+# -- OpenInference (Arize Phoenix), opt-in: GYM_AUTOINSTR_OPENINFERENCE ---------------------
+
+OI_KIND = "openinference.span.kind"
+
+
+@dataclass(slots=True)
+class _Dialects:
+    openinference: bool
+
+
+# Read once, when Gym's process is instrumented.
+_DIALECTS = _Dialects(settings.OPENINFERENCE.read())
+
+
+AGENT_KIND, TOOL_KIND, LLM_KIND, EVALUATOR_KIND = "AGENT", "TOOL", "LLM", "EVALUATOR"
+
+
+def openinference(attributes: dict[str, Any], kind: str | None = None, tokens: bool = False) -> dict[str, Any]:
+    """``attributes`` plus their OpenInference twins when that dialect is on: the span
+    ``kind``, the tool's and the model's names, and with ``tokens`` (the agent's model
+    calls only: Phoenix adds a trace's counts up over its spans) the token counts."""
+    if not _DIALECTS.openinference:
+        return attributes
+    if kind is not None:
+        attributes[OI_KIND] = kind
+    tool = attributes.get(TOOL_NAME)
+    if tool is not None:
+        attributes["tool.name"] = tool
+    model = attributes.get(RESPONSE_MODEL) or attributes.get(REQUEST_MODEL)
+    if model is not None:
+        attributes["llm.model_name"] = model
+    if tokens:
+        prompt, completion = attributes.get(INPUT_TOKENS), attributes.get(OUTPUT_TOKENS)
+        if prompt is not None:
+            attributes["llm.token_count.prompt"] = prompt
+        if completion is not None:
+            attributes["llm.token_count.completion"] = completion
+        if prompt is not None and completion is not None:
+            attributes["llm.token_count.total"] = prompt + completion
+    return attributes
+
+
+def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tuple[str | None, dict[str, Any]]:
+    """For a call to the fleet's server ``callee`` of ``kind`` at ``route``: what its answer
+    says (RUN, VERIFY, MODEL, or None: nothing read from it) and the attributes its CLIENT
+    span starts with (the GenAI operation, and a rollout's row identity from ``body``)."""
+    if kind in _RUNNERS:
+        if route != "/run":
+            return None, {}
+        attributes: dict[str, Any] = {OPERATION: INVOKE_AGENT, AGENT_NAME: callee}
+        if type(body) is dict:
+            _index(attributes, TASK_INDEX, body.get(_TASK_KEY))
+            _index(attributes, ROLLOUT_INDEX, body.get(_ROLLOUT_KEY))
+        return RUN, openinference(attributes, AGENT_KIND)
+    if kind == _MODELS:
+        if route not in _MODEL_ROUTES:
+            return None, {}
+        attributes = {OPERATION: CHAT}
+        model = body.get("model") if type(body) is dict else None
+        if type(model) is str and model:
+            attributes[REQUEST_MODEL] = model
+        return MODEL, openinference(attributes, LLM_KIND)
+    if kind == _RESOURCES:
+        if route == "/verify":
+            return VERIFY, openinference({}, EVALUATOR_KIND)
+        if route not in _NOT_TOOLS:
+            return None, openinference({OPERATION: EXECUTE_TOOL, TOOL_NAME: route.lstrip("/")}, TOOL_KIND)
+    return None, {}
+
+
+def _index(attributes: dict[str, Any], key: str, value: Any) -> None:
+    if type(value) is int:
+        attributes[key] = value
+
+
+# -- reading Gym's values ----------------------------------------------------------------
+
+
+def _field(obj: Any, key: str) -> Any:
+    if type(obj) is dict:
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _number(value: Any) -> float | None:
+    if type(value) is float or type(value) is int:
+        return float(value)
+    return None
+
+
+def verdict_attributes(verdict: Any, attributes: dict[str, Any]) -> None:
+    """A verify response's reward and (0.7) mask_sample, from the dict or the object."""
+    reward = _number(_field(verdict, "reward"))
+    if reward is not None:
+        attributes[REWARD] = reward
+    masked = _field(verdict, "mask_sample")
+    if type(masked) is bool:
+        attributes[MASK_SAMPLE] = masked
+
+
+_USAGE_KEYS = (
+    (INPUT_TOKENS, ("input_tokens", "prompt_tokens")),
+    (OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
+)
+
+
+def usage_attributes(usage: Any, attributes: dict[str, Any]) -> None:
+    """Token counts in either dialect (Responses/Messages: input/output, Chat Completions:
+    prompt/completion)."""
+    if usage is None:
+        return
+    for name, keys in _USAGE_KEYS:
+        for key in keys:
+            value = _field(usage, key)
+            if type(value) is int:
+                attributes[name] = value
+                break
+
+
+def rollout_attributes(answer: Any, attributes: dict[str, Any]) -> str | None:
+    """What a ``/run`` answer says: reward, mask_sample, the rollout's total tokens (the
+    agent's final response's usage); for Gym 0.7's episode answers the result's, or the
+    failure's kind and stage.  Returns the failure kind when the answer is a failure."""
+    result = _field(answer, "result")
+    failure = _field(answer, "failure")
+    if failure is not None and result is None and _field(answer, "episode_id") is not None:
+        kind = _field(failure, "failure_kind")
+        stage = _field(failure, "stage")
+        if type(stage) is str and stage:
+            attributes[FAILURE_STAGE] = stage
+        return kind if type(kind) is str and kind else "episode_failure"
+    if result is not None and _field(answer, "episode_id") is not None:
+        answer = result
+    verdict_attributes(answer, attributes)
+    usage_attributes(_field(_field(answer, "response"), "usage"), attributes)
+    return None
+
+
+def model_attributes(answer: Any, attributes: dict[str, Any]) -> None:
+    model = _field(answer, "model")
+    if type(model) is str and model:
+        attributes[RESPONSE_MODEL] = model
+    usage_attributes(_field(answer, "usage"), attributes)
+
+
+# -- held CLIENT spans -------------------------------------------------------------------
+
+
+class _Held:
+    """A CLIENT span whose end waits for Gym to parse its answer (or release it)."""
+
+    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "relay", "__weakref__")
+
+    def __init__(self, span: Any, what: str, on_failure: Any, relay: Any) -> None:
+        self.span = span
+        self.what = what
+        self.arrived_ns: int | None = None
+        self.finalizer: Any = None
+        self.on_failure = on_failure
+        self.relay = relay
+
+    def arrived(self) -> None:
+        if self.arrived_ns is None:
+            self.arrived_ns = time.time_ns()
+
+    def read(self, answer: Any) -> None:
+        attributes: dict[str, Any] = {}
+        failure = None
+        if self.what == RUN:
+            failure = rollout_attributes(answer, attributes)
+        elif self.what == VERIFY:
+            verdict_attributes(answer, attributes)
+        else:
+            model_attributes(answer, attributes)
+            openinference(attributes, tokens=True)
+        span = self.span
+        if span is None:
+            return
+        if attributes:
+            span.set_attributes(attributes)
+            if self.relay is not None and self.relay.is_recording():
+                self.relay.set_attributes(attributes)
+        if failure is not None:
+            span.set_attribute(ERROR_TYPE, failure)
+            span.set_status(Status(StatusCode.ERROR, failure))
+            if self.on_failure is not None:
+                self.on_failure()
+
+    def end(self) -> None:
+        span, self.span = self.span, None
+        if span is not None:
+            span.end(end_time=self.arrived_ns)
+
+
+def relay_of(caller: Any) -> Any:
+    """The span a ``/run`` call's outcome also goes on: the caller's SERVER span, when the
+    caller relays a ``/run`` it serves (Gym 0.7's environment server: its SERVER span is the
+    rollout's root when the rollout was sent to it directly); else None."""
+    return caller if getattr(caller, "kind", None) is SpanKind.SERVER and caller.is_recording() else None
+
+
+def hold(span: Any, what: str, response: Any, on_failure: Any = None, relay: Any = None) -> bool:
+    """Leave ``span``'s end to Gym's parse of ``response`` (``get_response_json``), or to the
+    response's release when Gym never parses it; True when held (the caller ends nothing).
+    ``relay``: a span that gets the same outcome attributes (``relay_of``)."""
+    try:
+        content = response.content
+        held = _Held(span, what, on_failure, relay)
+        if content.is_eof():
+            held.arrived_ns = time.time_ns()
+        else:
+            content.on_eof(held.arrived)
+        setattr(response, _HELD, held)
+        held.finalizer = weakref.finalize(response, held.end)
+        return True
+    except Exception:  # not aiohttp's response, or one without room: the span ends as any other
+        return False
+
+
+def get_response_json_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Gym's parse of a response it got from ``request``: when the response carries a held
+    span, the parsed answer's scalars go on it and it ends.  Plain function: a response
+    without one costs an attribute lookup and Gym's own coroutine."""
+    response = args[0] if args else kwargs.get("response")
+    held = getattr(response, _HELD, None)
+    if held is None:
+        return wrapped(*args, **kwargs)
+    return _parse_and_end(wrapped, args, kwargs, held)
+
+
+async def _parse_and_end(wrapped: Any, args: tuple, kwargs: dict, held: _Held) -> Any:
+    answer = await wrapped(*args, **kwargs)  # Gym's parse: its errors are Gym's
+    try:
+        held.read(answer)
+        held.arrived()  # the body is in once parsed, whatever its eof callback said
+        held.finalizer()  # ends the span, once
+    except Exception as error:
+        warn_once("outcome:read", "reading a rollout's outcome failed (%r); Gym's answer is unaffected.", error)
+    return answer

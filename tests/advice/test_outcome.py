@@ -1,0 +1,275 @@
+"""A rollout's outcome read from what Gym parses, on Gym's real ``server_utils.request`` and
+``get_response_json`` against a real local HTTP server (advice/outcome.py)."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+from fastapi import FastAPI
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gym_autoinstr.advice import outcome
+from tests.harness.servers import run_async, serve
+
+pytest.importorskip("nemo_gym")
+
+RUN_ANSWER = {
+    "reward": 0.5,
+    "mask_sample": True,
+    "response": {"model": "policy", "usage": {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}},
+}
+FAILED_EPISODE = {
+    "episode_id": {"rollout_id": "3-1", "attempt": 0},
+    "task_id": "t3",
+    "failure": {
+        "failure_reason": "SECRET-REASON in the task",
+        "terminal": True,
+        "failure_kind": "agent_run_error",
+        "stage": "agent",
+    },
+}
+EPISODE_RESULT = {
+    "episode_id": {"rollout_id": "2-0", "attempt": 0},
+    "task_id": "t2",
+    "result": {"reward": 1, "response": {}},
+}
+
+
+def _fleet_app() -> FastAPI:
+    app = FastAPI()
+    app.state.answers = {}
+
+    @app.post("/run")
+    async def run():
+        return app.state.answers.get("/run", RUN_ANSWER)
+
+    @app.post("/verify")
+    async def verify():
+        return {"reward": 0.0, "mask_sample": False}
+
+    @app.post("/get_weather")
+    async def get_weather():
+        return {"city": "x", "weather_description": "cold"}
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        return {"model": "served-model", "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+
+    return app
+
+
+@pytest.fixture
+def fleet(monkeypatch):
+    """A served app that Gym's config (as pool reads it) names as each kind of server."""
+    from gym_autoinstr.advice import pool
+
+    names: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    monkeypatch.setattr(pool._state, "names", names)
+    monkeypatch.setattr(pool._state, "kinds", kinds)
+    app = _fleet_app()
+    with serve(app) as base:
+
+        def as_server(name: str, kind: str) -> str:
+            names[base[len("http://") :]] = name
+            kinds[base[len("http://") :]] = kind
+            return base
+
+        yield app, as_server
+
+
+def _parsed(url: str, json: dict, parse: bool = True):
+    """Gym's request and, when ``parse``, Gym's own parse of its answer."""
+    from nemo_gym import server_utils
+
+    async def go():
+        response = await server_utils.request("POST", url, json=json)
+        if parse:
+            return await server_utils.get_response_json(response)
+        return response
+
+    return run_async(go())
+
+
+def _client(spans):
+    return [s for s in spans.get_finished_spans() if s.kind == SpanKind.CLIENT]
+
+
+def _assert_has(span, expected: dict) -> None:
+    assert {key: span.attributes.get(key) for key in expected} == expected
+
+
+def _count_parses(monkeypatch) -> list:
+    """Every JSON decode in Gym's server_utils and in ours (orjson and json)."""
+    import json
+
+    import orjson
+    from nemo_gym import server_utils
+
+    calls = []
+    real_orjson, real_json = orjson.loads, json.loads
+    monkeypatch.setattr(server_utils.orjson, "loads", lambda *a, **k: calls.append("orjson") or real_orjson(*a, **k))
+    monkeypatch.setattr(json, "loads", lambda *a, **k: calls.append("json") or real_json(*a, **k))
+    return calls
+
+
+def test_a_run_answer_gives_its_client_span_reward_tokens_and_the_rows_identity(
+    instrumented, spans, fleet, monkeypatch
+):
+    _, as_server = fleet
+    base = as_server("my_agent", "responses_api_agents")
+    parses = _count_parses(monkeypatch)
+    before = time.time_ns()
+    answer = _parsed(f"{base}/run", {"_ng_task_index": 3, "_ng_rollout_index": 1, "responses_create_params": {}})
+    parsed_at = time.time_ns()
+    assert answer == RUN_ANSWER and parses == ["orjson"]  # Gym's one parse, none of ours
+    (span,) = _client(spans)
+    _assert_has(
+        span,
+        {
+            "nemo.gym.reward": 0.5,
+            "nemo.gym.mask_sample": True,
+            "gen_ai.usage.input_tokens": 7,
+            "gen_ai.usage.output_tokens": 3,
+            "nemo.gym.task.index": 3,
+            "nemo.gym.rollout.index": 1,
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "my_agent",
+        },
+    )
+    assert isinstance(span.attributes["nemo.gym.reward"], float)
+    assert before <= span.start_time <= span.end_time <= parsed_at  # ended at the body's arrival
+    assert span.status.status_code is StatusCode.UNSET
+
+
+def test_answers_of_other_shapes_and_rows_without_indexes(instrumented, spans, fleet):
+    app, as_server = fleet
+    base = as_server("env", "environment_servers")  # 0.7's environment server relays /run
+    app.state.answers["/run"] = EPISODE_RESULT
+    _parsed(f"{base}/run", {"_ng_task_index": True, "task": {}})  # a bool is no index
+    (span,) = _client(spans)
+    assert span.attributes["nemo.gym.reward"] == 1.0
+    assert "nemo.gym.task.index" not in span.attributes and "nemo.gym.rollout.index" not in span.attributes
+    assert "gen_ai.usage.input_tokens" not in span.attributes  # no usage in the answer: none invented
+
+
+def test_a_failed_episode_says_its_kind_and_stage_never_its_reason(instrumented, spans, fleet):
+    app, as_server = fleet
+    base = as_server("env", "environment_servers")
+    app.state.answers["/run"] = FAILED_EPISODE
+    _parsed(f"{base}/run", {})
+    (span,) = _client(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes["error.type"] == "agent_run_error"
+    assert span.attributes["nemo.gym.failure.stage"] == "agent"
+    assert "nemo.gym.reward" not in span.attributes
+    recorded = [str(v) for v in span.attributes.values()] + [span.status.description or ""]
+    assert not any("SECRET" in value for value in recorded)
+
+
+def test_model_tool_and_verify_calls_in_genai_terms(instrumented, spans, fleet):
+    _, as_server = fleet
+    base = as_server("policy_model", "responses_api_models")
+    _parsed(f"{base}/v1/chat/completions", {"model": "asked-model", "messages": [{"role": "user", "content": "hi"}]})
+    base = as_server("my_resources", "resources_servers")
+    _parsed(f"{base}/get_weather", {"city": "x"})
+    _parsed(f"{base}/verify", {"response": {}})
+    chat, tool, verify = _client(spans)
+    _assert_has(
+        chat,
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "asked-model",
+            "gen_ai.response.model": "served-model",
+            "gen_ai.usage.input_tokens": 5,
+            "gen_ai.usage.output_tokens": 2,
+        },
+    )
+    _assert_has(tool, {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather"})
+    assert "nemo.gym.reward" not in tool.attributes
+    assert verify.attributes["nemo.gym.reward"] == 0.0 and verify.attributes["nemo.gym.mask_sample"] is False
+    assert "gen_ai.operation.name" not in verify.attributes
+    for span in (chat, tool, verify):
+        assert "hi" not in [str(v) for v in span.attributes.values()]
+
+
+def test_a_body_gym_never_parses_is_not_read_and_its_span_ends_at_release(instrumented, spans, fleet):
+    _, as_server = fleet
+    base = as_server("my_agent", "responses_api_agents")
+    response = _parsed(f"{base}/run", {"_ng_task_index": 0}, parse=False)
+    assert not _client(spans)  # held, waiting for a parse that never comes
+    assert response._body is None  # nobody read the body
+    del response
+    gc.collect()
+    (span,) = _client(spans)
+    assert "nemo.gym.reward" not in span.attributes
+    assert span.attributes["nemo.gym.task.index"] == 0  # what the request said is kept
+
+
+def test_unsampled_and_untraced_calls_hold_nothing(instrumented, spans, fleet, monkeypatch):
+    """Outside the fleet (no known server) nothing is held or read: Gym's parse runs as is."""
+    _, _ = fleet
+    app = _fleet_app()
+    with serve(app) as base:
+        assert _parsed(f"{base}/run", {}) == RUN_ANSWER
+    (span,) = _client(spans)
+    assert "nemo.gym.reward" not in span.attributes and "gen_ai.operation.name" not in span.attributes
+
+
+@pytest.mark.parametrize(
+    "kind, route, expected",
+    [
+        ("responses_api_agents", "/run", outcome.RUN),
+        ("environment_servers", "/run", outcome.RUN),
+        ("responses_api_agents", "/v1/responses", None),  # the agent's own loop: not a rollout
+        ("responses_api_models", "/v1/responses", outcome.MODEL),
+        ("responses_api_models", "/v1/messages", outcome.MODEL),
+        ("responses_api_models", "/health", None),
+        ("resources_servers", "/verify", outcome.VERIFY),
+        ("resources_servers", "/seed_session", None),
+        ("resources_servers", "/aggregate_metrics", None),
+        (None, "/run", None),
+    ],
+)
+def test_which_answers_are_read(kind, route, expected):
+    assert outcome.call_attributes("s", kind, route, {})[0] == expected
+
+
+def test_the_openinference_dialect_names_each_span_as_phoenix_reads_it(instrumented, spans, fleet, monkeypatch):
+    """Off by default (no attribute of it anywhere above); on, each GenAI span also says its
+    OpenInference kind, and only model calls carry OpenInference token counts (Phoenix adds
+    them up over a trace: a rollout's total on its root would count them twice)."""
+    monkeypatch.setattr(outcome._DIALECTS, "openinference", True)
+    _, as_server = fleet
+    base = as_server("my_agent", "responses_api_agents")
+    _parsed(f"{base}/run", {"_ng_task_index": 0})
+    base = as_server("policy_model", "responses_api_models")
+    _parsed(f"{base}/v1/chat/completions", {"model": "asked-model"})
+    base = as_server("my_resources", "resources_servers")
+    _parsed(f"{base}/get_weather", {"city": "x"})
+    _parsed(f"{base}/verify", {})
+    run, chat, tool, verify = _client(spans)
+    assert run.attributes["openinference.span.kind"] == "AGENT"
+    assert not [key for key in run.attributes if key.startswith("llm.")]
+    _assert_has(
+        chat,
+        {
+            "openinference.span.kind": "LLM",
+            "llm.model_name": "served-model",
+            "llm.token_count.prompt": 5,
+            "llm.token_count.completion": 2,
+            "llm.token_count.total": 7,
+        },
+    )
+    _assert_has(tool, {"openinference.span.kind": "TOOL", "tool.name": "get_weather"})
+    assert verify.attributes["openinference.span.kind"] == "EVALUATOR"
+
+
+def test_without_the_dialect_no_openinference_attribute(instrumented, spans, fleet):
+    _, as_server = fleet
+    base = as_server("policy_model", "responses_api_models")
+    _parsed(f"{base}/v1/chat/completions", {"model": "asked-model"})
+    (chat,) = _client(spans)
+    assert not [key for key in chat.attributes if key.startswith(("openinference.", "llm.", "tool."))]
