@@ -253,6 +253,15 @@ JOB_TRACE = Choice(
     fallback="using per_rollout (each rollout its own trace, linked to gym.job)",
     fix=f"Set {PREFIX}JOB_TRACE=single for one trace per job.",
 )
+SAMPLING_UNIT = Choice(
+    PREFIX + "SAMPLING_UNIT",
+    "rollout",
+    ("rollout", "task"),
+    "what a ratio sampler keeps or drops whole: each rollout (its trace id), or each task of a collection job "
+    "(every repeat of a sampled task kept: GRPO-style groups side by side)",
+    fallback="each rollout is sampled on its own ('rollout')",
+    fix=f"Set {PREFIX}SAMPLING_UNIT=task to keep or drop every repeat of a task together.",
+)
 CLIENT_SPANS = Choice(
     PREFIX + "CLIENT_SPANS",
     "all",

@@ -6,6 +6,7 @@ samplers decide, read off their objects, so that a fast path can skip asking the
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -18,9 +19,26 @@ from gym_autoinstr.fastpath import contract
 JOB_SPAN_NAME = "gym.job"
 
 
+# A collection job's rollout roots carry these (advice/job.py, advice/outcome.py)
+_JOB_ID, _TASK_INDEX = "nemo.gym.job.id", "nemo.gym.task.index"
+
+
+def _task_trace_id(job_id: Any, task_index: Any) -> int:
+    """A stand-in trace id the same for every repeat of one task of one job: what a ratio
+    sampler (which decides on a trace id's low 64 bits) is asked about, so that it keeps or
+    drops the task's repeats together, and tasks at its ratio."""
+    digest = hashlib.blake2b(f"{job_id}\x00{task_index}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest, "big")
+
+
 class JobKeepingSampler(Sampler):
-    def __init__(self, delegate: Sampler) -> None:
+    """The configured sampler, except that a root ``gym.job`` is always kept; and with
+    ``GYM_AUTOINSTR_SAMPLING_UNIT=task``, a collection job's rollout root is decided on its
+    job and task (every repeat of a task alike) instead of its own trace id."""
+
+    def __init__(self, delegate: Sampler, by_task: bool | None = None) -> None:
         self.delegate = delegate
+        self.by_task = settings.SAMPLING_UNIT.read() == "task" if by_task is None else by_task
 
     def should_sample(
         self,
@@ -34,10 +52,20 @@ class JobKeepingSampler(Sampler):
     ) -> SamplingResult:
         if name == JOB_SPAN_NAME and not trace.get_current_span(parent_context).get_span_context().is_valid:
             return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+        if self.by_task and attributes:
+            task_index = attributes.get(_TASK_INDEX)
+            job_id = attributes.get(_JOB_ID)
+            if (
+                task_index is not None
+                and job_id is not None
+                and not trace.get_current_span(parent_context).get_span_context().is_valid
+            ):
+                trace_id = _task_trace_id(job_id, task_index)
         return self.delegate.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
 
     def get_description(self) -> str:
-        return f"JobKeepingSampler{{{self.delegate.get_description()}}}"
+        unit = ",by task" if self.by_task else ""
+        return f"JobKeepingSampler{{{self.delegate.get_description()}{unit}}}"
 
 
 FAST_PATH_ENV = settings.DROPPED_FAST_PATH.name
@@ -104,7 +132,7 @@ class RootDecision(NamedTuple):
 
 def root_decision(sampler: Any) -> RootDecision | None:
     """When ``sampler`` decides a root span by its trace id alone (``parentbased_traceidratio``,
-    ``parentbased_always_off``, either wrapped in ``JobKeepingSampler``): ``(mask, bound,
+    ``parentbased_always_off``, either wrapped in ``JobKeepingSampler`` deciding by rollout): ``(mask, bound,
     kept)``, where a root is dropped when ``trace_id & mask >= bound`` and its name is not
     ``kept`` (``gym.job`` when the job-keeping wrapper is there, else None), sampled
     otherwise.  None for any other sampler (or with the fast paths switched off): the
@@ -115,6 +143,8 @@ def root_decision(sampler: Any) -> RootDecision | None:
         return None
     kept = JOB_SPAN_NAME if type(sampler) is JobKeepingSampler else None
     if kept:
+        if sampler.by_task:  # a rollout root's decision rests on its job and task too
+            return None
         sampler = sampler.delegate
     if not _stock_parent_based(sampler):
         return None

@@ -55,6 +55,39 @@ def test_ratio_one_half_keeps_about_half_of_the_roots(monkeypatch):
     assert 120 <= kept <= 280, kept  # Binomial(400, 0.5): outside is ~1e-16
 
 
+@pytest.mark.parametrize("unit", ["rollout", "task"])
+def test_sampling_by_task_keeps_or_drops_every_repeat_of_a_task_together(monkeypatch, unit):
+    """``GYM_AUTOINSTR_SAMPLING_UNIT=task``: a collection job's rollout roots (job id and
+    task index at their start) are decided on (job, task); by rollout, each on its own id.
+    Both keep about half at 0.5; only by task is every task's group whole or absent.  Other
+    roots, and the lean tracer's shortcut for roots decided on their id alone, by rollout
+    only."""
+    monkeypatch.setenv("GYM_AUTOINSTR_SAMPLING_UNIT", unit)
+    tracer, exporter, provider = _provider(monkeypatch, "parentbased_traceidratio", "0.5")
+    assert (samplers.root_decision(provider.sampler) is None) is (unit == "task")
+    tasks, repeats = 200, 4
+    for job in ("job-a", "job-b"):
+        for task in range(tasks):
+            for repeat in range(repeats):
+                attributes = {"nemo.gym.job.id": job, "nemo.gym.task.index": task, "nemo.gym.rollout.index": repeat}
+                with tracer.start_as_current_span("POST /run", attributes=attributes):
+                    pass
+    kept: dict = {}
+    for span in exporter.get_finished_spans():
+        key = (span.attributes["nemo.gym.job.id"], span.attributes["nemo.gym.task.index"])
+        kept[key] = kept.get(key, 0) + 1
+    groups_kept = len(kept)
+    spans_kept = sum(kept.values())
+    assert 0.35 * 2 * tasks * repeats <= spans_kept <= 0.65 * 2 * tasks * repeats
+    if unit == "task":
+        assert set(kept.values()) == {repeats}  # whole groups only
+        assert 0.35 * 2 * tasks <= groups_kept <= 0.65 * 2 * tasks
+        same_task_both_jobs = sum((("job-a", t) in kept) == (("job-b", t) in kept) for t in range(tasks))
+        assert same_task_both_jobs < 0.7 * tasks  # each job decides its tasks afresh
+    else:
+        assert len(set(kept.values())) > 1  # groups split
+
+
 def _under(span_context, call):
     from opentelemetry.trace import NonRecordingSpan
 
