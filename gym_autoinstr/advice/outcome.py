@@ -35,6 +35,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.setup import logs
 
 REWARD = "nemo.gym.reward"
 MASK_SAMPLE = "nemo.gym.mask_sample"
@@ -212,6 +213,41 @@ def model_attributes(answer: Any, attributes: dict[str, Any]) -> None:
     if type(model) is str and model:
         attributes[RESPONSE_MODEL] = model
     usage_attributes(_field(answer, "usage"), attributes)
+
+
+# -- the evaluation result ---------------------------------------------------------------
+
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+
+
+def evaluation(span: Any, attributes: dict[str, Any], evaluator: str | None) -> None:
+    """A rollout's reward as the GenAI evaluation result of its agent invocation ``span``
+    (``gym.rollout``), named after the ``evaluator`` (the agent's resources server): an
+    event through the Logs API, parented to the span, where this process exports logs;
+    else an event on the span itself."""
+    reward = attributes.get(REWARD)
+    if reward is None:
+        return
+    event: dict[str, Any] = {"gen_ai.evaluation.name": evaluator or "reward", "gen_ai.evaluation.score.value": reward}
+    if attributes.get(MASK_SAMPLE) is True:
+        event["gen_ai.evaluation.score.label"] = "masked"
+    if logs.exported():
+        try:
+            from opentelemetry import trace
+            from opentelemetry._logs import LogRecord, get_logger
+
+            get_logger("gym_autoinstr").emit(
+                LogRecord(
+                    timestamp=time.time_ns(),
+                    context=trace.set_span_in_context(span),
+                    attributes=event,
+                    event_name=EVALUATION_EVENT,
+                )
+            )
+            return
+        except Exception as error:  # an API without event records: the span event instead
+            warn_once("outcome:evaluation", "the evaluation result goes on the span (%r)", error)
+    span.add_event(EVALUATION_EVENT, event)
 
 
 # -- held CLIENT spans -------------------------------------------------------------------

@@ -89,6 +89,7 @@ class Seam:
     server_name: str
     model_call: bool = False
     reward: metrics.RewardMetric | None = None  # an agent's /run: gym.rollout.reward's attributes
+    evaluator: str | None = None  # an agent's /run: its resources server (the evaluation's name)
 
 
 def server_kind(cls: type) -> str | None:
@@ -162,8 +163,10 @@ def _with_seam_endpoint(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return args, kwargs
     span_name, group = found
     name = _server_name(server)
-    reward = metrics.RewardMetric(name, _resources_server_of(server)) if group == groups.ROLLOUT else None
-    seam = Seam(span_name, group, server, name, model_call=span_name.startswith("gym.model."), reward=reward)
+    evaluator = _resources_server_of(server) if group == groups.ROLLOUT else None
+    reward = metrics.RewardMetric(name, evaluator) if group == groups.ROLLOUT else None
+    model_call = span_name.startswith("gym.model.")
+    seam = Seam(span_name, group, server, name, model_call=model_call, reward=reward, evaluator=evaluator)
     traced = wrap_handler(endpoint, seam)
     setattr(traced, metrics.SEAM_ATTRIBUTE, seam_metric(span_name, seam.server_name))
     if len(args) > 1:
@@ -305,6 +308,7 @@ def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
     else:
         outcome.rollout_attributes(result, attributes)
         _record_reward(seam, attributes)
+        outcome.evaluation(span, attributes, seam.evaluator)
         server_span = trace.get_current_span()  # the seam's context is left: the SERVER span
         if attributes and server_span is not span and server_span.is_recording():
             server_span.set_attributes(attributes)

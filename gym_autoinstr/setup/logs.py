@@ -74,6 +74,11 @@ def _correlate_lines(logger: logging.Logger, ours: Any) -> None:
             handler.setFormatter(_WithTraceIds(handler.formatter))
 
 
+def exported() -> bool:
+    """Whether this process exports logs (a logger provider of ours is set)."""
+    return _state.handler is not None
+
+
 def requested(environ: os._Environ[str] | dict[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     raw = (settings.LOGS_EXPORTER.raw(environ) or "").strip().lower()

@@ -419,3 +419,17 @@ def test_the_rollout_and_verify_seams_carry_the_reward_their_handler_returned(in
     assert rollout.attributes["gen_ai.agent.name"] == "graded_agent"
     assert verify.attributes["nemo.gym.reward"] == 1.0
     assert "nemo.gym.reward" not in verify_server.attributes  # only a /run's SERVER span gets it
+
+
+def test_a_rollouts_reward_is_the_evaluation_result_of_its_agent_invocation(instrumented, spans):
+    """GenAI's ``gen_ai.evaluation.result``, parented to ``gym.rollout`` (``invoke_agent``):
+    a span event where the process exports no logs (here); the score is the reward."""
+    agent = _agent("evaluated_agent")
+    app = agent.setup_webserver()
+    instrument_app(app, "evaluated_agent")
+    with serve(app) as base:
+        assert _post(base + "/run", {"question": "q"})[0] == 200
+    (rollout,) = [s for s in spans.get_finished_spans() if s.name == "gym.rollout"]
+    (event,) = rollout.events
+    assert event.name == "gen_ai.evaluation.result"
+    assert dict(event.attributes) == {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": 1.0}
