@@ -14,6 +14,7 @@ sum.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections import defaultdict
 
 import pytest
@@ -69,7 +70,9 @@ def run(request, tmp_path_factory, policy_model) -> Run:
             ]
             output, done = trio.collect(tasks, workdir / "collect", num_repeats=REPEATS)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            direct = trio.rollout({**row, "verifier_metadata": {"reward": DIRECT_REWARD, "mask": False}})
+            # straight to the agent (0.7's environment server relays /run as bytes it never
+            # parses: a rollout sent to it has its outcome on the agent's spans, not its root)
+            direct = _post(trio.url(AGENT) + "/run", {**row, "verifier_metadata": {"reward": DIRECT_REWARD}})
             rollouts = len(REWARDS) * REPEATS + 1
 
             def complete(spans: list[dict]) -> bool:
@@ -89,6 +92,14 @@ def run(request, tmp_path_factory, policy_model) -> Run:
     rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
     assert len(rows) == len(REWARDS) * REPEATS
     return Run(version, spans, points, rows, direct)
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
 
 
 def _job_rollout_roots(run: Run) -> list[dict]:
