@@ -150,18 +150,31 @@ def _check_whole_rollouts(traces, expected: int) -> None:
 
 
 def _check_model_calls(traces) -> None:
+    """Each model call once as a chat model in MLflow: the agent's CLIENT span of the call
+    (its tokens from gen_ai.usage.*); the model server's own seam names the model without
+    counting the tokens again; the trace's total is the calls' sum, and the rollout's root
+    (an agent invocation) carries the reward."""
     for trace in traces:
-        model_calls = [s for s in trace["spans"] if s["name"] == "gym.model.responses"]
-        assert model_calls
-        for span in model_calls:
+        calls = [
+            s
+            for s in trace["spans"]
+            if s["attributes"].get("gen_ai.operation.name") == "chat" and "gen_ai.usage.input_tokens" in s["attributes"]
+        ]
+        assert calls and all(s["attributes"].get("nemo.gym.http.destination.server.name") == MODEL for s in calls)
+        for span in calls:
             attributes = span["attributes"]
             assert span["span_type"] == "CHAT_MODEL"  # from gen_ai.operation.name=chat
             usage = attributes["mlflow.chat.tokenUsage"]  # MLflow's own key, derived from gen_ai.usage.*
             assert usage["input_tokens"] == attributes["gen_ai.usage.input_tokens"] > 0
             assert usage["output_tokens"] == attributes["gen_ai.usage.output_tokens"] > 0
             assert attributes["mlflow.llm.model"] == attributes["gen_ai.response.model"]
+        seams = [s for s in trace["spans"] if s["name"] == "gym.model.responses"]
+        assert len(seams) == len(calls) and all("mlflow.chat.tokenUsage" not in s["attributes"] for s in seams)
         total = trace["token_usage"]
-        assert total["input_tokens"] == sum(s["attributes"]["gen_ai.usage.input_tokens"] for s in model_calls)
+        assert total["input_tokens"] == sum(s["attributes"]["gen_ai.usage.input_tokens"] for s in calls)
+        root = _rollout_root(trace)
+        assert root["attributes"]["nemo.gym.reward"] == 1.0
+        assert root["attributes"]["nemo.gym.rollout.usage.input_tokens"] == total["input_tokens"]
 
 
 def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo, mlflow):

@@ -1,23 +1,18 @@
 """Model calls in GenAI terms, without their content.
 
-A ``gym.model.*`` span says which model was asked, which answered and how many tokens
-it cost, in OpenTelemetry's GenAI vocabulary (``gen_ai.*``).  Only scalar metadata is
-read: the ``model`` names and the ``usage`` counters.  Prompts, completions and tool
-arguments never leave the request or response object.
+A ``gym.model.*`` span says which model was asked and which answered, in OpenTelemetry's
+GenAI vocabulary (``gen_ai.*``).  Only scalar metadata is read: the ``model`` names.
+Prompts, completions and tool arguments never leave the request or response object.
 
-Gym's three model routes carry usage in two dialects: the Responses and Anthropic
-Messages APIs say ``input_tokens``/``output_tokens``, Chat Completions says
-``prompt_tokens``/``completion_tokens``.  A handler may return a pydantic model, a
-plain dict, or (0.7+) a ready ``Response`` whose body is JSON bytes: that body is not
-parsed here (it would be a second parse on the request's path); the caller's CLIENT span
-gets the usage when Gym parses the answer there (``outcome.py``).
+Token counts are not on these spans: the agent's CLIENT span of the same call carries them
+(``outcome.py``: read when Gym parses the answer), and the GenAI UIs add a trace's
+``gen_ai.usage.*`` up over its spans, so both would count each call twice.  (A 0.7 handler
+returns a ready ``Response`` whose body is JSON bytes: nothing is read from it.)
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from gym_autoinstr.advice.outcome import usage_attributes
 
 OPERATION = "chat"  # all three routes are chat-style generation in GenAI semconv terms
 
@@ -49,13 +44,9 @@ def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]
 
 
 def response_attributes(result: Any) -> dict[str, Any]:
-    """``gen_ai.response.model`` and token usage from a handler's return value, if present
-    (nothing from a response whose body is already bytes)."""
+    """``gen_ai.response.model`` from a handler's return value, if present (nothing from a
+    response whose body is already bytes)."""
     if isinstance(getattr(result, "body", None), (bytes, bytearray)) and not hasattr(result, "model_fields"):
         return {}
-    attributes: dict[str, Any] = {}
     model = _field(result, "model")
-    if isinstance(model, str) and model:
-        attributes["gen_ai.response.model"] = model
-    usage_attributes(_field(result, "usage"), attributes)
-    return attributes
+    return {"gen_ai.response.model": model} if isinstance(model, str) and model else {}

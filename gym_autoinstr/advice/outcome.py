@@ -51,6 +51,10 @@ REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# A rollout's total, on its agent invocation spans.  Not gen_ai.usage.*: the GenAI UIs add a
+# trace's gen_ai.usage up over its spans, so a total there would count every call twice.
+ROLLOUT_INPUT_TOKENS = "nemo.gym.rollout.usage.input_tokens"
+ROLLOUT_OUTPUT_TOKENS = "nemo.gym.rollout.usage.output_tokens"
 
 INVOKE_AGENT, EXECUTE_TOOL, CHAT = "invoke_agent", "execute_tool", "chat"
 
@@ -170,18 +174,17 @@ def verdict_attributes(verdict: Any, attributes: dict[str, Any]) -> None:
         attributes[MASK_SAMPLE] = masked
 
 
-_USAGE_KEYS = (
-    (INPUT_TOKENS, ("input_tokens", "prompt_tokens")),
-    (OUTPUT_TOKENS, ("output_tokens", "completion_tokens")),
-)
+_INPUT_KEYS, _OUTPUT_KEYS = ("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")
+_CALL_USAGE = ((INPUT_TOKENS, _INPUT_KEYS), (OUTPUT_TOKENS, _OUTPUT_KEYS))
+_ROLLOUT_USAGE = ((ROLLOUT_INPUT_TOKENS, _INPUT_KEYS), (ROLLOUT_OUTPUT_TOKENS, _OUTPUT_KEYS))
 
 
-def usage_attributes(usage: Any, attributes: dict[str, Any]) -> None:
+def usage_attributes(usage: Any, attributes: dict[str, Any], names: tuple = _CALL_USAGE) -> None:
     """Token counts in either dialect (Responses/Messages: input/output, Chat Completions:
-    prompt/completion)."""
+    prompt/completion), as one model call's (``gen_ai.usage.*``) unless ``names`` says."""
     if usage is None:
         return
-    for name, keys in _USAGE_KEYS:
+    for name, keys in names:
         for key in keys:
             value = _field(usage, key)
             if type(value) is int:
@@ -204,7 +207,7 @@ def rollout_attributes(answer: Any, attributes: dict[str, Any]) -> str | None:
     if result is not None and _field(answer, "episode_id") is not None:
         answer = result
     verdict_attributes(answer, attributes)
-    usage_attributes(_field(_field(answer, "response"), "usage"), attributes)
+    usage_attributes(_field(_field(answer, "response"), "usage"), attributes, _ROLLOUT_USAGE)
     return None
 
 

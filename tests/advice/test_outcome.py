@@ -131,8 +131,8 @@ def test_a_run_answer_gives_its_client_span_reward_tokens_and_the_rows_identity(
         {
             "nemo.gym.reward": 0.5,
             "nemo.gym.mask_sample": True,
-            "gen_ai.usage.input_tokens": 7,
-            "gen_ai.usage.output_tokens": 3,
+            "nemo.gym.rollout.usage.input_tokens": 7,
+            "nemo.gym.rollout.usage.output_tokens": 3,
             "nemo.gym.task.index": 3,
             "nemo.gym.rollout.index": 1,
             "gen_ai.operation.name": "invoke_agent",
@@ -152,7 +152,8 @@ def test_answers_of_other_shapes_and_rows_without_indexes(instrumented, spans, f
     (span,) = _client(spans)
     assert span.attributes["nemo.gym.reward"] == 1.0
     assert "nemo.gym.task.index" not in span.attributes and "nemo.gym.rollout.index" not in span.attributes
-    assert "gen_ai.usage.input_tokens" not in span.attributes  # no usage in the answer: none invented
+    assert "nemo.gym.rollout.usage.input_tokens" not in span.attributes  # no usage in the answer: none invented
+    assert "gen_ai.usage.input_tokens" not in span.attributes  # a rollout's total is never a call's
 
 
 def test_a_failed_episode_says_its_kind_and_stage_never_its_reason(instrumented, spans, fleet):

@@ -225,11 +225,8 @@ def test_model_calls_carry_genai_metadata_and_no_content(instrumented, spans):
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": "asked-model",
         "gen_ai.response.model": "served-chat",
-        "gen_ai.usage.input_tokens": 11,
-        "gen_ai.usage.output_tokens": 7,
-    }
-    assert responses.attributes["gen_ai.usage.input_tokens"] == 5
-    assert responses.attributes["gen_ai.usage.output_tokens"] == 3
+    }  # no token counts: the caller's CLIENT span of the call has them (counted once)
+    assert "gen_ai.usage.input_tokens" not in responses.attributes
     assert responses.attributes["gen_ai.response.model"] == "served-responses"
     assert "gen_ai.request.model" not in responses.attributes  # neither the body nor the config names one
     for span in (chat, responses):
