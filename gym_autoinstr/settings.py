@@ -300,12 +300,6 @@ AIOHTTP_HOOKS = Switch(
 GC_FREEZE = Switch(PREFIX + "GC_FREEZE", True, "freeze OpenTelemetry's start-up objects out of the garbage collector")
 LOG_CORRELATION = Switch(PREFIX + "LOG_CORRELATION", True, "add trace and span ids to log lines when logs are exported")
 FLEET_MEMORY = Switch(PREFIX + "FLEET_MEMORY", False, "the orchestrator observes each spawned server's memory")
-OPENINFERENCE = Switch(
-    PREFIX + "OPENINFERENCE",
-    False,
-    "also name the agent's spans in OpenInference's terms (Arize Phoenix): span kinds, tool and model names, "
-    "token counts (a few attributes more on the spans that have a GenAI operation)",
-)
 FLUSH_TIMEOUT_MS = Number(
     PREFIX + "FLUSH_TIMEOUT_MS",
     500,

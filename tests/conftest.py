@@ -29,6 +29,9 @@ SHARED_WORKER = {
     "test_harness_slurm.py": "slurm",
     "test_harness_ssh.py": "slurm",
     "test_realgym_slurm.py": "slurm",
+    # the collection-job fleets (job_fleets)
+    "test_realgym_job.py": "jobs",
+    "test_realgym_outcome.py": "jobs",
 }
 # The files that take longest (tests/README.md, "Where the time goes"), longest first: under
 # xdist they are handed out first, so the short ones fill the workers' gaps at the end.
@@ -217,6 +220,31 @@ def bare_gym(tmp_path_factory):
         return runs[version]
 
     yield run
+    for model in models:
+        model.stop()
+
+
+@pytest.fixture(scope="session")
+def job_fleets(tmp_path_factory):
+    """``job_fleets(version)``: the session's traced fleet of that Gym version for collection
+    jobs (tests/harness/jobs.py), started on first use, with a policy model of its own."""
+    from tests.harness.jobs import JobFleet
+    from tests.harness.trio import PolicyModel
+
+    fleets: dict = {}
+    models = []
+
+    def get(version: str):
+        if version not in fleets:
+            if not models:
+                models.append(PolicyModel().start())
+            workdir = tmp_path_factory.mktemp(f"jobs-{version}")
+            fleets[version] = JobFleet(version, workdir, models[0].url).start()
+        return fleets[version]
+
+    yield get
+    for fleet in fleets.values():
+        fleet.stop()
     for model in models:
         model.stop()
 

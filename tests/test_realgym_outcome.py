@@ -1,28 +1,28 @@
 """Each rollout's outcome on its trace (issue #53), on real Gym 0.4.0 and 0.7.0.
 
-One fleet per release, with a resources server whose verify returns each task's own
-reward (tests/fixtures/graded; on 0.7 one task's samples are masked), under
-``opentelemetry-instrument`` with the default span groups, exporting through a real
-collector.  Gym's own collection driver runs four tasks twice each; one more rollout is
-sent straight to the fleet.  What Gym wrote to its output file is the truth every
-exported span and metric is checked against: reward, task and repeat index and tokens on
-each rollout's root, the verifier's reward on the call that asked for it, tokens on every
-model call, the tool call as a GenAI tool execution, and the reward histogram's count and
-sum.
+The session's collection-job fleets (``job_fleets``, tests/harness/jobs.py: the default
+span groups, a resources server whose verify returns each task's own reward, a real
+collector) run Gym's own collection driver on four tasks twice each (on 0.7 one task's
+samples masked); one more rollout is sent straight to the agent.  What Gym wrote to its
+output file is the truth every exported span and metric is checked against: reward, task
+and repeat index and tokens on each rollout's root, the verifier's reward on the call
+that asked for it, tokens on every model call, the tool call as a GenAI tool execution,
+and the reward histogram's count and sum.  Then a job sampled by task: every repeat of a
+task kept or dropped together.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
-from collections import defaultdict
 
 import pytest
 
-from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
+from tests.harness.jobs import RESOURCES, output_rows
 from tests.harness.metrics import latest, metric_points
-from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, GymTrio
+from tests.harness.traces import by_trace, job_spans, linked_rollout_roots, service_of, spans_since
+from tests.harness.trio import AGENT, ENVIRONMENT, MODEL
 
 pytestmark = pytest.mark.realgym
 
@@ -30,68 +30,21 @@ REWARDS = (0.0, 0.5, 1.0, 0.75)  # task index -> its reward
 MASKED_TASK = 1  # on 0.7: its samples' mask_sample is true
 REPEATS = 2
 DIRECT_REWARD = 0.25
-COLLECT_SERVICE = "nemo-gym/collect"
-RESOURCES = "graded"
-
-
-def _service(span: dict) -> str:
-    return span["resource"].get("service.name", "")
 
 
 class Run:
-    """One release's fleet, its collection run and what both exported."""
+    """One collection job of graded tasks and one direct rollout, and what they exported."""
 
-    def __init__(self, version: str, spans: list[dict], points: list[dict], rows: list[dict], direct: dict) -> None:
-        self.version, self.spans, self.points, self.rows, self.direct = version, spans, points, rows, direct
-        self.traces: dict[str, list[dict]] = defaultdict(list)
-        for span in spans:
-            self.traces[span["trace_id"]].append(span)
+    def __init__(self, version, spans, rows, direct, rewards_before, rewards_after) -> None:
+        self.version, self.spans, self.rows, self.direct = version, spans, rows, direct
+        self.rewards_before, self.rewards_after = rewards_before, rewards_after
+        self.traces = by_trace(spans)
+        (self.job,) = job_spans(spans)
+        self.roots = linked_rollout_roots(spans, self.job)
 
 
-@pytest.fixture(scope="module", params=["0.4.0", "0.7.0"])
-def run(request, tmp_path_factory, policy_model) -> Run:
-    version = request.param
-    workdir = tmp_path_factory.mktemp(f"outcome-{version}")
-    masks = version >= "0.7"
-    with Collector(log_dir=workdir / "collector") as collector:
-        env = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-            "OTEL_METRIC_EXPORT_INTERVAL": "500",
-        }
-        with GymTrio(
-            gym_venv(version), version, workdir / "gym", policy_model.url, env=env, instrument=True, resources=RESOURCES
-        ) as trio:
-            row = trio.default_row()
-            tasks = [
-                {**row, "verifier_metadata": {"reward": reward, "mask": masks and task == MASKED_TASK}}
-                for task, reward in enumerate(REWARDS)
-            ]
-            output, done = trio.collect(tasks, workdir / "collect", num_repeats=REPEATS)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            # straight to the agent (0.7's environment server relays /run as bytes it never
-            # parses: a rollout sent to it has its outcome on the agent's spans, not its root)
-            direct = _post(trio.url(AGENT) + "/run", {**row, "verifier_metadata": {"reward": DIRECT_REWARD}})
-            rollouts = len(REWARDS) * REPEATS + 1
-
-            def complete(spans: list[dict]) -> bool:
-                return sum(s["name"] == "gym.rollout" for s in spans) >= rollouts and any(
-                    s["name"] == "gym.job" for s in spans
-                )
-
-            assert collector.sink.wait_for(complete, timeout=60), sorted({s["name"] for s in collector.sink.spans()})
-
-            def counted(points: list[dict]) -> bool:
-                found = latest(points, "gym.rollout.reward")
-                return sum(p["value"] for p in found.values()) >= rollouts
-
-            assert collector.sink.wait_for(lambda _: counted(metric_points(collector.sink)), timeout=30)
-        spans = collector.sink.spans()
-        points = metric_points(collector.sink)
-    rows = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
-    assert len(rows) == len(REWARDS) * REPEATS
-    return Run(version, spans, points, rows, direct)
+def _reward_points(fleet) -> dict:
+    return latest(metric_points(fleet.collector.sink), "gym.rollout.reward")
 
 
 def _post(url: str, body: dict) -> dict:
@@ -102,18 +55,36 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def _job_rollout_roots(run: Run) -> list[dict]:
-    return [
-        s
-        for s in run.spans
-        if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE and s["attributes"].get("url.template") == "/run"
+@pytest.fixture(scope="module", params=["0.4.0", "0.7.0"])
+def run(request, job_fleets) -> Run:
+    version = request.param
+    fleet = job_fleets(version)
+    row = fleet.trio.default_row()
+    masks = version >= "0.7"
+    before = _reward_points(fleet)
+    tasks = [
+        {**row, "verifier_metadata": {"reward": reward, "mask": masks and task == MASKED_TASK}}
+        for task, reward in enumerate(REWARDS)
     ]
+    start_ns, output = fleet.collect(rows=tasks, repeats=REPEATS, parallel=4)
+    # straight to the agent (0.7's environment server relays /run as bytes it never
+    # parses: a rollout sent to it has its outcome on the agent's spans, not its root)
+    direct = _post(fleet.trio.url(AGENT) + "/run", {**row, "verifier_metadata": {"reward": DIRECT_REWARD}})
+    expected = len(REWARDS) * REPEATS + 1
+    spans = fleet.wait_for_rollouts(start_ns, expected)
+
+    def counted() -> bool:
+        now = _reward_points(fleet)
+        return sum(p["value"] for p in now.values()) - sum(p["value"] for p in before.values()) >= expected
+
+    assert fleet.collector.sink.wait_for(lambda _: counted(), timeout=30)
+    time.sleep(1)  # one more export: the count stays
+    return Run(version, spans, output_rows(output), direct, before, _reward_points(fleet))
 
 
 def test_every_collected_rollout_root_says_its_reward_task_repeat_and_tokens(run):
-    roots = _job_rollout_roots(run)
-    assert len(roots) == len(run.rows)
-    assert all(root["parent_span_id"] is None for root in roots)  # each a trace of its own
+    roots = run.roots
+    assert len(roots) == len(run.rows) == len(REWARDS) * REPEATS
     by_identity = {(row["_ng_task_index"], row["_ng_rollout_index"]): row for row in run.rows}
     seen = set()
     for root in roots:
@@ -127,38 +98,50 @@ def test_every_collected_rollout_root_says_its_reward_task_repeat_and_tokens(run
         assert attributes["nemo.gym.rollout.usage.output_tokens"] == usage["output_tokens"] > 0
         assert "gen_ai.usage.input_tokens" not in attributes  # a UI adds those up: the calls carry them
         assert attributes["gen_ai.operation.name"] == "invoke_agent"
-        expected_agent = ENVIRONMENT if run.version >= "0.7" else AGENT
-        assert attributes["gen_ai.agent.name"] == expected_agent
+        assert attributes["gen_ai.agent.name"] == (ENVIRONMENT if run.version >= "0.7" else AGENT)
         if run.version >= "0.7":
             assert attributes["nemo.gym.mask_sample"] is (identity[0] == MASKED_TASK) is row["mask_sample"]
         else:
             assert "nemo.gym.mask_sample" not in attributes
-        # the span still ends when its answer was in, not after the rest of the trace
+        # held for Gym's parse, the root still ends when its answer was in, after its trace
         trace = run.traces[root["trace_id"]]
-        assert max(s["end_time_unix_nano"] for s in trace) <= root["end_time_unix_nano"]
+        assert max(s["end_ns"] for s in trace) <= root["end_ns"]
+        assert root["status"] != "ERROR"
     assert seen == {(task, repeat) for task in range(len(REWARDS)) for repeat in range(REPEATS)}
 
 
-def test_a_rollout_sent_straight_to_the_fleet_has_its_reward_on_its_root(run):
-    collected = {s["trace_id"] for s in _job_rollout_roots(run)}
-    roots = [s for s in run.spans if s["parent_span_id"] is None and s["name"] == "POST /run"]
-    (root,) = [s for s in roots if s["kind"] == "SERVER" and s["trace_id"] not in collected]
+def test_a_rollout_sent_straight_to_the_agent_has_its_reward_on_its_root(run):
+    collected = {r["trace_id"] for r in run.roots}
+    (root,) = [
+        s
+        for s in run.spans
+        if s["parent_span_id"] is None
+        and s["kind"] == "SERVER"
+        and s["name"] == "POST /run"
+        and s["trace_id"] not in collected
+    ]
+    assert service_of(root) == f"nemo-gym/{AGENT}"
     assert root["attributes"]["nemo.gym.reward"] == run.direct["reward"] == DIRECT_REWARD
+    usage = run.direct["response"]["usage"]
+    assert root["attributes"]["nemo.gym.rollout.usage.output_tokens"] == usage["output_tokens"]
     (rollout,) = [s for s in run.traces[root["trace_id"]] if s["name"] == "gym.rollout"]
     assert rollout["attributes"]["nemo.gym.reward"] == DIRECT_REWARD
     assert rollout["attributes"]["gen_ai.operation.name"] == "invoke_agent"
     assert rollout["attributes"]["gen_ai.agent.name"] == AGENT
-    usage = run.direct["response"]["usage"]
     assert rollout["attributes"]["nemo.gym.rollout.usage.input_tokens"] == usage["input_tokens"]
-    assert root["attributes"]["nemo.gym.rollout.usage.output_tokens"] == usage["output_tokens"]
+    # the reward as the GenAI evaluation result of the agent invocation (logs are off here)
+    assert rollout["events"] == ["gen_ai.evaluation.result"]
+    assert rollout["event_attributes"] == [
+        {"gen_ai.evaluation.name": RESOURCES, "gen_ai.evaluation.score.value": DIRECT_REWARD}
+    ]
 
 
 def test_model_tool_and_verify_calls_carry_their_tokens_tool_and_reward(run):
     """Inside each rollout: the agent's model calls as GenAI chat with their tokens, its tool
     call as a tool execution, its /verify call with the verifier's reward."""
-    for root in _job_rollout_roots(run):
+    for root in run.roots:
         trace = run.traces[root["trace_id"]]
-        agent_calls = [s for s in trace if s["kind"] == "CLIENT" and _service(s) == f"nemo-gym/{AGENT}"]
+        agent_calls = [s for s in trace if s["kind"] == "CLIENT" and service_of(s) == f"nemo-gym/{AGENT}"]
         chats = [s for s in agent_calls if s["attributes"].get("nemo.gym.http.destination.server.name") == MODEL]
         assert len(chats) == 2  # the tool call's turn and the answer's
         for chat in chats:
@@ -181,19 +164,50 @@ def test_model_tool_and_verify_calls_carry_their_tokens_tool_and_reward(run):
 
 
 def test_the_reward_histogram_counts_and_sums_the_rewards_gym_wrote(run):
-    points = latest(run.points, "gym.rollout.reward")
-    assert points, "no gym.rollout.reward points"
-    assert {p["service"] for p in points.values()} == {f"nemo-gym/{AGENT}"}
+    def totals(points, masked=None):
+        chosen = [p for p in points.values() if masked is None or p["attributes"].get("nemo.gym.mask_sample") is masked]
+        return sum(p["value"] for p in chosen), sum(p["sum"] for p in chosen)
+
+    count_before, sum_before = totals(run.rewards_before)
+    count_after, sum_after = totals(run.rewards_after)
     expected = [row["reward"] for row in run.rows] + [DIRECT_REWARD]
-    assert sum(p["value"] for p in points.values()) == len(expected)
-    assert sum(p["sum"] for p in points.values()) == pytest.approx(sum(expected))
-    for point in points.values():
+    assert count_after - count_before == len(expected)
+    assert sum_after - sum_before == pytest.approx(sum(expected))
+    for point in run.rewards_after.values():
+        assert point["service"] == f"nemo-gym/{AGENT}" and point["unit"] == "1"
         assert point["attributes"]["gen_ai.agent.name"] == AGENT
         assert point["attributes"]["nemo.gym.resources_server.name"] == RESOURCES
-        assert point["unit"] == "1"
-    masked = [p for p in points.values() if p["attributes"]["nemo.gym.mask_sample"]]
-    if run.version >= "0.7":
-        (point,) = masked
-        assert point["value"] == REPEATS and point["sum"] == pytest.approx(REPEATS * REWARDS[MASKED_TASK])
-    else:
-        assert not masked
+    masked_count = totals(run.rewards_after, True)[0] - totals(run.rewards_before, True)[0]
+    assert masked_count == (REPEATS if run.version >= "0.7" else 0)
+
+
+def test_sampling_by_task_keeps_every_repeat_of_a_task_together(job_fleets):
+    """``GYM_AUTOINSTR_SAMPLING_UNIT=task`` with a ratio sampler, in the collection process
+    only: each task's repeats are all kept (whole rollouts) or all dropped."""
+    fleet = job_fleets("0.4.0")
+    row = fleet.trio.default_row()
+    tasks, repeats = 12, 3
+    start_ns, output = fleet.collect(
+        rows=[{**row, "verifier_metadata": {"reward": task / tasks}} for task in range(tasks)],
+        repeats=repeats,
+        parallel=6,
+        env={
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.5",
+            "GYM_AUTOINSTR_SAMPLING_UNIT": "task",
+        },
+    )
+    assert len(output_rows(output)) == tasks * repeats  # sampling changes nothing in Gym
+    fleet.collector.sink.wait_for(lambda spans: job_spans(spans_since(spans, start_ns)), timeout=60)
+    time.sleep(4)  # every server's last batches
+    spans = spans_since(fleet.collector.sink.spans(), start_ns)
+    (job,) = job_spans(spans)
+    roots = linked_rollout_roots(spans, job)
+    kept: dict[int, int] = {}
+    for root in roots:
+        task = root["attributes"]["nemo.gym.task.index"]
+        kept[task] = kept.get(task, 0) + 1
+    assert set(kept.values()) <= {repeats}  # whole groups only
+    # Binomial(12, 0.5) tasks: none or all kept has probability 2/4096
+    assert 0 < len(kept) < tasks, kept
+    assert sum(s["name"] == "gym.rollout" for s in spans) == len(roots)

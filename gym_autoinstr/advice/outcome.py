@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.setup import logs
 
@@ -74,48 +72,6 @@ _NOT_TOOLS = frozenset(("/verify", "/seed_session", "/aggregate_metrics"))
 _HELD = "_gym_autoinstr_outcome"  # the attribute a held call's response carries
 
 
-# -- OpenInference (Arize Phoenix), opt-in: GYM_AUTOINSTR_OPENINFERENCE ---------------------
-
-OI_KIND = "openinference.span.kind"
-
-
-@dataclass(slots=True)
-class _Dialects:
-    openinference: bool
-
-
-# Read once, when Gym's process is instrumented.
-_DIALECTS = _Dialects(settings.OPENINFERENCE.read())
-
-
-AGENT_KIND, TOOL_KIND, LLM_KIND, EVALUATOR_KIND = "AGENT", "TOOL", "LLM", "EVALUATOR"
-
-
-def openinference(attributes: dict[str, Any], kind: str | None = None, tokens: bool = False) -> dict[str, Any]:
-    """``attributes`` plus their OpenInference twins when that dialect is on: the span
-    ``kind``, the tool's and the model's names, and with ``tokens`` (the agent's model
-    calls only: Phoenix adds a trace's counts up over its spans) the token counts."""
-    if not _DIALECTS.openinference:
-        return attributes
-    if kind is not None:
-        attributes[OI_KIND] = kind
-    tool = attributes.get(TOOL_NAME)
-    if tool is not None:
-        attributes["tool.name"] = tool
-    model = attributes.get(RESPONSE_MODEL) or attributes.get(REQUEST_MODEL)
-    if model is not None:
-        attributes["llm.model_name"] = model
-    if tokens:
-        prompt, completion = attributes.get(INPUT_TOKENS), attributes.get(OUTPUT_TOKENS)
-        if prompt is not None:
-            attributes["llm.token_count.prompt"] = prompt
-        if completion is not None:
-            attributes["llm.token_count.completion"] = completion
-        if prompt is not None and completion is not None:
-            attributes["llm.token_count.total"] = prompt + completion
-    return attributes
-
-
 def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tuple[str | None, dict[str, Any]]:
     """For a call to the fleet's server ``callee`` of ``kind`` at ``route``: what its answer
     says (RUN, VERIFY, MODEL, or None: nothing read from it) and the attributes its CLIENT
@@ -127,7 +83,7 @@ def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tup
         if type(body) is dict:
             _index(attributes, TASK_INDEX, body.get(_TASK_KEY))
             _index(attributes, ROLLOUT_INDEX, body.get(_ROLLOUT_KEY))
-        return RUN, openinference(attributes, AGENT_KIND)
+        return RUN, attributes
     if kind == _MODELS:
         if route not in _MODEL_ROUTES:
             return None, {}
@@ -135,12 +91,12 @@ def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tup
         model = body.get("model") if type(body) is dict else None
         if type(model) is str and model:
             attributes[REQUEST_MODEL] = model
-        return MODEL, openinference(attributes, LLM_KIND)
+        return MODEL, attributes
     if kind == _RESOURCES:
         if route == "/verify":
-            return VERIFY, openinference({}, EVALUATOR_KIND)
+            return VERIFY, {}
         if route not in _NOT_TOOLS:
-            return None, openinference({OPERATION: EXECUTE_TOOL, TOOL_NAME: route.lstrip("/")}, TOOL_KIND)
+            return None, {OPERATION: EXECUTE_TOOL, TOOL_NAME: route.lstrip("/")}
     return None, {}
 
 
@@ -282,7 +238,6 @@ class _Held:
             verdict_attributes(answer, attributes)
         else:
             model_attributes(answer, attributes)
-            openinference(attributes, tokens=True)
         span = self.span
         if span is None:
             return

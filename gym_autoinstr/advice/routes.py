@@ -212,14 +212,10 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> trace.Span | None:
             attributes[ROLLOUT_ID] = rollout_id
         if seam.model_call:
             attributes.update(genai.request_attributes(args, kwargs, seam.server))
-            outcome.openinference(attributes, outcome.LLM_KIND)
         elif seam.group == groups.ROLLOUT:
             attributes[outcome.OPERATION] = outcome.INVOKE_AGENT
             attributes[outcome.AGENT_NAME] = seam.server_name
             _row_identity(args, kwargs, attributes)
-            outcome.openinference(attributes, outcome.AGENT_KIND)
-        elif seam.group == groups.VERIFY:
-            outcome.openinference(attributes, outcome.EVALUATOR_KIND)
         return tracer().start_span(seam.span_name, kind=SpanKind.INTERNAL, attributes=attributes)
     except Exception as error:
         warn_once(f"routes:start:{seam.span_name}", "%s span skipped: %r", seam.span_name, error)

@@ -238,37 +238,7 @@ def test_which_answers_are_read(kind, route, expected):
     assert outcome.call_attributes("s", kind, route, {})[0] == expected
 
 
-def test_the_openinference_dialect_names_each_span_as_phoenix_reads_it(instrumented, spans, fleet, monkeypatch):
-    """Off by default (no attribute of it anywhere above); on, each GenAI span also says its
-    OpenInference kind, and only model calls carry OpenInference token counts (Phoenix adds
-    them up over a trace: a rollout's total on its root would count them twice)."""
-    monkeypatch.setattr(outcome._DIALECTS, "openinference", True)
-    _, as_server = fleet
-    base = as_server("my_agent", "responses_api_agents")
-    _parsed(f"{base}/run", {"_ng_task_index": 0})
-    base = as_server("policy_model", "responses_api_models")
-    _parsed(f"{base}/v1/chat/completions", {"model": "asked-model"})
-    base = as_server("my_resources", "resources_servers")
-    _parsed(f"{base}/get_weather", {"city": "x"})
-    _parsed(f"{base}/verify", {})
-    run, chat, tool, verify = _client(spans)
-    assert run.attributes["openinference.span.kind"] == "AGENT"
-    assert not [key for key in run.attributes if key.startswith("llm.")]
-    _assert_has(
-        chat,
-        {
-            "openinference.span.kind": "LLM",
-            "llm.model_name": "served-model",
-            "llm.token_count.prompt": 5,
-            "llm.token_count.completion": 2,
-            "llm.token_count.total": 7,
-        },
-    )
-    _assert_has(tool, {"openinference.span.kind": "TOOL", "tool.name": "get_weather"})
-    assert verify.attributes["openinference.span.kind"] == "EVALUATOR"
-
-
-def test_without_the_dialect_no_openinference_attribute(instrumented, spans, fleet):
+def test_no_openinference_attribute_phoenix_reads_the_genai_ones(instrumented, spans, fleet):
     _, as_server = fleet
     base = as_server("policy_model", "responses_api_models")
     _parsed(f"{base}/v1/chat/completions", {"model": "asked-model"})

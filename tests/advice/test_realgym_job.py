@@ -1,7 +1,8 @@
 """Rollout collection on real Gym: one rollout, one trace, each linked to its job.
 
-One traced trio per Gym version (module-scoped, shared by every case), a real collector
-(rotel) in front of the test's sink, and Gym's own collection driver run as users run it:
+One traced trio per Gym version (``job_fleets``, tests/harness/jobs.py: shared by every
+case, and by test_realgym_outcome.py), a real collector (rotel) in front of the test's
+sink, and Gym's own collection driver run as users run it:
 
 * 0.7.0: the real ``gym eval run --no-serve`` under ``opentelemetry-instrument``;
 * 0.4.0: the body of Gym's ``collect_rollouts()`` (what ``ng_collect_rollouts`` and ``gym
@@ -15,7 +16,6 @@ start time (the run's own spans start after it is launched) and by its ``gym.job
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -23,8 +23,6 @@ import time
 
 import pytest
 
-from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.traces import (
     assert_whole_rollout,
     by_trace,
@@ -33,17 +31,8 @@ from tests.harness.traces import (
     service_of,
     spans_since,
 )
-from tests.harness.trio import AGENT, GymTrio
 
 pytestmark = pytest.mark.realgym
-
-COLLECT_DRIVER = """\
-import asyncio
-from nemo_gym.global_config import get_global_config_dict
-from nemo_gym.rollout_collection import RolloutCollectionConfig, RolloutCollectionHelper
-config = RolloutCollectionConfig.model_validate(get_global_config_dict())
-asyncio.run(RolloutCollectionHelper().run_from_config(config))
-"""
 
 # An embedder (a training loop that traces its steps) around Gym's collection functions:
 # `run_examples` as NeMo RL calls it, then `run_from_config`, each inside a span of its own.
@@ -68,107 +57,9 @@ asyncio.run(main())
 """
 
 
-class Fleet:
-    def __init__(self, version: str, trio: GymTrio, collector: Collector, workdir) -> None:
-        self.version, self.trio, self.collector, self.workdir = version, trio, collector, workdir
-        self.runs = 0
-
-    def collect(
-        self,
-        *,
-        rows: int,
-        repeats: int,
-        parallel: int,
-        env: dict[str, str] | None = None,
-        driver: str | None = None,
-        drop_env: tuple[str, ...] = (),
-    ) -> tuple[int, str]:
-        """One instrumented collection run; returns its start time and its output file."""
-        self.runs += 1
-        run_dir = self.workdir / f"run{self.runs}"
-        run_dir.mkdir()
-        input_rows = run_dir / "rows.jsonl"
-        input_rows.write_text("".join(json.dumps(self.trio.default_row()) + "\n" for _ in range(rows)))
-        output = run_dir / "rollouts.jsonl"
-        venv = self.trio.venv
-        overrides = [
-            f"+config_paths=[{self.trio.config_path}]",
-            f"+agent_name={AGENT}",
-            f"+input_jsonl_fpath={input_rows}",
-            f"+output_jsonl_fpath={output}",
-            f"+num_repeats={repeats}",
-            f"+num_samples_in_parallel={parallel}",
-            "+upload_rollouts_to_wandb=false",
-        ]
-        if driver is None and self.version >= "0.7":
-            command = [str(venv / "bin" / "gym"), "eval", "run", "--no-serve", *overrides]
-        else:
-            script = run_dir / "collect.py"
-            script.write_text(driver or COLLECT_DRIVER)
-            command = [str(venv / "bin" / "python"), str(script), *overrides]
-        environment = self.trio.environment()
-        for name in drop_env:
-            environment.pop(name, None)
-        environment.update(env or {})
-        start_ns = time.time_ns()
-        done = subprocess.run(
-            [str(venv / "bin" / "opentelemetry-instrument"), *command],
-            cwd=run_dir,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "Error in sitecustomize" not in done.stderr
-        return start_ns, str(output)
-
-    def wait_for_rollouts(self, start_ns: int, count: int, timeout: float = 60) -> list[dict]:
-        """This run's spans, once ``count`` rollouts (their verify call) have arrived."""
-        self.collector.sink.wait_for(
-            lambda spans: (
-                sum(s["name"] == "POST /verify" for s in spans_since(spans, start_ns)) >= count
-                and job_spans(spans_since(spans, start_ns))
-            ),
-            timeout=timeout,
-        )
-        time.sleep(1.5)  # the last batch of each server (batch delay 200 ms)
-        return spans_since(self.collector.sink.spans(), start_ns)
-
-
-@pytest.fixture(scope="module")
-def fleets(tmp_path_factory, policy_model):
-    """Trios started on first use, one per Gym version, shared by the whole module."""
-    started: dict[str, Fleet] = {}
-    stack = []
-
-    def get(version: str) -> Fleet:
-        if version not in started:
-            workdir = tmp_path_factory.mktemp(f"jobs-{version}")
-            collector = Collector(log_dir=workdir / "collector")
-            collector.__enter__()
-            stack.append(collector)
-            env = {
-                "OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint,
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                "OTEL_BSP_SCHEDULE_DELAY": "200",
-            }
-            trio = GymTrio(
-                gym_venv(version), version, workdir / "gym", policy_url=policy_model.url, instrument=True, env=env
-            )
-            trio.start(timeout=300)
-            stack.append(trio)
-            started[version] = Fleet(version, trio, collector, workdir)
-        return started[version]
-
-    yield get
-    for item in reversed(stack):
-        item.__exit__(None, None, None)
-
-
 @pytest.mark.parametrize("version", ["0.4.0", "0.7.0"])
-def test_every_rollout_is_its_own_trace_linked_to_the_job(version, fleets):
-    fleet = fleets(version)
+def test_every_rollout_is_its_own_trace_linked_to_the_job(version, job_fleets):
+    fleet = job_fleets(version)
     rows, repeats = 2, 3
     start_ns, output = fleet.collect(rows=rows, repeats=repeats, parallel=3)
     assert len(open(output).read().splitlines()) == rows * repeats  # Gym collected them all
@@ -201,8 +92,8 @@ def test_every_rollout_is_its_own_trace_linked_to_the_job(version, fleets):
     assert set(traces) == {job["trace_id"]} | {r["trace_id"] for r in roots}
 
 
-def test_opt_in_nests_the_job_in_one_trace(fleets):
-    fleet = fleets("0.7.0")
+def test_opt_in_nests_the_job_in_one_trace(job_fleets):
+    fleet = job_fleets("0.7.0")
     start_ns, _ = fleet.collect(rows=1, repeats=2, parallel=2, env={"GYM_AUTOINSTR_JOB_TRACE": "single"})
     spans = fleet.wait_for_rollouts(start_ns, 2)
     (job,) = job_spans(spans)
@@ -221,8 +112,8 @@ def test_opt_in_nests_the_job_in_one_trace(fleets):
     assert sum(s["name"] == "gym.rollout" for s in spans) == 2
 
 
-def test_ratio_sampler_keeps_each_rollout_whole_or_not_at_all_and_always_the_job(fleets):
-    fleet = fleets("0.4.0")
+def test_ratio_sampler_keeps_each_rollout_whole_or_not_at_all_and_always_the_job(job_fleets):
+    fleet = job_fleets("0.4.0")
     n = 40
     start_ns, output = fleet.collect(
         rows=1,
@@ -247,8 +138,8 @@ def test_ratio_sampler_keeps_each_rollout_whole_or_not_at_all_and_always_the_job
     assert sum(s["name"] == "gym.rollout" for s in spans) == len(roots)
 
 
-def test_an_embedders_span_parents_the_rollouts(fleets):
-    fleet = fleets("0.4.0")
+def test_an_embedders_span_parents_the_rollouts(job_fleets):
+    fleet = job_fleets("0.4.0")
     start_ns, _ = fleet.collect(rows=1, repeats=2, parallel=2, driver=EMBEDDER_DRIVER)
     spans = fleet.wait_for_rollouts(start_ns, 1 + 2)
     traces = by_trace(spans)
@@ -277,11 +168,11 @@ def test_an_embedders_span_parents_the_rollouts(fleets):
     assert set(traces) == {step1["trace_id"], step2["trace_id"]}
 
 
-def test_view_groups_rollout_traces_under_their_job(fleets):
+def test_view_groups_rollout_traces_under_their_job(job_fleets):
     """The file default (no endpoint) in the collection process: ``gym-autoinstr view``
     reads its run directory back and lists its traces, a job line above the rollouts
     linked to it."""
-    fleet = fleets("0.4.0")
+    fleet = job_fleets("0.4.0")
     run_dir = fleet.workdir / "view-run"
     fleet.collect(
         rows=1,

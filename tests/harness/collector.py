@@ -112,6 +112,7 @@ def flatten_trace_request(request: Any) -> list[dict[str, Any]]:
                         "start_ns": span.start_time_unix_nano,
                         "end_ns": span.end_time_unix_nano,
                         "events": [e.name for e in span.events],
+                        "event_attributes": [_attrs(e.attributes) for e in span.events],
                         "links": [
                             {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in span.links
                         ],

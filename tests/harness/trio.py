@@ -573,12 +573,15 @@ class GymTrio:
         num_repeats: int = 1,
         parallel: int | None = None,
         env: Mapping[str, str] | None = None,
+        driver: str | None = None,
+        drop_env: tuple[str, ...] = (),
         timeout: float = 600,
     ) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
         """Gym's own collection driver on ``rows`` against this fleet, under
-        ``opentelemetry-instrument`` with this fleet's environment (plus ``env``), run from
-        ``directory``: ``gym eval run --no-serve`` on 0.7+, else what ``ng_collect_rollouts``
-        runs (``RolloutCollectionHelper.run_from_config``, without the CLI around it).
+        ``opentelemetry-instrument`` with this fleet's environment (less ``drop_env``, plus
+        ``env``), run from ``directory``: ``gym eval run --no-serve`` on 0.7+, else what
+        ``ng_collect_rollouts`` runs (``RolloutCollectionHelper.run_from_config``, without
+        the CLI around it), or ``driver`` (a Python script given the same overrides).
         Returns Gym's output file (its rows: reward, ``_ng_task_index``, ...) and the run."""
         directory.mkdir(parents=True, exist_ok=True)
         input_rows = directory / "rows.jsonl"
@@ -594,13 +597,14 @@ class GymTrio:
         ]
         if parallel is not None:
             overrides.append(f"+num_samples_in_parallel={parallel}")
-        if _vtuple(self.gym_version) >= (0, 7):
+        if driver is None and _vtuple(self.gym_version) >= (0, 7):
             command = [str(self.venv / "bin" / "gym"), "eval", "run", "--no-serve", *overrides]
         else:
             script = directory / "collect.py"
-            script.write_text(COLLECT_DRIVER)
+            script.write_text(driver or COLLECT_DRIVER)
             command = [str(self.venv / "bin" / "python"), str(script), *overrides]
-        environment = {**self.environment(), **(env or {})}
+        environment = {k: v for k, v in self.environment().items() if k not in drop_env}
+        environment.update(env or {})
         done = subprocess.run(
             [str(self.venv / "bin" / "opentelemetry-instrument"), *command],
             cwd=directory,
