@@ -12,7 +12,8 @@ stamped like the Gym venvs: about 630 MB, 40 s).  ``phoenix serve`` runs as its 
 process group with its SQLite (``phoenix.db``) under the work directory, on two loopback
 ports of ``ports.py`` (HTTP: UI, REST, GraphQL, OTLP/HTTP at ``/v1/traces``; OTLP/gRPC),
 its own telemetry pixels, web fonts, agent assistant and MCP server off: no network, no
-account.  A first start (database migrations) takes 20-40 s on two busy cores.
+account.  It is ready (``/readyz``: its database answers) 15-20 s after the start, fresh
+or on its database again, on two idle cores; 40-50 s on busy ones.
 ``./run-demo --backend phoenix`` uses the same class.
 
 What Phoenix 20.26.1 does with what it is sent (each checked against a running server,
