@@ -13,7 +13,9 @@ Gym the way a user does (SIGINT), then shows one rollout's trace with
 With ``--backend mlflow`` the rollouts go to a trace UI instead: an MLflow tracking
 server (its own venv, SQLite store under the work directory) is started, Gym exports to
 it over OTLP/HTTP (all span groups, so model calls show token usage), and the demo prints
-the URL to open and keeps MLflow running until Enter or Ctrl-C.
+the URL to open and keeps MLflow running until Enter or Ctrl-C.  ``--backend phoenix``
+does the same with Arize Phoenix (``phoenix serve``, its own venv and SQLite, OTLP/HTTP
+into the project ``gym-autoinstr-demo``).
 """
 
 from __future__ import annotations
@@ -101,11 +103,15 @@ def main() -> int:
         "--workdir", help="where Gym runs and the traces are written (default: a new .cache/demo/<time>)"
     )
     parser.add_argument(
-        "--backend", choices=["mlflow"], help="send the traces to this UI, started locally, and print its URL"
+        "--backend",
+        choices=["mlflow", "phoenix"],
+        help="send the traces to this UI, started locally, and print its URL",
     )
     args = parser.parse_args()
     if args.backend == "mlflow":
         return with_mlflow(args)
+    if args.backend == "phoenix":
+        return with_phoenix(args)
 
     print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr (the first run installs; later runs reuse it)...")
     venv = gym_venv(args.gym_version)
@@ -223,6 +229,55 @@ def with_mlflow(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
     return 0 if sum(t["state"].endswith("OK") for t in traces) >= args.rollouts else 1
+
+
+def with_phoenix(args: argparse.Namespace) -> int:
+    from tests.harness.phoenix_backend import PhoenixServer
+
+    print(
+        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and Arize Phoenix "
+        "(the first run installs; later runs reuse them)..."
+    )
+    venv = gym_venv(args.gym_version)
+    workdir = _work_directory(args.workdir)
+    project = "gym-autoinstr-demo"
+    with PolicyModel() as model, PhoenixServer(workdir / "phoenix") as phoenix:
+        env = {**phoenix.otlp_env(project), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
+        print(f"Phoenix at {phoenix.url} (store: {phoenix.workdir / 'phoenix.db'})")
+        for name, value in env.items():
+            print(f"  {name}={value}")
+        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True, own_ray=True)
+        print("starting Gym: opentelemetry-instrument gym env start ...")
+        trio.start()
+        started = time.monotonic()
+        results = []
+        try:
+            for i in range(args.rollouts):
+                results.append(trio.rollout())
+                progress(i + 1, args.rollouts, started)
+            # Spans leave every second; wait for them in Phoenix rather than rely on the
+            # time-boxed flush at Gym's shutdown.
+            traces = phoenix.wait_for_rollouts(project, len(results))
+        finally:
+            print("stopping Gym (SIGINT, as a user would)...")
+            trio.stop()
+        print(f"  rewards: {[r.get('reward') for r in results]}")
+        print(f"\n{len(traces)} rollout traces in Phoenix project {project}:")
+        for trace in traces:
+            kinds: dict[str, int] = {}
+            for span in trace["spans"]:
+                kinds[span["span_kind"]] = kinds.get(span["span_kind"], 0) + 1
+            shown = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+            print(f"  {trace['trace_id']}  {len(trace['spans'])} spans ({shown})")
+        print(f"\nopen {phoenix.traces_url(project)}")
+        if traces:
+            print(f"one rollout: {phoenix.trace_url(project, traces[0]['trace_id'])}")
+        print("Phoenix keeps running; press Enter (or Ctrl-C) to stop it.", flush=True)
+        try:
+            sys.stdin.readline()
+        except KeyboardInterrupt:
+            pass
+    return 0 if len(traces) >= args.rollouts else 1
 
 
 if __name__ == "__main__":
