@@ -12,8 +12,8 @@ Gym the way a user does (SIGINT), then shows one rollout's trace with
 
 With ``--backend mlflow`` the rollouts go to a trace UI instead: an MLflow tracking
 server (its own venv, SQLite store under the work directory) is started, Gym exports to
-it over OTLP/HTTP (all span groups, so model calls show token usage), and the demo prints
-the URL to open and keeps MLflow running until Enter or Ctrl-C.  ``--backend phoenix``
+it over OTLP/HTTP (all span groups), the rollouts and a small collection job run, and the
+demo prints the URL to open and keeps MLflow running until Enter or Ctrl-C.  ``--backend phoenix``
 does the same with Arize Phoenix (``phoenix serve``, its own venv and SQLite, OTLP/HTTP
 into the project ``gym-autoinstr-demo``).
 """
@@ -104,14 +104,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--backend",
-        choices=["mlflow", "phoenix"],
+        choices=sorted(BACKENDS),
         help="send the traces to this UI, started locally, and print its URL",
     )
     args = parser.parse_args()
-    if args.backend == "mlflow":
-        return with_mlflow(args)
-    if args.backend == "phoenix":
-        return with_phoenix(args)
+    if args.backend:
+        return with_backend(args)
 
     print(f"preparing nemo-gym {args.gym_version} with gym-autoinstr (the first run installs; later runs reuse it)...")
     venv = gym_venv(args.gym_version)
@@ -186,19 +184,76 @@ def _shown_path(path: Path) -> str:
         return str(path)
 
 
-def with_mlflow(args: argparse.Namespace) -> int:
-    from tests.harness.mlflow_backend import MlflowServer
+class _Mlflow:
+    """The MLflow side of ``--backend mlflow``: an experiment, its OTLP recipe, its traces."""
 
+    label, noun = "MLflow", "experiment"
+
+    def __init__(self, workdir: Path) -> None:
+        from tests.harness.mlflow_backend import MlflowServer
+
+        self.server = MlflowServer(workdir / "mlflow")
+
+    def open(self) -> dict[str, str]:
+        self.target = self.server.create_experiment("gym-autoinstr-demo")
+        print(f"MLflow tracking server at {self.server.url} (store: {self.server.workdir / 'mlflow.db'})")
+        return self.server.otlp_env(self.target)
+
+    def wait(self, count: int) -> list[dict]:
+        return self.server.wait_for_rollouts(self.target, count)
+
+    def describe(self, trace: dict) -> str:
+        return f"{len(trace['spans'])} spans  {trace['state'].rsplit('.', 1)[-1]}"
+
+    def urls(self, traces: list[dict]) -> tuple[str, str | None]:
+        one = self.server.trace_url(self.target, traces[0]["trace_id"]) if traces else None
+        return self.server.traces_url(self.target), one
+
+
+class _Phoenix:
+    """The Arize Phoenix side of ``--backend phoenix``: a project, its recipe, its traces."""
+
+    label, noun = "Phoenix", "project"
+
+    def __init__(self, workdir: Path) -> None:
+        from tests.harness.phoenix_backend import PhoenixServer
+
+        self.server = PhoenixServer(workdir / "phoenix")
+        self.target = "gym-autoinstr-demo"
+
+    def open(self) -> dict[str, str]:
+        print(f"Phoenix at {self.server.url} (store: {self.server.workdir / 'phoenix.db'})")
+        return self.server.otlp_env(self.target)
+
+    def wait(self, count: int) -> list[dict]:
+        return self.server.wait_for_rollouts(self.target, count)
+
+    def describe(self, trace: dict) -> str:
+        kinds: dict[str, int] = {}
+        for span in trace["spans"]:
+            kinds[span["span_kind"]] = kinds.get(span["span_kind"], 0) + 1
+        return f"{len(trace['spans'])} spans (" + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) + ")"
+
+    def urls(self, traces: list[dict]) -> tuple[str, str | None]:
+        one = self.server.trace_url(self.target, traces[0]["trace_id"]) if traces else None
+        return self.server.traces_url(self.target), one
+
+
+BACKENDS = {"mlflow": _Mlflow, "phoenix": _Phoenix}
+
+
+def with_backend(args: argparse.Namespace) -> int:
+    """The rollouts, and a small collection job, into a trace UI started locally."""
+    backend_class = BACKENDS[args.backend]
     print(
-        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and MLflow "
+        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and {backend_class.label} "
         "(the first run installs; later runs reuse them)..."
     )
     venv = gym_venv(args.gym_version)
     workdir = _work_directory(args.workdir)
-    with PolicyModel() as model, MlflowServer(workdir / "mlflow") as mlflow:
-        experiment = mlflow.create_experiment("gym-autoinstr-demo")
-        env = {**mlflow.otlp_env(experiment), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
-        print(f"MLflow tracking server at {mlflow.url} (store: {mlflow.workdir / 'mlflow.db'})")
+    backend = backend_class(workdir)
+    with PolicyModel() as model, backend.server:
+        env = {**backend.open(), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
         for name, value in env.items():
             print(f"  {name}={value}")
         trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True, own_ray=True)
@@ -210,74 +265,34 @@ def with_mlflow(args: argparse.Namespace) -> int:
             for i in range(args.rollouts):
                 results.append(trio.rollout())
                 progress(i + 1, args.rollouts, started)
-            # Spans leave every second; wait for them in MLflow rather than rely on the
+            print(
+                f"a collection job: opentelemetry-instrument ng_collect_rollouts ({COLLECT_ROWS} tasks x "
+                f"{COLLECT_REPEATS} repeats)..."
+            )
+            collected = _collect(trio, venv, env)
+            # Spans leave every second; wait for them in the UI rather than rely on the
             # time-boxed flush at Gym's shutdown.
-            traces = mlflow.wait_for_rollouts(experiment, len(results))
+            expected = len(results) + (COLLECT_ROWS * COLLECT_REPEATS if collected.returncode == 0 else 0)
+            traces = backend.wait(expected)
         finally:
             print("stopping Gym (SIGINT, as a user would)...")
             trio.stop()
         print(f"  rewards: {[r.get('reward') for r in results]}")
-        print(f"\n{len(traces)} traces in MLflow experiment {experiment}:")
+        if collected.returncode != 0:
+            print("the collection job failed:\n" + collected.stderr[-3000:])
+        print(f"\n{len(traces)} rollout traces in {backend.label} {backend.noun} {backend.target}:")
         for trace in traces:
-            print(f"  {trace['trace_id']}  {len(trace['spans'])} spans  {trace['state'].rsplit('.', 1)[-1]}")
-        print(f"\nopen {mlflow.traces_url(experiment)}")
-        if traces:
-            print(f"one rollout: {mlflow.trace_url(experiment, traces[0]['trace_id'])}")
-        print("MLflow keeps running; press Enter (or Ctrl-C) to stop it.", flush=True)
+            print(f"  {trace['trace_id']}  {backend.describe(trace)}")
+        every, one = backend.urls(traces)
+        print(f"\nopen {every}")
+        if one:
+            print(f"one rollout: {one}")
+        print(f"{backend.label} keeps running; press Enter (or Ctrl-C) to stop it.", flush=True)
         try:
             sys.stdin.readline()
         except KeyboardInterrupt:
             pass
-    return 0 if sum(t["state"].endswith("OK") for t in traces) >= args.rollouts else 1
-
-
-def with_phoenix(args: argparse.Namespace) -> int:
-    from tests.harness.phoenix_backend import PhoenixServer
-
-    print(
-        f"preparing nemo-gym {args.gym_version} with gym-autoinstr, and Arize Phoenix "
-        "(the first run installs; later runs reuse them)..."
-    )
-    venv = gym_venv(args.gym_version)
-    workdir = _work_directory(args.workdir)
-    project = "gym-autoinstr-demo"
-    with PolicyModel() as model, PhoenixServer(workdir / "phoenix") as phoenix:
-        env = {**phoenix.otlp_env(project), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
-        print(f"Phoenix at {phoenix.url} (store: {phoenix.workdir / 'phoenix.db'})")
-        for name, value in env.items():
-            print(f"  {name}={value}")
-        trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True, own_ray=True)
-        print("starting Gym: opentelemetry-instrument gym env start ...")
-        trio.start()
-        started = time.monotonic()
-        results = []
-        try:
-            for i in range(args.rollouts):
-                results.append(trio.rollout())
-                progress(i + 1, args.rollouts, started)
-            # Spans leave every second; wait for them in Phoenix rather than rely on the
-            # time-boxed flush at Gym's shutdown.
-            traces = phoenix.wait_for_rollouts(project, len(results))
-        finally:
-            print("stopping Gym (SIGINT, as a user would)...")
-            trio.stop()
-        print(f"  rewards: {[r.get('reward') for r in results]}")
-        print(f"\n{len(traces)} rollout traces in Phoenix project {project}:")
-        for trace in traces:
-            kinds: dict[str, int] = {}
-            for span in trace["spans"]:
-                kinds[span["span_kind"]] = kinds.get(span["span_kind"], 0) + 1
-            shown = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-            print(f"  {trace['trace_id']}  {len(trace['spans'])} spans ({shown})")
-        print(f"\nopen {phoenix.traces_url(project)}")
-        if traces:
-            print(f"one rollout: {phoenix.trace_url(project, traces[0]['trace_id'])}")
-        print("Phoenix keeps running; press Enter (or Ctrl-C) to stop it.", flush=True)
-        try:
-            sys.stdin.readline()
-        except KeyboardInterrupt:
-            pass
-    return 0 if len(traces) >= args.rollouts else 1
+    return 0 if collected.returncode == 0 and len(traces) >= expected else 1
 
 
 if __name__ == "__main__":

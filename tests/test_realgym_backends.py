@@ -40,6 +40,7 @@ pytestmark = pytest.mark.realgym
 
 REPO = Path(__file__).resolve().parents[1]
 ROLLOUTS = 2
+COLLECTED = 2 * 2  # the demo's collection job: 2 tasks x 2 repeats
 
 
 def _read_until(process: subprocess.Popen, pattern: str, lines: list[str], timeout: float) -> re.Match[str]:
@@ -184,7 +185,7 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
     assert f"OTEL_EXPORTER_OTLP_TRACES_HEADERS=x-mlflow-experiment-id={demo['experiment']}" in out
     everything = mlflow.search_traces(demo["experiment"])
     traces = mlflow.search_rollouts(demo["experiment"])
-    _check_whole_rollouts(traces, ROLLOUTS)
+    _check_whole_rollouts(traces, ROLLOUTS + COLLECTED)
     _check_model_calls(traces)
     # the rest is the fleet's start-up (span group startup, in the default preset)
     others = [t for t in everything if t["trace_id"] not in {r["trace_id"] for r in traces}]
@@ -192,7 +193,7 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
         assert all(s["name"].startswith(("gym.startup", "gym.server.startup")) for s in trace["spans"]), [
             s["name"] for s in trace["spans"]
         ]
-    assert f"{ROLLOUTS} traces in MLflow experiment {demo['experiment']}" in out
+    assert f"{ROLLOUTS + COLLECTED} rollout traces in MLflow experiment {demo['experiment']}" in out
 
 
 def test_the_collector_recipe_forwards_whole_rollouts_to_mlflow(through_rotel):
@@ -205,7 +206,7 @@ def test_traces_in_mlflow_span_three_gym_services(demo, mlflow):
     # MLflow keeps the OTLP resource per span only as the trace's metadata; the services
     # show in the span attributes Gym's servers set, and in the server spans' ports.
     traces = mlflow.search_rollouts(demo["experiment"])
-    assert len(traces) == ROLLOUTS
+    assert len(traces) == ROLLOUTS + COLLECTED
     for trace in traces:
         servers = {s["attributes"].get("nemo.gym.server.name") for s in trace["spans"]} - {None}
         assert servers >= {AGENT, MODEL, RESOURCES}, servers

@@ -307,7 +307,10 @@ def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
         outcome.evaluation(span, attributes, seam.evaluator)
         server_span = trace.get_current_span()  # the seam's context is left: the SERVER span
         if attributes and server_span is not span and server_span.is_recording():
-            server_span.set_attributes(attributes)
+            # the rollout's root when its caller is not traced: what a GenAI UI lists it as
+            server_span.set_attributes(
+                {outcome.OPERATION: outcome.INVOKE_AGENT, outcome.AGENT_NAME: seam.server_name, **attributes}
+            )
     if attributes:
         span.set_attributes(attributes)
 

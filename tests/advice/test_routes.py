@@ -412,6 +412,8 @@ def test_the_rollout_and_verify_seams_carry_the_reward_their_handler_returned(in
     (verify,) = [s for s in finished if s.name == "gym.verify"]
     run_server, verify_server = [s for s in finished if s.kind == SpanKind.SERVER]
     assert rollout.attributes["nemo.gym.reward"] == 1.0 == run_server.attributes["nemo.gym.reward"]
+    assert run_server.attributes["gen_ai.operation.name"] == "invoke_agent"  # a GenAI UI lists the root as the agent
+    assert run_server.attributes["gen_ai.agent.name"] == "graded_agent"
     assert rollout.attributes["gen_ai.operation.name"] == "invoke_agent"
     assert rollout.attributes["gen_ai.agent.name"] == "graded_agent"
     assert verify.attributes["nemo.gym.reward"] == 1.0

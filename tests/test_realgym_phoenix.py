@@ -1,0 +1,136 @@
+"""Arize Phoenix as a trace UI for Gym (issue #53): ``./run-demo --backend phoenix`` as a user
+runs it (Phoenix from its own venv, its own SQLite; real Gym 0.4.0 under
+``opentelemetry-instrument``, all span groups; rollouts sent one by one, then a collection
+job of Gym's own driver), checked through Phoenix's own REST and GraphQL APIs (the UI's
+trace-list query) and in headless Chromium: each rollout is an agent trace (its root an
+AGENT span) with its model calls (LLM, their tokens counted once) and its tool call
+(TOOL), and the reward on its root, which the UI's trace filter finds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.browser import find_chromium, page_text, screenshot
+
+pytestmark = pytest.mark.realgym
+
+REPO = Path(__file__).resolve().parents[1]
+ROLLOUTS = 2
+COLLECTED = 2 * 2  # the demo's collection job: 2 tasks x 2 repeats
+PROJECT = "gym-autoinstr-demo"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """``./run-demo --backend phoenix``, kept running (Phoenix up) for the module."""
+    from tests.test_realgym_backends import _read_until
+
+    workdir = tmp_path_factory.mktemp("phoenix-demo")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "demo.py"), "--backend", "phoenix", "--rollouts", str(ROLLOUTS)]
+        + ["--workdir", str(workdir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
+    lines: list[str] = []
+    try:
+        opened = _read_until(process, r"^open (http://127\.0\.0\.1:(\d+)/projects/\S+/traces)$", lines, timeout=900)
+        _read_until(process, r"press Enter", lines, timeout=60)
+        from tests.harness.phoenix_backend import PhoenixServer
+
+        client = PhoenixServer(workdir / "client")  # the API side of the demo's server: not started here
+        client.port = int(opened.group(2))
+        yield {"phoenix": client, "output": "".join(lines), "traces_url": opened.group(1), "workdir": workdir}
+    finally:
+        if process.poll() is None:
+            process.stdin.close()  # Enter: the demo stops Phoenix and exits
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def test_the_demo_runs_rollouts_and_a_collection_job_into_phoenix(demo):
+    out = demo["output"]
+    assert f"rewards: {[1.0] * ROLLOUTS}" in out
+    assert "OTEL_EXPORTER_OTLP_TRACES_HEADERS=x-project-name=gym-autoinstr-demo" in out
+    assert f"{ROLLOUTS + COLLECTED} rollout traces in Phoenix project {PROJECT}" in out
+    assert "the collection job failed" not in out
+
+
+def test_each_rollout_is_an_agent_trace_with_its_model_and_tool_calls(demo):
+    phoenix = demo["phoenix"]
+    traces = phoenix.rollout_traces(PROJECT)
+    assert len(traces) == ROLLOUTS + COLLECTED
+    for trace in traces:
+        root, spans = trace["root"], trace["spans"]
+        kinds = [s["span_kind"] for s in spans]
+        # the rollout as Phoenix shows it: the root an agent (gym.rollout too), two model
+        # calls, one tool call; every other span Phoenix cannot classify (HTTP plumbing)
+        assert root["span_kind"] == "AGENT", (root["name"], root["span_kind"])
+        assert root["attributes"]["nemo.gym.reward"] == 1.0
+        # (a collected rollout: the driver's call, the agent's /run and gym.rollout; one sent
+        # straight to the agent: its /run and gym.rollout)
+        assert kinds.count("TOOL") == 1 and kinds.count("AGENT") in (2, 3)
+        llm = [s for s in spans if s["span_kind"] == "LLM"]
+        # the agent's CLIENT span of each model call and the model server's seam: two
+        # LLM spans per call, only the first with tokens
+        counted = [s for s in llm if s["attributes"].get("llm.token_count.total")]
+        assert len(counted) == 2 and len(llm) == 4
+        (tool,) = [s for s in spans if s["span_kind"] == "TOOL"]
+        assert tool["attributes"]["tool.name"] == "get_weather"
+        total = sum(s["attributes"]["llm.token_count.total"] for s in counted)
+        rollout_total = (
+            root["attributes"]["nemo.gym.rollout.usage.input_tokens"]
+            + root["attributes"]["nemo.gym.rollout.usage.output_tokens"]
+        )
+        assert total == rollout_total > 0
+
+
+def test_the_trace_list_counts_each_rollouts_tokens_once_and_filters_on_reward(demo):
+    """The UI's own trace-list query: the "total tokens" column is the rollout's total (not
+    twice it), and the filter box finds rollouts by the reward on their roots."""
+    phoenix = demo["phoenix"]
+    traces = {t["trace_id"]: t for t in phoenix.rollout_traces(PROJECT)}
+    rows = [r for r in phoenix.trace_list(PROJECT) if r["trace"]["traceId"] in traces]
+    assert len(rows) == len(traces)
+    for row in rows:
+        root = traces[row["trace"]["traceId"]]["root"]
+        expected = (
+            root["attributes"]["nemo.gym.rollout.usage.input_tokens"]
+            + root["attributes"]["nemo.gym.rollout.usage.output_tokens"]
+        )
+        assert (row["spanKind"], row["cumulativeTokenCountTotal"]) == ("agent", expected)
+    assert phoenix.trace_list(PROJECT, "attributes['nemo.gym.reward'] < 0.5") == []
+    kept = phoenix.trace_list(PROJECT, "attributes['nemo.gym.reward'] >= 1")
+    assert {r["trace"]["traceId"] for r in kept} == set(traces)
+    collected = phoenix.trace_list(PROJECT, "attributes['nemo.gym.task.index'] >= 1")
+    assert len(collected) == COLLECTED // 2  # task 1's two repeats
+
+
+def test_the_trace_page_in_headless_chromium_shows_the_agent_trace(demo, tmp_path):
+    if find_chromium() is None:
+        message = "Chromium is not installed: the Phoenix page is checked in headless Chromium"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    phoenix = demo["phoenix"]
+    trace = next(t for t in phoenix.rollout_traces(PROJECT) if t["root"]["span_kind"] == "AGENT")
+    url = phoenix.trace_url(PROJECT, trace["trace_id"])
+    text = page_text(url, tmp_path)
+    for shown in ("POST /run", "gym.rollout", "POST /get_weather", "gym.verify", "nemo.gym.reward"):
+        assert shown in text, (shown, text[:3000])
+    assert re.search(r"\bagent\b", text, re.I)
+    png = screenshot(url, tmp_path / "phoenix-trace.png")
+    assert png.stat().st_size > 10_000
