@@ -576,3 +576,12 @@ def test_the_page_has_the_columns_and_a_dot_per_rollout(run, view, tmp_path):
     # beside the duration histogram
     (charts,) = document.find("div", "charts")
     assert [c.attrs["class"] for c in charts.children] == ["chart", "scatter"]
+    # the per-task table, folded under the controls: a row per task, the same numbers as --by-task
+    (tasks,) = document.find("table", "tasks")
+    task_rows = [tr for tr in tasks.find("tr") if "data-task" in tr.attrs]
+    assert [tr.attrs["data-task"] for tr in task_rows] == [str(t) for t in range(TASKS)]
+    code, out, _err = view("--by-task")
+    listed = {words[0]: words for words in map(str.split, out.splitlines()) if words[:2] and words[1].isdigit()}
+    for tr in task_rows:
+        cells = [td.all_text() for td in tr.find("td")]
+        assert " ".join(c for c in cells if c).split() == listed[tr.attrs["data-task"]]

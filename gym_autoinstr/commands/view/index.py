@@ -7,7 +7,8 @@ A click on a column's heading sorts by it (again: the other way round; first as
 without the value last, start-up traces within their own group.  The ``where`` box takes
 the conditions ``--where`` takes (``reward<0.5 duration>2s``, all must hold; the box is
 outlined red while it holds something else).  Every filter hides the trace's row, its
-waterfall and its dot in the reward chart."""
+waterfall and its dot in the reward chart.  A collection run's per-task table (``tasks``)
+is folded under the controls; a click on a task puts ``task==N`` in the box."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from gym_autoinstr.commands.view.charts import duration_chart, reward_chart
 from gym_autoinstr.commands.view.model import Trace, display_name, short_service
+from gym_autoinstr.commands.view.tasks import by_task, task_table_html
 from gym_autoinstr.commands.view.text import (
     ID_SHOWN,
     MASKED_NOTE,
@@ -120,6 +122,7 @@ def html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
         '<label><input id="startup-filter" type="checkbox" checked> start-up traces</label>'
         f'<span id="shown-count">{len(listed)} of {len(listed)} shown</span></p>'
         f'<div class="charts">{duration_chart(listed)}{reward_chart(listed)}</div>{masked}'
+        f"{task_table_html(by_task(listed))}"
         f'<div class="index-table"><table id="index"><colgroup>{columns}</colgroup><thead><tr>{heads}</tr></thead>'
         f"<tbody>{rows}</tbody></table></div></section>"
     )
@@ -215,6 +218,13 @@ INDEX_SCRIPT = """
   }
   document.querySelectorAll('#index thead th[data-sort]').forEach(function (th) {
     th.addEventListener('click', function () { sortBy(th); });
+  });
+  document.querySelectorAll('table.tasks tbody tr').forEach(function (row) {
+    row.addEventListener('click', function () {
+      whereBox.value = 'task==' + row.dataset.task;
+      apply();
+      document.querySelector('.index-table').scrollIntoView();
+    });
   });
   var scatter = document.querySelector('figure.scatter svg');
   if (scatter) scatter.addEventListener('click', function (event) {

@@ -178,7 +178,11 @@ figure.scatter circle.error{fill:#d84a4a;fill-opacity:1}
 figure.scatter circle.masked{fill:none;stroke:#4a8fd8;stroke-width:1.2}
 figure.scatter circle.error.masked{stroke:#d84a4a}
 figure.scatter circle.off{display:none}.masked-note{color:#555;font-size:12px;margin:0 0 4px}
-#where.invalid{outline:2px solid #d84a4a}#index th[data-sort]{cursor:pointer}
+#where.invalid{outline:2px solid #d84a4a}details.tasks{margin:4px 0 8px}details.tasks summary{cursor:pointer;color:#555}
+table.tasks{border-collapse:collapse;margin-top:4px}table.tasks td,table.tasks th{padding:1px 10px;text-align:right;
+font-variant-numeric:tabular-nums}table.tasks tbody tr{cursor:pointer}table.tasks tbody tr:hover{background:#f3f6fa}
+table.tasks tfoot td{border-top:1px solid #ccc;font-weight:600}.tasks-note{color:#555;font-size:12px}
+#index th[data-sort]{cursor:pointer}
 #index th.sorted::after{content:" \\25BC"}#index th.sorted.ascending::after{content:" \\25B2"}
 figcaption{color:#555;font-size:12px}#shown-count{margin-left:12px;color:#555}
 details.span summary,.axis{display:grid;grid-template-columns:330px 320px 1fr 90px;gap:8px;padding:1px 0}

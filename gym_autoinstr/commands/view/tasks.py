@@ -8,10 +8,14 @@ task.  The mean is over the rewards that are valid measurements: a masked sample
 (``nemo.gym.mask_sample``) is left out, and counted apart.  Percentiles are by nearest
 rank (the smallest duration with at least that share of the task's at or below it: with
 5 repeats, p50 is the 3rd shortest and p95 the longest).  Start-up traces and a job's own
-trace are not rollouts; rollout traces without a task index are counted apart."""
+trace are not rollouts; rollout traces without a task index are counted apart.
+
+The page shows the same table (``task_table_html``), folded under its index; a click on a
+task's row shows that task's rollouts alone (``task==N`` in the index's ``where`` box)."""
 
 from __future__ import annotations
 
+import html
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -112,6 +116,35 @@ def _cells(row: TaskRow) -> tuple[str, ...]:
     )
 
 
+NOTE = (
+    "mean reward: over the rewards that are valid (masked samples apart); percentiles by nearest rank; "
+    "failures: traces with an ERROR span"
+)
+
+
+def task_table_html(summary: TaskSummary) -> str:
+    """The summary as a folded table for the page; "" when no rollout has a task index."""
+    if summary.overall is None:
+        return ""
+
+    def row(task: TaskRow, attributes: str) -> str:
+        return f"<tr{attributes}>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _cells(task)) + "</tr>"
+
+    rows = "".join(row(task, f' data-task="{task.task}" title="list task {task.task} alone"') for task in summary.tasks)
+    apart = (
+        f" {count(summary.without_task, 'rollout trace')} without a task index not counted."
+        if summary.without_task
+        else ""
+    )
+    heads = "".join(f"<th>{html.escape(head)}</th>" for head in HEADS)
+    return (
+        f'<details class="tasks"><summary>Per task: {count(len(summary.tasks), "task")}, '
+        f"{count(summary.overall.rollouts, 'rollout')}</summary>"
+        f'<table class="tasks"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody>'
+        f'<tfoot>{row(summary.overall, "")}</tfoot></table><p class="tasks-note">{NOTE}.{apart}</p></details>'
+    )
+
+
 def task_lines(summary: TaskSummary, width: int) -> list[str]:
     """The summary as a table: a header, a line per task, the ``all`` line, and what is
     counted how."""
@@ -125,11 +158,5 @@ def task_lines(summary: TaskSummary, width: int) -> list[str]:
     lines.append("")
     if summary.without_task:
         lines.append(cut(f"{count(summary.without_task, 'rollout trace')} without a task index not counted", width))
-    lines.append(
-        cut(
-            "mean reward: over the rewards that are valid (masked samples apart); percentiles by nearest rank; "
-            "failures: traces with an ERROR span",
-            width,
-        )
-    )
+    lines.append(cut(NOTE, width))
     return lines
