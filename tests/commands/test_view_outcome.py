@@ -34,7 +34,7 @@ import pytest
 from gym_autoinstr.commands import cli
 from gym_autoinstr.commands.view.model import build_traces
 from gym_autoinstr.setup.files import read_path
-from tests.commands.test_view import _assert_self_contained, _dom
+from tests.commands.test_view import _assert_self_contained, _dom, _rendered_dom
 from tests.commands.test_view_scale import _Process
 
 TASKS, REPEATS = 60, 5
@@ -585,3 +585,68 @@ def test_the_page_has_the_columns_and_a_dot_per_rollout(run, view, tmp_path):
     for tr in task_rows:
         cells = [td.all_text() for td in tr.find("td")]
         assert " ".join(c for c in cells if c).split() == listed[tr.attrs["data-task"]]
+
+
+# Added to a copy of the page only: the where box, the reward heading clicked twice and a
+# task's row clicked, as a user would, and what the browser then shows.
+PAGE_PROBE = """<script>
+const rows = () => [...document.querySelectorAll('#index tbody tr[data-trace-id]')];
+const visible = () => rows().filter((r) => r.offsetHeight > 0);
+const circles = () => [...document.querySelectorAll('figure.scatter circle')];
+const dots = () => circles().filter((d) => getComputedStyle(d).display !== 'none');
+const box = document.getElementById('where');
+const type = (text) => { box.value = text; box.dispatchEvent(new Event('input')); };
+const seen = {};
+type('reward<0.5 duration>250');
+seen.where = visible().map((r) => r.dataset.traceId);
+seen.dots = dots().map((d) => d.dataset.traceId);
+seen.count = document.getElementById('shown-count').textContent;
+type('reward<0.5 bogus>1');
+seen.invalid = box.classList.contains('invalid');
+seen.invalidRows = visible().length;
+type('');
+const heading = [...document.querySelectorAll('#index thead th')].find((th) => th.textContent === 'reward');
+heading.click();
+seen.ascending = visible().map((r) => r.dataset.traceId);
+heading.click();
+seen.descending = visible().map((r) => r.dataset.traceId);
+[...document.querySelectorAll('#index thead th')].find((th) => th.textContent === 'tokens').click();
+seen.tokens = visible().map((r) => r.dataset.traceId);
+document.querySelector('details.tasks').open = true;
+document.querySelector('table.tasks tr[data-task="7"]').click();
+seen.task = visible().map((r) => r.dataset.traceId);
+seen.taskBox = box.value;
+document.body.setAttribute('data-probe', JSON.stringify(seen));
+</script>"""
+
+
+def test_the_page_filters_sorts_and_follows_in_chromium(run, view, tmp_path):
+    page = tmp_path / "outcome.html"
+    assert view("--html", str(page))[0] == 0
+    probe = tmp_path / "outcome-probe.html"
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PAGE_PROBE + "</body>"))
+    (body,) = _rendered_dom(tmp_path, probe).find("body")
+    seen = json.loads(body.attrs["data-probe"])
+    rollouts = run["rollouts"]
+    low_and_slow = [
+        r["trace_id"] for r in rollouts if r["reward"] is not None and r["reward"] < 0.5 and r["duration_ms"] > 250
+    ]
+    assert seen["where"] == low_and_slow and low_and_slow
+    assert sorted(seen["dots"]) == sorted(low_and_slow)
+    assert seen["count"] == f"{len(low_and_slow)} of {len(rollouts) + 2} shown"
+    # a box it cannot read: marked, and filtering on nothing
+    assert seen["invalid"] is True and seen["invalidRows"] == len(rollouts) + 2
+    # reward: lowest first, then highest first, those without one last (start order among equals)
+    rewarded = [r for r in rollouts if r["reward"] is not None]
+    ascending = [r["trace_id"] for r in sorted(rewarded, key=lambda r: r["reward"])]
+    descending = [r["trace_id"] for r in sorted(rewarded, key=lambda r: -r["reward"])]
+    assert seen["ascending"][: len(ascending)] == ascending
+    assert seen["descending"][: len(descending)] == descending
+    assert len(seen["ascending"]) == len(rollouts) + 2
+    assert run["job"] in seen["ascending"][len(ascending) :] and run["startup"] in seen["ascending"][len(ascending) :]
+    # tokens: most first
+    by_tokens = [r["trace_id"] for r in sorted(rollouts, key=lambda r: -sum(r["tokens"]))]
+    assert seen["tokens"][: len(by_tokens)] == by_tokens
+    # a task's row in the per-task table: that task's rollouts alone
+    assert seen["taskBox"] == "task==7"
+    assert sorted(seen["task"]) == sorted(r["trace_id"] for r in rollouts if r["task"] == 7)
