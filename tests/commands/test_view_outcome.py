@@ -644,8 +644,9 @@ def test_the_page_filters_sorts_and_follows_in_chromium(run, view, tmp_path):
     assert seen["descending"][: len(descending)] == descending
     assert len(seen["ascending"]) == len(rollouts) + 2
     assert run["job"] in seen["ascending"][len(ascending) :] and run["startup"] in seen["ascending"][len(ascending) :]
-    # tokens: most first
-    by_tokens = [r["trace_id"] for r in sorted(rollouts, key=lambda r: -sum(r["tokens"]))]
+    # tokens: most first, equal counts in the order shown before (by reward, highest first)
+    tokens = {r["trace_id"]: sum(r["tokens"]) for r in rollouts}
+    by_tokens = sorted((t for t in seen["descending"] if t in tokens), key=lambda t: -tokens[t])
     assert seen["tokens"][: len(by_tokens)] == by_tokens
     # a task's row in the per-task table: that task's rollouts alone
     assert seen["taskBox"] == "task==7"

@@ -171,7 +171,8 @@ font-weight:normal;padding-top:6px}table.metrics tr.group th{text-align:left;fon
 padding-top:6px}
 table#index td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure.chart{margin:8px 0}figure.chart rect{fill:#4a8fd8}figure.chart text{font-size:11px;fill:#555}
-.charts{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}figure.scatter{margin:8px 0}
+.charts{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}.charts figure{max-width:484px}
+figure.scatter{margin:8px 0}
 figure.scatter rect.plot{fill:#fafafa;stroke:#ddd}figure.scatter text{font-size:11px;fill:#555}
 figure.scatter circle{fill:#4a8fd8;fill-opacity:.6;cursor:pointer}
 figure.scatter circle.error{fill:#d84a4a;fill-opacity:1}
