@@ -6,12 +6,15 @@ and reward chart.
 The run is written as the embedded default writes one (a directory of per-process
 OTLP-JSON files, ``test_view_scale._Process``), in the shapes the advice gives a rollout:
 
-* ``new``: the outcome on the root CLIENT ``POST /run`` (``invoke_agent``: reward, mask,
-  task and repeat indexes, the rollout's total tokens), on ``gym.rollout`` (reward,
-  total), on the CLIENT ``/verify`` span and ``gym.verify`` (reward); each model call's
-  tokens on its CLIENT span and on the model server's ``gym.model.responses`` seam (both
-  ``chat``);
-* ``calls``: the same without the totals (tokens come from the calls, each once);
+* ``new`` (what the advice writes today): the outcome on the root CLIENT ``POST /run``
+  (``invoke_agent``: reward, mask, task and repeat indexes, the rollout's total tokens as
+  ``nemo.gym.rollout.usage.*``), on ``gym.rollout`` (the same), on the CLIENT
+  ``/verify`` span and ``gym.verify`` (reward); each model call's ``gen_ai.usage.*`` on
+  its CLIENT ``chat`` span alone (the model server's ``gym.model.responses`` seam is a
+  ``chat`` span without them);
+* ``interim`` (an earlier shape): the total as ``gen_ai.usage.*`` on the ``invoke_agent``
+  spans, each call's usage on its CLIENT span and on its seam too;
+* ``calls``: ``interim`` without the totals (tokens come from the calls, each once);
 * ``old``: no operation on the root, tokens on the ``gym.model.*`` seams alone, the
   reward on ``gym.verify`` alone;
 * ``fallback``: the root without a reward, ``gym.rollout`` and ``gym.verify`` with
@@ -52,6 +55,8 @@ def _shape(index: int) -> str:
         return "fallback"
     if index % 7 == 2:
         return "calls"
+    if index % 9 == 1:
+        return "interim"
     return "new"
 
 
@@ -93,8 +98,10 @@ def write_outcome_run(directory) -> dict:
         calls = 1 + index % 3
         usage = [(100 + 10 * k + index % 7, 20 + k) for k in range(calls)]
         per_call = (sum(u[0] for u in usage), sum(u[1] for u in usage))
-        total = per_call if shape in ("new", "outer") else None
+        total = per_call if shape in ("new", "outer", "fallback", "interim") else None
         root_total = (per_call[0] + 11, per_call[1] + 3) if shape == "outer" else total
+        # where the totals go: our own name today, gen_ai.usage.* on invoke_agent spans before
+        total_keys = ("gen_ai.usage." if shape == "interim" else "nemo.gym.rollout.usage.") + "{}_tokens"
         outcome = {} if reward is None else {"nemo.gym.reward": reward, "nemo.gym.mask_sample": masked}
         failure = {"error.type": "RuntimeError", "nemo.gym.failure.stage": stage} if failed else {}
 
@@ -107,9 +114,7 @@ def write_outcome_run(directory) -> dict:
         if not direct:
             root_attributes.update({"nemo.gym.task.index": task, "nemo.gym.rollout.index": repeat})
         if root_total:
-            root_attributes.update(
-                {"gen_ai.usage.input_tokens": root_total[0], "gen_ai.usage.output_tokens": root_total[1]}
-            )
+            root_attributes.update(dict(zip((total_keys.format("input"), total_keys.format("output")), root_total)))
         root_attributes.update(failure)
         if direct:
             root = sid()
@@ -140,8 +145,10 @@ def write_outcome_run(directory) -> dict:
             seam_attributes.update(outcome)
         if shape == "fallback" and reward is not None:
             seam_attributes["nemo.gym.reward"] = reward
+        if not direct and shape != "old":
+            seam_attributes.update({"nemo.gym.task.index": task, "nemo.gym.rollout.index": repeat})
         if total:
-            seam_attributes.update({"gen_ai.usage.input_tokens": total[0], "gen_ai.usage.output_tokens": total[1]})
+            seam_attributes.update({total_keys.format("input"): total[0], total_keys.format("output"): total[1]})
         seam = sid()
         procs["agent"].span(trace_id, seam, run, "gym.rollout", 1, t0 + 2, t0 + took - 2, seam_attributes)
         at = t0 + 3
@@ -165,7 +172,8 @@ def write_outcome_run(directory) -> dict:
             )
             served = sid()
             procs["model"].span(trace_id, served, client, "POST /v1/responses", 2, at + 1, at + 11, {})
-            procs["model"].span(trace_id, sid(), served, "gym.model.responses", 1, at + 2, at + 10, {**chat, **counted})
+            on_seam = {**chat} if shape in ("new", "outer", "fallback") else {**chat, **counted}
+            procs["model"].span(trace_id, sid(), served, "gym.model.responses", 1, at + 2, at + 10, on_seam)
             at += 14
         verify_outcome = dict(outcome)
         if shape == "fallback" and reward is not None:
@@ -247,19 +255,24 @@ def test_the_run_has_every_shape_and_outcome(run):
     """The synthetic run holds what the tests below need, so none of them passes vacuously."""
     rollouts = run["rollouts"]
     shapes = {r["shape"] for r in rollouts}
-    assert shapes == {"new", "calls", "old", "fallback", "outer"}
+    assert shapes == {"new", "interim", "calls", "old", "fallback", "outer"}
     rewards = [r["reward"] for r in rollouts]
     assert 0.0 in rewards and 1.0 in rewards and None in rewards
     assert 3 <= sum(bool(r["masked"]) for r in rollouts) <= 12
     failed = [r for r in rollouts if r["failed"]]
     assert len(failed) >= 8 and {r["stage"] for r in failed} == set(STAGES)
-    # tokens on every model call's CLIENT span and seam (the older shape: the seam alone):
-    # a sum over every span would count a call two or three times
+    # tokens on a model call's CLIENT span and seam and a total on the invoke_agent spans
+    # (interim, calls): a sum of every span's gen_ai.usage.* would count a call two or
+    # three times; today's shape and the oldest have each call's once
     traces = {t.trace_id: t for t in build_traces(read_path(run["dir"]))}
     for rollout in rollouts:
         spans = traces[rollout["trace_id"]].spans
         naive = sum(s["attributes"].get("gen_ai.usage.input_tokens", 0) for s in spans)
-        assert (naive > rollout["tokens"][0]) == (rollout["shape"] != "old"), rollout
+        assert (naive > rollout["tokens"][0]) == (rollout["shape"] in ("interim", "calls")), rollout
+    # today's shape: the calls' gen_ai.usage.* alone add up to the total (on the root as our own name)
+    new = next(r for r in rollouts if r["shape"] == "new" and r["task"] is not None)
+    root = traces[new["trace_id"]].root["attributes"]
+    assert "gen_ai.usage.input_tokens" not in root and root["nemo.gym.rollout.usage.input_tokens"] == new["tokens"][0]
 
 
 # ------------------------------------------------------------------------- the columns
@@ -329,7 +342,7 @@ def test_tokens_count_each_model_call_once(run):
         trace = traces[rollout["trace_id"]]
         assert trace.tokens == rollout["tokens"], rollout
         seen.add(rollout["shape"])
-    assert seen == {"new", "calls", "old", "fallback", "outer"}
+    assert seen == {"new", "interim", "calls", "old", "fallback", "outer"}
     outer = next(r for r in run["rollouts"] if r["shape"] == "outer")
     calls = 1 + run["rollouts"].index(outer) % 3
     assert outer["tokens"][0] == sum(100 + 10 * k + run["rollouts"].index(outer) % 7 for k in range(calls)) + 11

@@ -13,15 +13,18 @@ files and needs none of the runtime):
 * ``nemo.gym.task.index``, ``nemo.gym.rollout.index`` (int: the task, and which repeat
   of it): on the root of a rollout Gym's collection driver sent; they join the trace
   with its row in Gym's output file (``_ng_task_index``, ``_ng_rollout_index``).
-* ``gen_ai.usage.input_tokens`` / ``output_tokens``: on each model call's spans (the
-  agent's CLIENT span and the model server's ``gym.model.*`` seam, both with
-  ``gen_ai.operation.name`` = ``chat``; older files: the seam alone) and, as the
-  rollout's total, on its ``invoke_agent`` spans (the root and ``gym.rollout``).  A
-  trace's tokens (``tokens``) are counted once: the rollout's own total when an
-  ``invoke_agent`` span carries one (the outermost, then the earliest), else one count
-  per model call (the outermost ``chat`` span carrying usage on each path: the CLIENT
-  span, or the seam under it when the CLIENT span has none), else (files whose spans
-  name no operation) the sum over every span that has usage.
+* tokens: ``gen_ai.usage.input_tokens`` / ``output_tokens`` on each model call's CLIENT
+  span (``gen_ai.operation.name`` = ``chat``), once per call; the rollout's total as
+  ``nemo.gym.rollout.usage.input_tokens`` / ``output_tokens`` on its ``invoke_agent``
+  spans (the root and ``gym.rollout``).  Earlier files differ: some carry the total as
+  ``gen_ai.usage.*`` on the ``invoke_agent`` spans and every call's usage on its
+  ``gym.model.*`` seam too (``chat``), older ones on the seams alone.  A trace's tokens
+  (``tokens``) are counted once whichever it is: the rollout's total when a span carries
+  one (``nemo.gym.rollout.usage.*``, else ``gen_ai.usage.*`` on an ``invoke_agent``
+  span; the outermost, then the earliest), else one count per model call (the outermost
+  ``chat`` span carrying usage on each path: the CLIENT span, or the seam under it when
+  the CLIENT span has none), else (files whose spans name no operation) the sum over
+  every span that has usage.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ FAILURE_STAGE = "nemo.gym.failure.stage"
 OPERATION = "gen_ai.operation.name"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# The rollout's own total (not gen_ai.usage.*, which GenAI UIs add up over a trace's spans)
+ROLLOUT_INPUT_TOKENS = "nemo.gym.rollout.usage.input_tokens"
+ROLLOUT_OUTPUT_TOKENS = "nemo.gym.rollout.usage.output_tokens"
 # The spans a trace's reward is looked for on after its root, in this order.
 REWARD_SPANS = ("gym.rollout", "gym.verify")
 
@@ -105,22 +111,27 @@ def index(rows: Sequence[SpanRow], key: str) -> int | None:
     return None
 
 
-def _usage(attributes: dict) -> tuple[int, int] | None:
-    if INPUT_TOKENS not in attributes and OUTPUT_TOKENS not in attributes:
+def _usage(attributes: dict, keys: tuple[str, str] = (INPUT_TOKENS, OUTPUT_TOKENS)) -> tuple[int, int] | None:
+    if keys[0] not in attributes and keys[1] not in attributes:
         return None
-    return whole(attributes.get(INPUT_TOKENS)) or 0, whole(attributes.get(OUTPUT_TOKENS)) or 0
+    return whole(attributes.get(keys[0])) or 0, whole(attributes.get(keys[1])) or 0
+
+
+def _outermost(rows: Sequence[SpanRow], found) -> tuple[int, int] | None:
+    """What ``found`` (a span's attributes -> usage or None) gives on the outermost span
+    that has it, the earliest of those; None when no span has it."""
+    candidates = [(row.depth, row.span["start_ns"], usage) for row in rows if (usage := found(_attributes(row.span)))]
+    return min(candidates, key=lambda candidate: candidate[:2])[2] if candidates else None
 
 
 def tokens(rows: Sequence[SpanRow]) -> tuple[int, int] | None:
     """Tokens in and out, each model call counted once (the module's docstring says how);
     None when no span has them.  ``rows``: depth-first, parents before their subtree."""
-    totals = [
-        (row.depth, row.span["start_ns"], usage)
-        for row in rows
-        if _attributes(row.span).get(OPERATION) == "invoke_agent" and (usage := _usage(_attributes(row.span)))
-    ]
-    if totals:
-        return min(totals, key=lambda found: found[:2])[2]
+    total = _outermost(rows, lambda attributes: _usage(attributes, (ROLLOUT_INPUT_TOKENS, ROLLOUT_OUTPUT_TOKENS)))
+    if total is None:
+        total = _outermost(rows, lambda attributes: attributes.get(OPERATION) == "invoke_agent" and _usage(attributes))
+    if total is not None:
+        return total
     tokens_in = tokens_out = 0
     found = False
     covered = -1  # the depth of the chat span being counted, whose subtree is not counted again

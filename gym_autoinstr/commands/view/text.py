@@ -28,6 +28,8 @@ KEY_ATTRIBUTES = (
     ("gen_ai.request.model", "model"),
     ("gen_ai.usage.input_tokens", "in_tokens"),
     ("gen_ai.usage.output_tokens", "out_tokens"),
+    ("nemo.gym.rollout.usage.input_tokens", "rollout_in_tokens"),
+    ("nemo.gym.rollout.usage.output_tokens", "rollout_out_tokens"),
     ("error.type", "error"),
     ("nemo.gym.failure.stage", "stage"),
     ("nemo.gym.reward", "reward"),
