@@ -7,9 +7,10 @@ import gc
 import json
 from collections.abc import Iterable, Sequence
 
-from gym_autoinstr.commands.view.filters import AmbiguousTrace, Unmatched, parse_attribute_filter, select
+from gym_autoinstr.commands.view.filters import SORTS, AmbiguousTrace, Unmatched, parse_attribute_filter, select
 from gym_autoinstr.commands.view.model import Job, Trace, build_traces, display_name, group_by_job
 from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL, detail_for_page, render_html
+from gym_autoinstr.commands.view.tasks import by_task, task_lines
 from gym_autoinstr.commands.view.text import (
     UNLIMITED,
     clock,
@@ -19,6 +20,12 @@ from gym_autoinstr.commands.view.text import (
     render_list,
     render_text,
     trace_record,
+)
+from gym_autoinstr.commands.view.where import WhereError, fields_text, parse_where
+
+NO_TASKS = (
+    "no rollout trace here carries a task index (nemo.gym.task.index: set on the rollouts Gym's collection "
+    "driver sends, ng_collect_rollouts run under opentelemetry-instrument)"
 )
 
 
@@ -51,7 +58,28 @@ def add_parser(commands) -> argparse.ArgumentParser:
         metavar="N",
         help="only the N slowest rollout traces, slowest first (start-up and job traces aside)",
     )
-    view.add_argument("--sort", choices=("start", "duration"), default="start", help="list order (default: start time)")
+    view.add_argument(
+        "--sort",
+        choices=tuple(SORTS),
+        default="start",
+        help="list order: start (earliest first, the default), duration (longest first), reward (lowest first: "
+        "the worst on top), tokens (most first), task (task index, then repeat); traces without the value last",
+    )
+    view.add_argument("--reverse", action="store_true", help="turn the --sort order round (--sort reward: best first)")
+    view.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="CONDITION",
+        help="only traces where FIELD OP NUMBER holds, e.g. 'reward<0.5' or 'duration>=2s' (repeatable: all must "
+        f"hold; a trace without the field does not match); operators < <= > >= == !=; fields: {fields_text()}",
+    )
+    view.add_argument(
+        "--by-task",
+        action="store_true",
+        help="instead of the list, a line per task index of a collection run: rollouts, mean reward (masked "
+        "samples apart), p50/p95 duration, failures (traces with an error); with --json, as JSON",
+    )
     view.add_argument(
         "--service",
         metavar="NAME",
@@ -99,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         attributes=args.attr,
         status=args.status,
         sort=args.sort,
+        reverse=args.reverse,
+        where=args.where,
+        per_task=args.by_task,
         as_json=args.json,
         **({"max_detail": args.html_max_traces} if args.html_max_traces else {}),
     )
@@ -196,6 +227,9 @@ def main(
     attributes: Sequence[str] = (),
     status: str | None = None,
     sort: str = "start",
+    reverse: bool = False,
+    where: Sequence[str] = (),
+    per_task: bool = False,
     as_json: bool = False,
     max_detail: int = DEFAULT_MAX_DETAIL,
 ) -> int:
@@ -220,6 +254,11 @@ def main(
     except ValueError as error:
         print(f"gym-autoinstr view: --attr: {error}", file=sys.stderr)
         return 2
+    try:
+        conditions = [parse_where(text) for text in where]
+    except WhereError as error:
+        print(f"gym-autoinstr view: {error}", file=sys.stderr)
+        return 2
     for path in paths:
         if str(path) != "-" and not Path(path).exists():
             print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
@@ -238,7 +277,7 @@ def main(
         if collecting:
             gc.freeze()  # what was read stays: later collections need not walk it
             gc.enable()
-    filtered = bool(rollout or slowest or errors or trace_id or service_name or attribute_filters or status)
+    filtered = bool(rollout or slowest or errors or trace_id or service_name or attribute_filters or status or where)
     try:
         traces = select(
             everything,
@@ -249,7 +288,9 @@ def main(
             service_name=service_name,
             attributes=attribute_filters,
             status=status,
+            where=conditions,
             sort=sort,
+            reverse=reverse,
         )
     except AmbiguousTrace as ambiguous:
         shown = ambiguous.candidates[:10]
@@ -285,6 +326,14 @@ def main(
         more = f" ({len(drawn)} drawn, every one listed)" if len(drawn) < len(traces) else ""
         print(f"wrote {count(len(traces), 'trace')} to {html_file}{more}")
         return 0
+    if per_task:
+        summary = by_task(traces)
+        if summary.overall is None:
+            print(f"gym-autoinstr view: {NO_TASKS}", file=sys.stderr)
+            return 1
+        if as_json:
+            return _write([json.dumps(summary.record())])
+        return _write(task_lines(summary, _terminal_width() or UNLIMITED))
     waterfall = trace_id is not None or rollout is not None
     if as_json:
         records = [trace_record(t, with_spans=waterfall) for t in traces]
@@ -299,7 +348,7 @@ def main(
             else:
                 blocks.append(render_text(item, width=width))
         return _write(["\n\n".join(blocks)])
-    keep_order = slowest is not None or sort == "duration"
+    keep_order = slowest is not None or sort != "start" or reverse
     startup = [t for t in traces if t.is_startup]
     rest = [t for t in traces if not t.is_startup]
     items: Sequence[Job | Trace] = rest if keep_order else group_by_job(rest, everything)

@@ -1,5 +1,11 @@
-"""The list's filters: by trace id prefix, rollout, service, attribute and status, the
-N slowest, the order.
+"""The list's filters: by trace id prefix, rollout, service, attribute, status and
+``--where`` conditions (``where``), the N slowest, the order.
+
+Orders (``--sort``, ``SORTS``): ``start`` (the default, earliest first), ``duration``
+(longest first), ``reward`` (lowest first: the worst rollouts on top), ``tokens`` (most
+first), ``task`` (task index, then repeat index, ascending); ``--reverse`` turns any of
+them round.  Traces without the value sorted on (no reward, no tokens, no task index)
+come last either way, in start order.
 
 ``--service NAME`` takes a service's name (``nemo-gym/policy_model``), its short name
 (``policy_model``, without ``nemo-gym/``), or a part of one short name (``model``, any
@@ -8,10 +14,20 @@ name no service has, is refused with the services it could have meant."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gym_autoinstr.commands.view.model import Trace, short_service
 from gym_autoinstr.commands.view.text import count
+from gym_autoinstr.commands.view.where import Condition
+
+# --sort: what to sort on, and whether largest first (before --reverse)
+SORTS: dict[str, tuple[Callable[[Trace], object], bool]] = {
+    "start": (lambda t: t.start_ns, False),
+    "duration": (lambda t: t.duration_ms, True),
+    "reward": (lambda t: t.reward, False),
+    "tokens": (lambda t: t.total_tokens, True),
+    "task": (lambda t: None if t.task_index is None else (t.task_index, t.rollout_index or 0), False),
+}
 
 
 class AmbiguousTrace(ValueError):
@@ -78,13 +94,16 @@ def select(
     service_name: str | None = None,
     attributes: Sequence[tuple[str, str]] = (),
     status: str | None = None,
+    where: Sequence[Condition] = (),
     sort: str = "start",
+    reverse: bool = False,
 ) -> list[Trace]:
-    """The traces the filters keep, in start order (``sort="duration"``: longest first;
-    ``slowest``: the N longest rollout traces, longest first, start-up and job traces
-    aside).  ``trace_id`` is any prefix of one trace's id (case-insensitive); a prefix of
-    several raises ``AmbiguousTrace``, of none ``Unmatched``, as does a ``service_name``
-    that names no service of ``traces`` or several (``resolve_service``)."""
+    """The traces the filters keep (every ``where`` condition holding), in start order or
+    in the order ``sort`` names (``order``; ``slowest``: the N longest rollout traces,
+    longest first, start-up and job traces aside).  ``trace_id`` is any prefix of one
+    trace's id (case-insensitive); a prefix of several raises ``AmbiguousTrace``, of none
+    ``Unmatched``, as does a ``service_name`` that names no service of ``traces`` or
+    several (``resolve_service``)."""
     chosen = list(traces)
     if trace_id is not None:
         prefix = trace_id.strip().lower()
@@ -105,6 +124,8 @@ def select(
         chosen = [t for t in chosen if t.has_error]
     elif status == "ok":
         chosen = [t for t in chosen if not t.has_error]
+    for condition in where:
+        chosen = [t for t in chosen if condition.matches(t)]
     if slowest is not None:
         rollouts = [t for t in chosen if t.is_rollout]
         if chosen and not rollouts:
@@ -113,6 +134,16 @@ def select(
                 "of start-up or of a job's own (--sort duration lists them longest first)"
             )
         chosen = sorted(rollouts, key=lambda t: t.duration_ms, reverse=True)[:slowest]
-    elif sort == "duration":
-        chosen = sorted(chosen, key=lambda t: t.duration_ms, reverse=True)
+    elif sort != "start" or reverse:
+        chosen = order(chosen, sort, reverse=reverse)
     return chosen
+
+
+def order(traces: Sequence[Trace], sort: str, *, reverse: bool = False) -> list[Trace]:
+    """``traces`` in the order ``sort`` names (``SORTS``), turned round by ``reverse``;
+    those without the value last, in their order in ``traces``."""
+    key, largest_first = SORTS[sort]
+    keyed = [(key(t), t) for t in traces]
+    present = [pair for pair in keyed if pair[0] is not None]
+    present.sort(key=lambda pair: pair[0], reverse=largest_first != reverse)  # type: ignore[arg-type,return-value]
+    return [t for _value, t in present] + [t for value, t in keyed if value is None]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
+from gym_autoinstr.commands.view import outcome
+
 # What egress puts on a CLIENT span to a Gym server (advice/pool.py; not imported: the
 # view reads files and needs none of the runtime).
 DESTINATION = "nemo.gym.http.destination.server.name"
@@ -80,22 +82,38 @@ class Trace:
 
     @cached_property
     def tokens(self) -> tuple[int, int] | None:
-        """Model tokens in and out over the trace's spans, None when no span has them."""
-        found, tokens_in, tokens_out = False, 0, 0
-        for span in self.spans:
-            attributes = span["attributes"]
-            if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
-                found = True
-                tokens_in += _int(attributes.get("gen_ai.usage.input_tokens"))
-                tokens_out += _int(attributes.get("gen_ai.usage.output_tokens"))
-        return (tokens_in, tokens_out) if found else None
+        """Model tokens in and out, each call counted once (``outcome.tokens``); None when
+        no span has them."""
+        return outcome.tokens(self.rows)
 
+    @property
+    def total_tokens(self) -> int | None:
+        return sum(self.tokens) if self.tokens else None
 
-def _int(value: object) -> int:
-    try:
-        return int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return 0
+    @cached_property
+    def reward(self) -> float | None:
+        """The verifier's reward: on the root, else ``gym.rollout``, else ``gym.verify``."""
+        return outcome.reward(self.rows)
+
+    @cached_property
+    def mask_sample(self) -> bool | None:
+        """True when the reward is not a valid measurement (Gym 0.7's ``mask_sample``)."""
+        return outcome.mask_sample(self.rows)
+
+    @cached_property
+    def task_index(self) -> int | None:
+        """The task's index in the collection run's input (``_ng_task_index``)."""
+        return outcome.index(self.rows, outcome.TASK_INDEX)
+
+    @cached_property
+    def rollout_index(self) -> int | None:
+        """Which repeat of its task the rollout is (``_ng_rollout_index``)."""
+        return outcome.index(self.rows, outcome.ROLLOUT_INDEX)
+
+    @property
+    def failure(self) -> dict[str, str]:
+        """``error_type`` and ``stage`` of the rollout's failure, those its spans say."""
+        return outcome.failure(self.rows)
 
 
 def service(span: dict) -> str:

@@ -1,6 +1,7 @@
 """``view --html``: one self-contained page (inline style, script and SVG, nothing from
-the network): an index of every trace with search and filters, a histogram of durations,
-then the waterfalls of the traces drawn, with a time axis, collapsible subtrees, span and
+the network): an index of every trace with search, filters and sorting, a histogram of
+durations and a chart of reward against duration (``index``, ``charts``), then the
+waterfalls of the traces drawn, with a time axis, collapsible subtrees, span and
 resource attributes."""
 
 from __future__ import annotations
@@ -9,22 +10,14 @@ import html
 import json
 from collections.abc import Sequence
 
-from gym_autoinstr.commands.view.model import Job, Trace, callee, display_name, duration_ms, service, short_service
-from gym_autoinstr.commands.view.text import (
-    ID_SHOWN,
-    clock,
-    count,
-    duration_text,
-    job_line,
-    status_text,
-    summary_text,
-    tokens_text,
-)
+from gym_autoinstr.commands.view.charts import tick_label
+from gym_autoinstr.commands.view.index import INDEX_SCRIPT, STARTUP_HEADING, html_index
+from gym_autoinstr.commands.view.model import Job, Trace, callee, display_name, duration_ms, service
+from gym_autoinstr.commands.view.text import count, job_line, summary_text
 
 # The page inlines this many traces' waterfalls by default (about 13-20 kB each); the
 # index lists every trace.  Keeps a 16k-rollout job's page near 20 MB, not 200 MB or more.
 DEFAULT_MAX_DETAIL = 800
-STARTUP_HEADING = "Start-up traces (processes starting, not rollouts)"
 
 
 def render_html(
@@ -67,16 +60,10 @@ def _attribute_rows(attributes: dict) -> str:
     )
 
 
-def _tick_label(ms: float) -> str:
-    if ms >= 10_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
-
-
 def _html_axis(total_ms: float) -> str:
     ticks = "".join(
         f'<span class="tick" style="left:{share * 100:.0f}%">'
-        f'<span class="tick-label">{_tick_label(total_ms * share)}</span></span>'
+        f'<span class="tick-label">{tick_label(total_ms * share)}</span></span>'
         for share in (0, 0.25, 0.5, 0.75, 1)
     )
     return (
@@ -143,137 +130,8 @@ def _html_trace(trace: Trace) -> str:
     )
 
 
-def _index_row(trace: Trace, drawn: set[str]) -> str:
-    trace_id = html.escape(trace.trace_id)
-    services = sorted(short_service(s) for s in trace.services)
-    ident = (
-        f'<a href="#t-{trace_id}">{trace_id[:ID_SHOWN]}</a>'
-        if trace.trace_id in drawn
-        else f'<span title="not drawn on this page">{trace_id[:ID_SHOWN]}</span>'
-    )
-    root = html.escape(display_name(trace.root))
-    names = html.escape(", ".join(services))
-    rollouts = html.escape(", ".join(sorted(trace.rollout_ids)))
-    return (
-        f'<tr class="{"error " if trace.has_error else ""}{"startup" if trace.is_startup else "run"}" '
-        f'data-trace-id="{trace_id}" data-status="{"error" if trace.has_error else "ok"}" '
-        f'data-services="{html.escape(" ".join(services))}">'
-        f'<td>{ident}</td><td>{clock(trace.start_ns)}</td><td class="root" title="{root}">{root}</td>'
-        f'<td class="services" title="{names}">{names}</td><td class=num>{len(trace.spans)}</td>'
-        f"<td class=num>{html.escape(duration_text(trace.duration_ms))}</td><td>{status_text(trace)}</td>"
-        f'<td class=num>{tokens_text(trace)}</td><td class="rollout" title="{rollouts}">{rollouts}</td>'
-        f"<td>{'start-up' if trace.is_startup else ''}</td></tr>"
-    )
-
-
-# The index's columns: fixed widths for the short ones, so a long root or service list is
-# cut (whole in its tooltip) instead of pushing duration and status out of the window.
-INDEX_COLUMNS = (
-    ("trace", "9.5em"),
-    ("start (UTC)", "8.5em"),
-    ("root", ""),
-    ("services", ""),
-    ("spans", "5em"),
-    ("duration", "7em"),
-    ("status", "5em"),
-    ("tokens", "6.5em"),
-    ("rollout", "6em"),
-    ("", "6em"),
-)
-
-
-def _html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
-    """Every trace listed: the rollouts (and jobs' own traces) first, start-up traces in a
-    group of their own below."""
-    rows = "".join(_index_row(t, drawn) for t in listed if not t.is_startup)
-    startup = [t for t in listed if t.is_startup]
-    if startup:
-        rows += (
-            f'</tbody><tbody class="startup"><tr class="group"><th colspan="{len(INDEX_COLUMNS)}">'
-            f"{STARTUP_HEADING}: {len(startup)}</th></tr>" + "".join(_index_row(t, drawn) for t in startup)
-        )
-    all_services = sorted({short_service(s) for t in listed for s in t.services})
-    options = "".join(f'<option value="{html.escape(s)}">{html.escape(s)}</option>' for s in all_services)
-    columns = "".join(f'<col style="width:{width}">' if width else "<col>" for _name, width in INDEX_COLUMNS)
-    heads = "".join(f"<th>{html.escape(name)}</th>" for name, _width in INDEX_COLUMNS)
-    return (
-        '<section class="index"><h2>Traces</h2><p class="controls">'
-        '<input id="search" type="search" placeholder="search: trace id, root span, service, rollout" size="44"> '
-        '<select id="status-filter"><option value="">any status</option><option value="ok">ok</option>'
-        '<option value="error">error</option></select> '
-        f'<select id="service-filter"><option value="">any service</option>{options}</select> '
-        '<label><input id="startup-filter" type="checkbox" checked> start-up traces</label>'
-        f'<span id="shown-count">{len(listed)} of {len(listed)} shown</span></p>'
-        f"{_duration_chart(listed)}"
-        f'<div class="index-table"><table id="index"><colgroup>{columns}</colgroup><thead><tr>{heads}</tr></thead>'
-        f"<tbody>{rows}</tbody></table></div></section>"
-    )
-
-
-def _duration_chart(listed: Sequence[Trace], bins: int = 24) -> str:
-    """An inline SVG histogram of the rollout traces' durations: a job's own trace lasts
-    the whole job and a start-up tens of seconds, either would squeeze every rollout into
-    one bar."""
-    durations = [t.duration_ms for t in listed if t.is_rollout]
-    if len(durations) < 2:
-        return ""
-    low, high = min(durations), max(durations)
-    span = (high - low) or 1.0
-    counts = [0] * bins
-    for value in durations:
-        counts[min(int((value - low) / span * bins), bins - 1)] += 1
-    peak = max(counts)
-    chart_w, chart_h, bar_w = 480, 90, 480 / bins
-    bars = "".join(
-        f'<rect x="{i * bar_w + 1:.1f}" y="{chart_h - chart_h * c / peak:.1f}" width="{bar_w - 2:.1f}" '
-        f'height="{chart_h * c / peak:.1f}"><title>{_tick_label(low + span * i / bins)} – '
-        f"{_tick_label(low + span * (i + 1) / bins)}: {count(c, 'trace')}</title></rect>"
-        for i, c in enumerate(counts)
-        if c
-    )
-    return (
-        f'<figure class="chart"><svg xmlns="http://www.w3.org/2000/svg" width="{chart_w}" height="{chart_h + 16}" '
-        f'role="img" aria-label="rollout trace durations">{bars}'
-        f'<text x="0" y="{chart_h + 13}">{_tick_label(low)}</text>'
-        f'<text x="{chart_w}" y="{chart_h + 13}" text-anchor="end">{_tick_label(high)}</text></svg>'
-        f"<figcaption>durations of {count(len(durations), 'rollout trace')} (the job's own and start-up traces "
-        f"aside); tallest bar {peak}"
-        "</figcaption></figure>"
-    )
-
-
-PAGE_SCRIPT = """
+FOLD_SCRIPT = """
 (function () {
-  var search = document.getElementById('search');
-  var statusFilter = document.getElementById('status-filter');
-  var serviceFilter = document.getElementById('service-filter');
-  var startupFilter = document.getElementById('startup-filter');
-  var counter = document.getElementById('shown-count');
-  var rows = Array.prototype.slice.call(document.querySelectorAll('#index tbody tr[data-trace-id]'));
-  var startupHeadings = document.querySelectorAll('#index tr.group, h2.startup');
-  var sections = {};
-  document.querySelectorAll('section.trace').forEach(function (s) { sections[s.dataset.traceId] = s; });
-  function apply() {
-    var words = search.value.toLowerCase().split(/\\s+/).filter(Boolean);
-    var status = statusFilter.value, svc = serviceFilter.value, startup = startupFilter.checked, shown = 0;
-    rows.forEach(function (row) {
-      var text = row.textContent.toLowerCase() + ' ' + row.dataset.traceId;
-      var keep = words.every(function (w) { return text.indexOf(w) >= 0; })
-        && (!status || row.dataset.status === status)
-        && (!svc || row.dataset.services.split(' ').indexOf(svc) >= 0)
-        && (startup || !row.classList.contains('startup'));
-      row.hidden = !keep;
-      var section = sections[row.dataset.traceId];
-      if (section) section.hidden = !keep;
-      if (keep) shown += 1;
-    });
-    startupHeadings.forEach(function (heading) { heading.hidden = !startup; });
-    counter.textContent = shown + ' of ' + rows.length + ' shown';
-  }
-  [search, statusFilter, serviceFilter, startupFilter].forEach(function (control) {
-    control.addEventListener('input', apply);
-    control.addEventListener('change', apply);
-  });
   function refold(section) {
     var fold = Infinity;
     section.querySelectorAll(':scope > details.span').forEach(function (row) {
@@ -293,7 +151,6 @@ PAGE_SCRIPT = """
     button.textContent = folded ? '+' : '\\u2212';
     refold(row.parentNode);
   }, true);
-  apply();
 })();
 """
 
@@ -314,6 +171,20 @@ font-weight:normal;padding-top:6px}table.metrics tr.group th{text-align:left;fon
 padding-top:6px}
 table#index td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure.chart{margin:8px 0}figure.chart rect{fill:#4a8fd8}figure.chart text{font-size:11px;fill:#555}
+.charts{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}.charts figure{max-width:484px}
+figure.scatter{margin:8px 0}
+figure.scatter rect.plot{fill:#fafafa;stroke:#ddd}figure.scatter text{font-size:11px;fill:#555}
+figure.scatter circle{fill:#4a8fd8;fill-opacity:.6;cursor:pointer}
+figure.scatter circle.error{fill:#d84a4a;fill-opacity:1}
+figure.scatter circle.masked{fill:none;stroke:#4a8fd8;stroke-width:1.2}
+figure.scatter circle.error.masked{stroke:#d84a4a}
+figure.scatter circle.off{display:none}.masked-note{color:#555;font-size:12px;margin:0 0 4px}
+#where.invalid{outline:2px solid #d84a4a}details.tasks{margin:4px 0 8px}details.tasks summary{cursor:pointer;color:#555}
+table.tasks{border-collapse:collapse;margin-top:4px}table.tasks td,table.tasks th{padding:1px 10px;text-align:right;
+font-variant-numeric:tabular-nums}table.tasks tbody tr{cursor:pointer}table.tasks tbody tr:hover{background:#f3f6fa}
+table.tasks tfoot td{border-top:1px solid #ccc;font-weight:600}.tasks-note{color:#555;font-size:12px}
+#index th[data-sort]{cursor:pointer}
+#index th.sorted::after{content:" \\25BC"}#index th.sorted.ascending::after{content:" \\25B2"}
 figcaption{color:#555;font-size:12px}#shown-count{margin-left:12px;color:#555}
 details.span summary,.axis{display:grid;grid-template-columns:330px 320px 1fr 90px;gap:8px;padding:1px 0}
 details.span summary{cursor:pointer;list-style:none}details.span summary::-webkit-details-marker{display:none}
@@ -353,8 +224,8 @@ font-weight:normal;padding-right:12px}table.attributes td{font-family:monospace}
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
         f'<p class="count">{count(len(listed), "trace")} listed, {len(traces)} drawn</p>{note}'
-        f"{_html_index(listed, {t.trace_id for t in traces})}{legend}{''.join(sections)}"
-        f"<script>{PAGE_SCRIPT}</script></body></html>"
+        f"{html_index(listed, {t.trace_id for t in traces})}{legend}{''.join(sections)}"
+        f"<script>{INDEX_SCRIPT}{FOLD_SCRIPT}</script></body></html>"
     )
 
 

@@ -1,5 +1,9 @@
 """``view`` in the terminal: the list (a line per trace, job lines above their rollouts,
-start-up traces apart), one trace as a waterfall, and the records ``--json`` prints."""
+start-up traces apart), one trace as a waterfall, and the records ``--json`` prints.
+
+The list's ``reward`` column is the trace's reward (``Trace.reward``), blank without one,
+``*`` after a masked sample's (a footnote under the list says so); its ``tokens`` column
+is tokens in/out, each model call counted once (``outcome.tokens``)."""
 
 from __future__ import annotations
 
@@ -24,7 +28,14 @@ KEY_ATTRIBUTES = (
     ("gen_ai.request.model", "model"),
     ("gen_ai.usage.input_tokens", "in_tokens"),
     ("gen_ai.usage.output_tokens", "out_tokens"),
+    ("nemo.gym.rollout.usage.input_tokens", "rollout_in_tokens"),
+    ("nemo.gym.rollout.usage.output_tokens", "rollout_out_tokens"),
     ("error.type", "error"),
+    ("nemo.gym.failure.stage", "stage"),
+    ("nemo.gym.reward", "reward"),
+    ("nemo.gym.mask_sample", "masked"),
+    ("nemo.gym.task.index", "task"),
+    ("nemo.gym.rollout.index", "repeat"),
     ("ray.task.wait.duration", "wait"),
     ("ray.node.id", "node"),
 )
@@ -111,6 +122,27 @@ def tokens_text(trace: Trace) -> str:
     return f"{trace.tokens[0]}/{trace.tokens[1]}" if trace.tokens else ""
 
 
+MASKED_MARK = "*"
+MASKED_NOTE = "* masked sample (nemo.gym.mask_sample): its reward is not a valid measurement"
+
+
+def number_text(value: float) -> str:
+    """A reward as read: up to three decimals, at least one (``0.0``, ``1.0``, ``0.333``)."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value and abs(value) < 0.001:
+        return f"{value:.1e}"
+    text = f"{value:.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def reward_text(trace: Trace) -> str:
+    """The trace's reward, marked ``*`` when the sample is masked; "" without one."""
+    if trace.reward is None:
+        return ""
+    return number_text(trace.reward) + (MASKED_MARK if trace.mask_sample else "")
+
+
 def status_text(trace: Trace) -> str:
     return "ERROR" if trace.has_error else "ok"
 
@@ -121,21 +153,24 @@ ID_SHOWN = 12  # characters of a trace id in the list: enough to be unique, and 
 def list_lines(traces: Sequence[Trace], width: int) -> list[str]:
     """A header and one line per trace, each at most ``width`` columns."""
     rollout_width = min(max([len(", ".join(sorted(t.rollout_ids))) for t in traces] + [7]), 14)
+    reward_width = min(max([len(reward_text(t)) for t in traces] + [6]), 12)
     token_width = min(max([len(tokens_text(t)) for t in traces] + [6]), 15)
-    fixed = 12 + 2 + ID_SHOWN + 2 + 9 + 2 + 5 + 2 + 5 + 2 + rollout_width + 2 + token_width + 2
+    fixed = 12 + 2 + ID_SHOWN + 2 + 9 + 2 + 5 + 2 + 6 + 2 + rollout_width + 2 + reward_width + 2 + token_width + 2
     roots = [display_name(t.root) for t in traces]
     services = [",".join(sorted(short_service(s) for s in t.services)) for t in traces]
     root_width = max(4, min(max([len(r) for r in roots] + [4]), max(12, (width - fixed) * 3 // 5)))
 
-    def line(start, trace_id, took, spans, status, rollout, tokens, root, names) -> str:
+    def line(start, trace_id, took, spans, status, rollout, reward, tokens, root, names) -> str:
         text = (
-            f"{start:<12}  {trace_id:<{ID_SHOWN}}  {took:>9}  {spans:>5}  {status:<5}  "
-            f"{cut(rollout, rollout_width):<{rollout_width}}  {tokens:>{token_width}}  "
+            f"{start:<12}  {trace_id:<{ID_SHOWN}}  {took:>9}  {spans:>5}  {status:<6}  "
+            f"{cut(rollout, rollout_width):<{rollout_width}}  {cut(reward, reward_width):>{reward_width}}  "
+            f"{tokens:>{token_width}}  "
             f"{cut(root, root_width):<{root_width}}  {names}"
         )
         return cut(text.rstrip(), width)
 
-    lines = [line("start (UTC)", "trace", "duration", "spans", "status", "rollout", "tokens", "root", "services")]
+    heads = ("start (UTC)", "trace", "duration", "spans", "status", "rollout", "reward", "tokens", "root", "services")
+    lines = [line(*heads)]
     for trace, root, names in zip(traces, roots, services):
         lines.append(
             line(
@@ -145,6 +180,7 @@ def list_lines(traces: Sequence[Trace], width: int) -> list[str]:
                 str(len(trace.spans)),
                 status_text(trace),
                 ", ".join(sorted(trace.rollout_ids)),
+                reward_text(trace),
                 tokens_text(trace),
                 root,
                 names,
@@ -175,7 +211,11 @@ def render_list(items: Sequence[Job | Trace], startup: Sequence[Trace], width: i
         lines.append(cut(f"start-up traces (processes starting, not rollouts): {len(startup)}", width))
         lines.extend(list_lines(startup, width))
     lines.append("")
+    if any(t.mask_sample and t.reward is not None for t in traces + list(startup)):
+        lines.append(cut(MASKED_NOTE, width))
     lines.append(cut("one trace as a waterfall: --trace ID (any unique prefix) or --rollout ID", width))
+    if any(t.task_index is not None for t in traces):
+        lines.append(cut("per task (rollouts, mean reward, p50/p95 duration, failures): --by-task", width))
     return lines
 
 
@@ -190,7 +230,14 @@ def trace_record(trace: Trace, *, with_spans: bool = False) -> dict:
         "services": sorted(trace.services),
         "span_count": len(trace.spans),
         "status": "error" if trace.has_error else "ok",
-        "tokens": {"input": trace.tokens[0], "output": trace.tokens[1]} if trace.tokens else None,
+        "tokens": {"input": trace.tokens[0], "output": trace.tokens[1], "total": trace.total_tokens}
+        if trace.tokens
+        else None,
+        "reward": trace.reward,
+        "mask_sample": trace.mask_sample,
+        "task_index": trace.task_index,
+        "rollout_index": trace.rollout_index,
+        "failure": trace.failure or None,
         "rollout_ids": sorted(trace.rollout_ids),
         "startup": trace.is_startup,
         "summary_ms": summary(trace),
@@ -212,6 +259,10 @@ def render_text(trace: Trace, *, bar_width: int = 24, width: int | None = None) 
         cut(
             f"trace {trace.trace_id}  {count(len(trace.spans), 'span')}, {count(len(trace.services), 'service')}"
             + (f", rollout {rollouts}" if rollouts else "")
+            + (f", task {trace.task_index}" if trace.task_index is not None else "")
+            + (f" repeat {trace.rollout_index}" if trace.rollout_index is not None else "")
+            + (f", reward {number_text(trace.reward)}" if trace.reward is not None else "")
+            + (" (masked sample)" if trace.reward is not None and trace.mask_sample else "")
             + (", ERROR" if trace.has_error else ""),
             limit,
         ),
