@@ -187,12 +187,16 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
     traces = mlflow.search_rollouts(demo["experiment"])
     _check_whole_rollouts(traces, ROLLOUTS + COLLECTED)
     _check_model_calls(traces)
-    # the rest is the fleet's start-up (span group startup, in the default preset)
+    # the rest: the fleet's start-up (span group startup, in the default preset) and the
+    # collection job's own trace (gym.job and its /aggregate_metrics calls)
     others = [t for t in everything if t["trace_id"] not in {r["trace_id"] for r in traces}]
+    jobs = [t for t in others if any(s["name"] == "gym.job" for s in t["spans"])]
+    assert len(jobs) == 1
+    (job,) = [s for s in jobs[0]["spans"] if s["name"] == "gym.job"]
+    assert job["attributes"]["nemo.gym.job.rollouts.sent"] == COLLECTED
     for trace in others:
-        assert all(s["name"].startswith(("gym.startup", "gym.server.startup")) for s in trace["spans"]), [
-            s["name"] for s in trace["spans"]
-        ]
+        names = [s["name"] for s in trace["spans"]]
+        assert trace in jobs or all(n.startswith(("gym.startup", "gym.server.startup")) for n in names), names
     assert f"{ROLLOUTS + COLLECTED} rollout traces in MLflow experiment {demo['experiment']}" in out
 
 

@@ -21,7 +21,13 @@ from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 
 pytestmark = pytest.mark.realgym
 
-COLLECT_SERVICE = "nemo-gym/collect"
+COLLECT_SERVICE = "nemo-gym/collect"  # the collection driver script (before 0.7)
+
+
+def _collect_service(version: str) -> str:
+    """The collection process's service: the driver script's name, or on 0.7 Gym's own
+    ``gym eval run --no-serve`` (a Gym command: the orchestrator role)."""
+    return "nemo-gym/orchestrator" if version >= "0.7" else COLLECT_SERVICE
 
 
 def _service(span: dict) -> str:
@@ -192,11 +198,13 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
     # gym.job: one root in the collection process, a trace of its own; each rollout's
     # CLIENT span is the root of that rollout's trace, linked to the job
     (job,) = [s for s in spans if s["name"] == "gym.job"]
-    assert (job["kind"], job["parent_span_id"], _service(job)) == ("INTERNAL", None, COLLECT_SERVICE)
+    assert (job["kind"], job["parent_span_id"], _service(job)) == ("INTERNAL", None, _collect_service(version))
     run_clients = [
         s
         for s in spans
-        if s["kind"] == "CLIENT" and _service(s) == COLLECT_SERVICE and s["attributes"]["url.full"].endswith("/run")
+        if s["kind"] == "CLIENT"
+        and _service(s) == _collect_service(version)
+        and s["attributes"]["url.full"].endswith("/run")
     ]
     assert len(run_clients) == 2
     assert all(s["parent_span_id"] is None for s in run_clients)
