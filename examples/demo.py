@@ -269,7 +269,9 @@ def with_backend(args: argparse.Namespace) -> int:
                 f"a collection job: opentelemetry-instrument ng_collect_rollouts ({COLLECT_ROWS} tasks x "
                 f"{COLLECT_REPEATS} repeats)..."
             )
-            collected = _collect(trio, venv, env)
+            # the job's own span (gym.job) ends as the job exits: its flush may wait longer
+            # for a UI that writes each export to its database before answering
+            collected = _collect(trio, venv, {**env, "GYM_AUTOINSTR_FLUSH_TIMEOUT_MS": "5000"})
             # Spans leave every second; wait for them in the UI rather than rely on the
             # time-boxed flush at Gym's shutdown.
             expected = len(results) + (COLLECT_ROWS * COLLECT_REPEATS if collected.returncode == 0 else 0)

@@ -17,7 +17,7 @@ import pytest
 from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
-from tests.harness.metrics import metric_points
+from tests.harness.metrics import latest, metric_points
 from tests.harness.traces import (
     assert_one_connected_trace,
     expected_services,
@@ -355,5 +355,8 @@ def test_server_duration_by_route_and_the_fleet_gauge(flagship):
     gauge = [p for p in points if p["name"] == "gym.servers.active"]
     assert {p["service"] for p in gauge} == {"nemo-gym/orchestrator"}
     assert gauge[0]["value"] == 3 and gauge[-1]["value"] == 0
-    # never reward or accuracy
-    assert not [p for p in points if "reward" in p["name"] or "accuracy" in p["name"]]
+    # the one outcome metric: gym.rollout.reward (issue #53), a point per rollout; no accuracy
+    assert {p["name"] for p in points if "reward" in p["name"] or "accuracy" in p["name"]} == {"gym.rollout.reward"}
+    rewards = latest(points, "gym.rollout.reward")
+    assert sum(p["value"] for p in rewards.values()) == len(run.results)
+    assert sum(p["sum"] for p in rewards.values()) == sum(r["reward"] for r in run.results)

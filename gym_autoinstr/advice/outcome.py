@@ -26,6 +26,7 @@ operation names (``gen_ai.usage.input_tokens`` ..., ``gen_ai.operation.name``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.fastpath import contract
 from gym_autoinstr.setup import logs
 
 REWARD = "nemo.gym.reward"
@@ -193,10 +195,10 @@ def evaluation(span: Any, attributes: dict[str, Any], evaluator: str | None) -> 
     if logs.exported():
         try:
             from opentelemetry import trace
-            from opentelemetry._logs import LogRecord, get_logger
 
-            get_logger("gym_autoinstr").emit(
-                LogRecord(
+            logs_api = contract.load(contract.LOGS_API)
+            logs_api.get_logger("gym_autoinstr").emit(
+                logs_api.LogRecord(
                     timestamp=time.time_ns(),
                     context=trace.set_span_in_context(span),
                     attributes=event,
@@ -212,22 +214,35 @@ def evaluation(span: Any, attributes: dict[str, Any], evaluator: str | None) -> 
 # -- held CLIENT spans -------------------------------------------------------------------
 
 
+# How long after its answer arrived a held span waits for Gym's parse before it ends
+# without an outcome: Gym parses right after the body is in (get_response_json reads, then
+# parses), but a caller that never parses (0.7's legacy_agent relay reads the bytes and
+# passes them on) may keep the response in a reference cycle for long; the span still ends
+# (at the arrival time) and is exported.  Generous: an event loop thousands of requests
+# deep can be seconds late resuming the parsing task.
+UNPARSED_GRACE_S = 10.0
+
+
 class _Held:
-    """A CLIENT span whose end waits for Gym to parse its answer (or release it)."""
+    """A CLIENT span whose end waits for Gym to parse its answer, or, when that does not
+    come, for the response's release or ``UNPARSED_GRACE_S`` after the answer arrived."""
 
-    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "relay", "__weakref__")
+    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "relay", "loop", "__weakref__")
 
-    def __init__(self, span: Any, what: str, on_failure: Any, relay: Any) -> None:
+    def __init__(self, span: Any, what: str, on_failure: Any, relay: Any, loop: Any) -> None:
         self.span = span
         self.what = what
         self.arrived_ns: int | None = None
         self.finalizer: Any = None
         self.on_failure = on_failure
         self.relay = relay
+        self.loop = loop
 
     def arrived(self) -> None:
         if self.arrived_ns is None:
             self.arrived_ns = time.time_ns()
+            if self.loop is not None and self.span is not None:
+                self.loop.call_later(UNPARSED_GRACE_S, self.finalizer)
 
     def read(self, answer: Any) -> None:
         attributes: dict[str, Any] = {}
@@ -270,13 +285,17 @@ def hold(span: Any, what: str, response: Any, on_failure: Any = None, relay: Any
     ``relay``: a span that gets the same outcome attributes (``relay_of``)."""
     try:
         content = response.content
-        held = _Held(span, what, on_failure, relay)
-        if content.is_eof():
-            held.arrived_ns = time.time_ns()
-        else:
-            content.on_eof(held.arrived)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        held = _Held(span, what, on_failure, relay, loop)
         setattr(response, _HELD, held)
         held.finalizer = weakref.finalize(response, held.end)
+        if content.is_eof():
+            held.arrived()
+        else:
+            content.on_eof(held.arrived)
         return True
     except Exception:  # not aiohttp's response, or one without room: the span ends as any other
         return False
@@ -297,7 +316,8 @@ async def _parse_and_end(wrapped: Any, args: tuple, kwargs: dict, held: _Held) -
     answer = await wrapped(*args, **kwargs)  # Gym's parse: its errors are Gym's
     try:
         held.read(answer)
-        held.arrived()  # the body is in once parsed, whatever its eof callback said
+        if held.arrived_ns is None:  # the body is in once parsed, whatever its eof callback said
+            held.arrived_ns = time.time_ns()
         held.finalizer()  # ends the span, once
     except Exception as error:
         warn_once("outcome:read", "reading a rollout's outcome failed (%r); Gym's answer is unaffected.", error)

@@ -244,3 +244,31 @@ def test_no_openinference_attribute_phoenix_reads_the_genai_ones(instrumented, s
     _parsed(f"{base}/v1/chat/completions", {"model": "asked-model"})
     (chat,) = _client(spans)
     assert not [key for key in chat.attributes if key.startswith(("openinference.", "llm.", "tool."))]
+
+
+def test_an_answer_nobody_parses_ends_its_span_a_grace_after_it_arrived(instrumented, spans, fleet, monkeypatch):
+    """A caller that keeps the response (0.7's relay: in a reference cycle) and never parses
+    it: the span ends ``UNPARSED_GRACE_S`` after the answer arrived, at the arrival time."""
+    import asyncio
+
+    monkeypatch.setattr(outcome, "UNPARSED_GRACE_S", 0.2)
+    _, as_server = fleet
+    base = as_server("my_agent", "responses_api_agents")
+    kept = []
+
+    async def go():
+        from nemo_gym import server_utils
+
+        response = await server_utils.request("POST", f"{base}/run", json={})
+        await response.read()  # read as bytes, as a relay does: no parse
+        kept.append(response)
+        read_at = time.time_ns()
+        assert not _client(spans)  # still held
+        await asyncio.sleep(0.5)
+        return read_at
+
+    read_at = run_async(go())
+    (span,) = _client(spans)
+    assert span.end_time <= read_at  # the arrival, not the grace's end
+    assert "nemo.gym.reward" not in span.attributes
+    assert kept[0]._body is not None

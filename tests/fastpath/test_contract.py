@@ -236,6 +236,7 @@ EXPECTED = [
         "status": "UNSET",
         "status_message": "",
         "events": [],
+        "event_attributes": [],
         "links": [],
     },
     {
@@ -246,6 +247,7 @@ EXPECTED = [
         "status": "UNSET",
         "status_message": "",
         "events": [],
+        "event_attributes": [],
         "links": [],
     },
 ]

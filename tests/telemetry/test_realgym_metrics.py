@@ -158,7 +158,10 @@ def test_runtime_metrics_from_every_server(fleet):
     memory = [p["value"] for p in points if p["name"] == "process.memory.usage"]
     assert min(memory) > 20 * 1024 * 1024
     assert not [p for p in points if p["name"].startswith("system.")]  # host-wide metrics stay off
-    assert not [p for p in points if "reward" in p["name"] or "accuracy" in p["name"]]
+    # the one outcome metric is ours, gym.rollout.reward (issue #53): from the agent alone
+    outcome = {(p["name"], p["service"]) for p in points if "reward" in p["name"] or "accuracy" in p["name"]}
+    assert {name for name, _ in outcome} <= {"gym.rollout.reward"}
+    assert {service for _, service in outcome} <= {f"nemo-gym/{AGENT}"}
 
 
 def test_log_lines_of_a_rollout_carry_its_trace_id(fleet):
