@@ -26,7 +26,6 @@ operation names (``gen_ai.usage.input_tokens`` ..., ``gen_ai.operation.name``).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import weakref
 from typing import Any
@@ -35,7 +34,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath import contract
-from gym_autoinstr.setup import logs
+from gym_autoinstr.setup import flush, logs
 
 REWARD = "nemo.gym.reward"
 MASK_SAMPLE = "nemo.gym.mask_sample"
@@ -214,35 +213,36 @@ def evaluation(span: Any, attributes: dict[str, Any], evaluator: str | None) -> 
 # -- held CLIENT spans -------------------------------------------------------------------
 
 
-# How long after its answer arrived a held span waits for Gym's parse before it ends
-# without an outcome: Gym parses right after the body is in (get_response_json reads, then
-# parses), but a caller that never parses (0.7's legacy_agent relay reads the bytes and
-# passes them on) may keep the response in a reference cycle for long; the span still ends
-# (at the arrival time) and is exported.  Generous: an event loop thousands of requests
-# deep can be seconds late resuming the parsing task.
-UNPARSED_GRACE_S = 10.0
-
-
 class _Held:
-    """A CLIENT span whose end waits for Gym to parse its answer, or, when that does not
-    come, for the response's release or ``UNPARSED_GRACE_S`` after the answer arrived."""
+    """A CLIENT span whose end waits for Gym to parse its answer.  When Gym reads the body
+    as bytes instead (0.7's legacy_agent relay passes them on), it ends as that read
+    returns; when nobody reads it, at the response's release or the next flush."""
 
-    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "relay", "loop", "__weakref__")
+    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "relay", "response", "parsing", "__weakref__")
 
-    def __init__(self, span: Any, what: str, on_failure: Any, relay: Any, loop: Any) -> None:
+    def __init__(self, span: Any, what: str, on_failure: Any, relay: Any, response: Any) -> None:
         self.span = span
         self.what = what
         self.arrived_ns: int | None = None
         self.finalizer: Any = None
         self.on_failure = on_failure
         self.relay = relay
-        self.loop = loop
+        self.response = weakref.ref(response)  # (the response holds this object: no cycle)
+        self.parsing = False
 
     def arrived(self) -> None:
         if self.arrived_ns is None:
             self.arrived_ns = time.time_ns()
-            if self.loop is not None and self.span is not None:
-                self.loop.call_later(UNPARSED_GRACE_S, self.finalizer)
+
+    async def read_body(self) -> bytes:
+        """The response's ``read`` while held: aiohttp's own; a read outside Gym's parse
+        (``get_response_json``) is the body taken as bytes, and the span ends with it."""
+        response = self.response()
+        body = await type(response).read(response)
+        if not self.parsing:
+            self.arrived()
+            self.finalizer()
+        return body
 
     def read(self, answer: Any) -> None:
         attributes: dict[str, Any] = {}
@@ -268,8 +268,30 @@ class _Held:
 
     def end(self) -> None:
         span, self.span = self.span, None
+        _OUTSTANDING.discard(self)
         if span is not None:
             span.end(end_time=self.arrived_ns)
+
+
+# Held spans not ended yet: a flush (a server's or the process's last) ends them first, so
+# that a shutdown within the grace loses none (setup/flush.py's before_flush).
+_OUTSTANDING: set[_Held] = set()
+
+
+def end_outstanding() -> None:
+    for _ in range(3):  # the set may change under us (the loop's thread ends one meanwhile)
+        try:
+            held = list(_OUTSTANDING)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return
+    for one in held:
+        one.finalizer()
+
+
+flush.before_flush(end_outstanding)
 
 
 def relay_of(caller: Any) -> Any:
@@ -285,13 +307,11 @@ def hold(span: Any, what: str, response: Any, on_failure: Any = None, relay: Any
     ``relay``: a span that gets the same outcome attributes (``relay_of``)."""
     try:
         content = response.content
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        held = _Held(span, what, on_failure, relay, loop)
+        held = _Held(span, what, on_failure, relay, response)
         setattr(response, _HELD, held)
+        response.read = held.read_body
         held.finalizer = weakref.finalize(response, held.end)
+        _OUTSTANDING.add(held)
         if content.is_eof():
             held.arrived()
         else:
@@ -313,6 +333,7 @@ def get_response_json_advice(wrapped: Any, instance: Any, args: tuple, kwargs: d
 
 
 async def _parse_and_end(wrapped: Any, args: tuple, kwargs: dict, held: _Held) -> Any:
+    held.parsing = True
     answer = await wrapped(*args, **kwargs)  # Gym's parse: its errors are Gym's
     try:
         held.read(answer)

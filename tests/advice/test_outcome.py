@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import time
 
 import pytest
@@ -246,12 +247,9 @@ def test_no_openinference_attribute_phoenix_reads_the_genai_ones(instrumented, s
     assert not [key for key in chat.attributes if key.startswith(("openinference.", "llm.", "tool."))]
 
 
-def test_an_answer_nobody_parses_ends_its_span_a_grace_after_it_arrived(instrumented, spans, fleet, monkeypatch):
-    """A caller that keeps the response (0.7's relay: in a reference cycle) and never parses
-    it: the span ends ``UNPARSED_GRACE_S`` after the answer arrived, at the arrival time."""
-    import asyncio
-
-    monkeypatch.setattr(outcome, "UNPARSED_GRACE_S", 0.2)
+def test_an_answer_read_as_bytes_ends_its_span_as_the_read_returns(instrumented, spans, fleet):
+    """A caller that reads the body as bytes and never parses it (0.7's relay, which keeps
+    the response): the span ends as that read returns, without an outcome."""
     _, as_server = fleet
     base = as_server("my_agent", "responses_api_agents")
     kept = []
@@ -260,15 +258,28 @@ def test_an_answer_nobody_parses_ends_its_span_a_grace_after_it_arrived(instrume
         from nemo_gym import server_utils
 
         response = await server_utils.request("POST", f"{base}/run", json={})
-        await response.read()  # read as bytes, as a relay does: no parse
+        assert not _client(spans)  # held
+        body = await response.read()  # read as bytes, as a relay does: no parse
         kept.append(response)
-        read_at = time.time_ns()
-        assert not _client(spans)  # still held
-        await asyncio.sleep(0.5)
-        return read_at
+        return body, time.time_ns()
 
-    read_at = run_async(go())
+    body, read_at = run_async(go())
     (span,) = _client(spans)
-    assert span.end_time <= read_at  # the arrival, not the grace's end
+    assert span.end_time <= read_at
     assert "nemo.gym.reward" not in span.attributes
-    assert kept[0]._body is not None
+    assert json.loads(body) == RUN_ANSWER  # the caller got its bytes
+
+
+def test_a_flush_ends_the_spans_still_held(instrumented, spans, fleet):
+    """A server's shutdown flush (or the process's last) within the grace: the held span
+    ends first, so it is in the flush."""
+    from gym_autoinstr.setup import flush
+
+    _, as_server = fleet
+    base = as_server("my_agent", "responses_api_agents")
+    response = _parsed(f"{base}/run", {}, parse=False)
+    assert not _client(spans)
+    flush.flush(timeout=2)
+    (span,) = _client(spans)
+    assert "nemo.gym.reward" not in span.attributes
+    del response
