@@ -295,11 +295,9 @@ def _suppress_http_key() -> object | None:
 
 
 async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
-    span = dispatch = answer = relay = None
+    span = dispatch = answer = None
     try:
         span, dispatch, answer = _start_client_span(args, kwargs)
-        if answer == outcome.RUN:
-            relay = outcome.relay_of(trace.get_current_span())
         if type(span) is not NonRecordingSpan:
             try:
                 span.gym_attempts = 0  # Gym's session counts this call's attempts on its span (pool.count_attempts)
@@ -353,7 +351,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
             elif answer is not None and type(span) is not NonRecordingSpan:
                 # ends once Gym has parsed the answer, which says how the rollout went
                 failed = None if dispatch is None else functools.partial(job.rollout_failed, dispatch)
-                if not outcome.hold(span, answer, response, failed, relay):
+                if not outcome.hold(span, answer, response, failed):
                     span.end()
             elif not _end_with_the_body(span, response):
                 span.end()

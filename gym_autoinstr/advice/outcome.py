@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath import contract
@@ -218,15 +218,14 @@ class _Held:
     as bytes instead (0.7's legacy_agent relay passes them on), it ends as that read
     returns; when nobody reads it, at the response's release or the next flush."""
 
-    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "relay", "response", "parsing", "__weakref__")
+    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "response", "parsing", "__weakref__")
 
-    def __init__(self, span: Any, what: str, on_failure: Any, relay: Any, response: Any) -> None:
+    def __init__(self, span: Any, what: str, on_failure: Any, response: Any) -> None:
         self.span = span
         self.what = what
         self.arrived_ns: int | None = None
         self.finalizer: Any = None
         self.on_failure = on_failure
-        self.relay = relay
         self.response = weakref.ref(response)  # (the response holds this object: no cycle)
         self.parsing = False
 
@@ -258,8 +257,6 @@ class _Held:
             return
         if attributes:
             span.set_attributes(attributes)
-            if self.relay is not None and self.relay.is_recording():
-                self.relay.set_attributes(attributes)
         if failure is not None:
             span.set_attribute(ERROR_TYPE, failure)
             span.set_status(Status(StatusCode.ERROR, failure))
@@ -294,20 +291,12 @@ def end_outstanding() -> None:
 flush.before_flush(end_outstanding)
 
 
-def relay_of(caller: Any) -> Any:
-    """The span a ``/run`` call's outcome also goes on: the caller's SERVER span, when the
-    caller relays a ``/run`` it serves (Gym 0.7's environment server: its SERVER span is the
-    rollout's root when the rollout was sent to it directly); else None."""
-    return caller if getattr(caller, "kind", None) is SpanKind.SERVER and caller.is_recording() else None
-
-
-def hold(span: Any, what: str, response: Any, on_failure: Any = None, relay: Any = None) -> bool:
+def hold(span: Any, what: str, response: Any, on_failure: Any = None) -> bool:
     """Leave ``span``'s end to Gym's parse of ``response`` (``get_response_json``), or to the
-    response's release when Gym never parses it; True when held (the caller ends nothing).
-    ``relay``: a span that gets the same outcome attributes (``relay_of``)."""
+    response's release when Gym never parses it; True when held (the caller ends nothing)."""
     try:
         content = response.content
-        held = _Held(span, what, on_failure, relay, response)
+        held = _Held(span, what, on_failure, response)
         setattr(response, _HELD, held)
         response.read = held.read_body
         held.finalizer = weakref.finalize(response, held.end)

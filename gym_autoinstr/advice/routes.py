@@ -236,6 +236,12 @@ def _rollout_id_from_path(args: tuple, kwargs: dict) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _run_body(args: tuple, kwargs: dict) -> Any:
+    """The ``/run`` handler's body model: its ``body`` argument, else the first pydantic one."""
+    body = kwargs.get("body")
+    return body if body is not None else next((a for a in args if hasattr(a, "model_fields")), None)
+
+
 def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> str | None:
     """The id Gym's rollout collection stamps into a ``/run`` body (task and rollout index).
 
@@ -246,9 +252,7 @@ def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> str | None:
     derive = getattr(module, "maybe_rollout_id_from_run_body", None)
     if derive is None:
         return None
-    body = kwargs.get("body")
-    if body is None:
-        body = next((a for a in args if hasattr(a, "model_fields")), None)
+    body = _run_body(args, kwargs)
     try:
         rollout_id = derive(body)
     except Exception:
@@ -259,10 +263,7 @@ def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> str | None:
 def _row_identity(args: tuple, kwargs: dict, attributes: dict[str, Any]) -> None:
     """The task and rollout index Gym's collection driver put in a ``/run`` body (extra
     fields of its pydantic model)."""
-    body = kwargs.get("body")
-    if body is None:
-        body = next((a for a in args if hasattr(a, "model_fields")), None)
-    extra = getattr(body, "__pydantic_extra__", None)
+    extra = getattr(_run_body(args, kwargs), "__pydantic_extra__", None)
     if type(extra) is dict:
         found = outcome.call_attributes("", AGENT, "/run", extra)[1]  # read as egress reads the row
         for key in (outcome.TASK_INDEX, outcome.ROLLOUT_INDEX):
