@@ -262,6 +262,15 @@ SAMPLING_UNIT = Choice(
     fallback="each rollout is sampled on its own ('rollout')",
     fix=f"Set {PREFIX}SAMPLING_UNIT=task to keep or drop every repeat of a task together.",
 )
+TRACE_TAGS = Choice(
+    PREFIX + "TRACE_TAGS",
+    "none",
+    ("none", "mlflow"),
+    "none; mlflow: a rollout's root also carries its reward, task and repeat index (and failure kind) as "
+    "mlflow.traceTag.* attributes, which MLflow turns into trace tags its trace list shows and filters by",
+    fallback="no backend's tags ('none')",
+    fix=f"Set {PREFIX}TRACE_TAGS=mlflow when the traces go to MLflow.",
+)
 CLIENT_SPANS = Choice(
     PREFIX + "CLIENT_SPANS",
     "all",

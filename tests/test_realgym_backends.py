@@ -13,7 +13,8 @@ Checked through MLflow's own client: every rollout is one trace with all its spa
 (ids and parents intact, three services), model calls are typed and carry the token
 usage MLflow derives from ``gen_ai.usage.*``; the doctor's live check passes against
 MLflow and names the missing experiment header; headless Chromium renders the trace
-page with the rollout's spans (a PNG is kept under the test's tmp_path).
+page with the rollout's spans and the trace list with each rollout's tokens and reward
+(``GYM_AUTOINSTR_TRACE_TAGS=mlflow``: tags); PNGs are kept under the tests' tmp_path.
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.harness import browser
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.gym_targets import clean_environment
@@ -112,7 +112,13 @@ def through_rotel(demo, mlflow, policy_model, tmp_path_factory):
     with Collector(
         log_dir=workdir / "collector", forward_to=mlflow.url, forward_headers=f"x-mlflow-experiment-id={experiment}"
     ) as collector:
-        env = otel_env(collector, "grpc", GYM_AUTOINSTR_SPAN_GROUPS="all", OTEL_METRICS_EXPORTER="none")
+        env = otel_env(
+            collector,
+            "grpc",
+            GYM_AUTOINSTR_SPAN_GROUPS="all",
+            OTEL_METRICS_EXPORTER="none",
+            GYM_AUTOINSTR_TRACE_TAGS="mlflow",
+        )
         with GymTrio(gym_venv("0.4.0"), "0.4.0", workdir, policy_model.url, env=env, instrument=True) as trio:
             results = trio.rollouts(ROLLOUTS)
             traces = mlflow.wait_for_rollouts(experiment, ROLLOUTS)
@@ -176,6 +182,8 @@ def _check_model_calls(traces) -> None:
         root = _rollout_root(trace)
         assert root["attributes"]["nemo.gym.reward"] == 1.0
         assert root["attributes"]["nemo.gym.rollout.usage.input_tokens"] == total["input_tokens"]
+        # GYM_AUTOINSTR_TRACE_TAGS=mlflow: the reward again as a trace tag, what the list shows
+        assert trace["tags"]["nemo.gym.reward"] == "1.0", trace["tags"]
 
 
 def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo, mlflow):
@@ -198,6 +206,18 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
         names = [s["name"] for s in trace["spans"]]
         assert trace in jobs or all(n.startswith(("gym.startup", "gym.server.startup")) for n in names), names
     assert f"{ROLLOUTS + COLLECTED} rollout traces in MLflow experiment {demo['experiment']}" in out
+    # the collected rollouts' task and repeat, as tags: each (task, repeat) of the job once
+    collected = sorted(
+        (t["tags"]["nemo.gym.task.index"], t["tags"]["nemo.gym.rollout.index"])
+        for t in traces
+        if "nemo.gym.task.index" in t["tags"]
+    )
+    assert collected == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], [t["tags"] for t in traces]
+    # and MLflow filters by them: the rollouts of task 1, the rollouts that scored 1
+    task_one = mlflow.search_traces(demo["experiment"], where="tag.`nemo.gym.task.index` = '1'")
+    assert sorted(t["tags"]["nemo.gym.rollout.index"] for t in task_one) == ["0", "1"]
+    scored = mlflow.search_traces(demo["experiment"], where="tag.`nemo.gym.reward` = '1.0'")
+    assert {t["trace_id"] for t in scored} == {t["trace_id"] for t in traces}
 
 
 def test_the_collector_recipe_forwards_whole_rollouts_to_mlflow(through_rotel):
@@ -251,50 +271,38 @@ def test_the_doctor_passes_against_mlflow_and_names_its_missing_header(demo, tmp
     assert "answers HTTP/1.1" in error.problem and "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in error.fix
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    message = (
-        "Chromium is not installed: the MLflow trace page is checked in headless Chromium (apt-get install -y chromium)"
-    )
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+def _chromium() -> None:
+    if browser.find_chromium() is None:
+        message = "Chromium is not installed: MLflow's pages are read in headless Chromium (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflow, tmp_path):
+    _chromium()
     (trace, *_) = mlflow.search_rollouts(demo["experiment"])
     url = mlflow.trace_url(demo["experiment"], trace["trace_id"])
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--window-size=2000,1100",
-        "--virtual-time-budget=30000",
-    ]
-    profile = tmp_path / f"profile-{uuid.uuid4().hex[:8]}"
-    dom = subprocess.run(
-        [_chromium(), *flags, f"--user-data-dir={profile}", "--dump-dom", url],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert dom.returncode == 0, dom.stderr[-3000:]
-    text = re.sub(r"<[^>]+>", " ", dom.stdout)
+    dom = browser.page_dom(url, tmp_path, window="2000,1100")
+    text = browser.dom_text(dom)
     for name in ("POST /run", "gym.rollout", "gym.model.responses", "gym.verify"):
         assert name in text, (name, text[:3000])
-    assert trace["trace_id"].removeprefix("tr-") in dom.stdout
+    assert trace["trace_id"].removeprefix("tr-") in dom
     # the trace header shows the token total MLflow derived from the model calls' gen_ai.usage.*
     assert re.search(rf"\b{trace['token_usage']['total_tokens']}\s*tokens", text), text[:3000]
-    png = tmp_path / "mlflow-trace.png"
-    shot = subprocess.run(
-        [_chromium(), *flags, f"--user-data-dir={profile}-shot", f"--screenshot={png}", url],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert shot.returncode == 0 and png.stat().st_size > 10_000, shot.stderr[-2000:]
+    browser.screenshot(url, tmp_path / "mlflow-trace.png", window="2000,1100")
+
+
+def test_the_trace_list_shows_each_rollouts_reward_and_tokens(demo, mlflow, tmp_path):
+    """MLflow's trace list, as a user opens it from the demo's URL: a row per trace with
+    its token total (MLflow's sum of the model calls' gen_ai.usage.*) and its tags, among
+    them the rollout's reward, task and repeat (GYM_AUTOINSTR_TRACE_TAGS=mlflow)."""
+    _chromium()
+    traces = mlflow.search_rollouts(demo["experiment"])
+    url = mlflow.traces_url(demo["experiment"])
+    text = browser.page_text(url, tmp_path, window="2400,1200")
+    for total in {t["token_usage"]["total_tokens"] for t in traces}:
+        assert re.search(rf"\b{total}\b", text), (total, text[:3000])
+    assert "nemo.gym.reward" in text and "1.0" in text, text[:3000]
+    assert "nemo.gym.task.index" in text, text[:3000]
+    browser.screenshot(url, tmp_path / "mlflow-trace-list.png", window="2400,1200")

@@ -32,6 +32,7 @@ from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
+from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath import contract
 from gym_autoinstr.setup import flush, logs
@@ -84,6 +85,7 @@ def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tup
         if type(body) is dict:
             _index(attributes, TASK_INDEX, body.get(_TASK_KEY))
             _index(attributes, ROLLOUT_INDEX, body.get(_ROLLOUT_KEY))
+        backend_tags(attributes)
         return RUN, attributes
     if kind == _MODELS:
         if route not in _MODEL_ROUTES:
@@ -104,6 +106,25 @@ def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tup
 def _index(attributes: dict[str, Any], key: str, value: Any) -> None:
     if type(value) is int:
         attributes[key] = value
+
+
+# -- a backend's own dialect -------------------------------------------------------------
+
+# MLflow (3.x) lists traces by their tags, which its OTLP receiver takes from the root span's
+# ``mlflow.traceTag.<key>`` attributes (string values): GYM_AUTOINSTR_TRACE_TAGS=mlflow.
+_MLFLOW_TAG = "mlflow.traceTag."
+_TAGGED = (REWARD, MASK_SAMPLE, TASK_INDEX, ROLLOUT_INDEX, ERROR_TYPE)
+MLFLOW_TAGS = settings.TRACE_TAGS.read() == "mlflow"
+
+
+def backend_tags(attributes: dict[str, Any]) -> None:
+    """When MLflow's tags are asked for: each outcome attribute in ``attributes`` again as
+    a tag (a rollout's root, whichever span that is: every span that may be one gets them)."""
+    if MLFLOW_TAGS:
+        for key in _TAGGED:
+            value = attributes.get(key)
+            if value is not None:
+                attributes[_MLFLOW_TAG + key] = str(value).lower() if type(value) is bool else str(value)
 
 
 # -- reading Gym's values ----------------------------------------------------------------
@@ -248,6 +269,9 @@ class _Held:
         failure = None
         if self.what == RUN:
             failure = rollout_attributes(answer, attributes)
+            if failure is not None:
+                attributes[ERROR_TYPE] = failure
+            backend_tags(attributes)
         elif self.what == VERIFY:
             verdict_attributes(answer, attributes)
         else:
@@ -258,7 +282,6 @@ class _Held:
         if attributes:
             span.set_attributes(attributes)
         if failure is not None:
-            span.set_attribute(ERROR_TYPE, failure)
             span.set_status(Status(StatusCode.ERROR, failure))
             if self.on_failure is not None:
                 self.on_failure()

@@ -309,9 +309,9 @@ def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
         server_span = trace.get_current_span()  # the seam's context is left: the SERVER span
         if attributes and server_span is not span and server_span.is_recording():
             # the rollout's root when its caller is not traced: what a GenAI UI lists it as
-            server_span.set_attributes(
-                {outcome.OPERATION: outcome.INVOKE_AGENT, outcome.AGENT_NAME: seam.server_name, **attributes}
-            )
+            root = {outcome.OPERATION: outcome.INVOKE_AGENT, outcome.AGENT_NAME: seam.server_name, **attributes}
+            outcome.backend_tags(root)
+            server_span.set_attributes(root)
     if attributes:
         span.set_attributes(attributes)
 

@@ -171,6 +171,34 @@ def test_a_failed_episode_says_its_kind_and_stage_never_its_reason(instrumented,
     assert not any("SECRET" in value for value in recorded)
 
 
+def test_mlflow_trace_tags_repeat_the_roots_outcome_as_strings(instrumented, spans, fleet, monkeypatch):
+    """GYM_AUTOINSTR_TRACE_TAGS=mlflow: what MLflow's receiver makes trace tags, on the
+    rollout's root; nothing of the kind without it, nor on a call that is no rollout."""
+    app, as_server = fleet
+    base = as_server("my_agent", "responses_api_agents")
+    _parsed(f"{base}/run", {"_ng_task_index": 3, "_ng_rollout_index": 1})
+    _parsed(f"{base}/verify", {})
+    monkeypatch.setattr(outcome, "MLFLOW_TAGS", True)
+    _parsed(f"{base}/run", {"_ng_task_index": 4, "_ng_rollout_index": 0})
+    app.state.answers["/run"] = FAILED_EPISODE
+    _parsed(f"{base}/run", {"_ng_task_index": 5})
+    plain, verify, tagged, failed = _client(spans)
+    for span in (plain, verify):
+        assert not [key for key in span.attributes if key.startswith("mlflow.")], span.attributes
+    _assert_has(
+        tagged,
+        {
+            "mlflow.traceTag.nemo.gym.reward": "0.5",
+            "mlflow.traceTag.nemo.gym.mask_sample": "true",
+            "mlflow.traceTag.nemo.gym.task.index": "4",
+            "mlflow.traceTag.nemo.gym.rollout.index": "0",
+            "nemo.gym.reward": 0.5,
+        },
+    )
+    _assert_has(failed, {"mlflow.traceTag.error.type": "agent_run_error", "mlflow.traceTag.nemo.gym.task.index": "5"})
+    assert "mlflow.traceTag.nemo.gym.reward" not in failed.attributes
+
+
 def test_model_tool_and_verify_calls_in_genai_terms(instrumented, spans, fleet):
     _, as_server = fleet
     base = as_server("policy_model", "responses_api_models")

@@ -40,7 +40,9 @@ _SEARCH = """
 import json, sys, mlflow
 from mlflow import MlflowClient
 mlflow.set_tracking_uri(sys.argv[1])
-traces = MlflowClient().search_traces(locations=[sys.argv[2]], max_results=int(sys.argv[3]))
+traces = MlflowClient().search_traces(
+    locations=[sys.argv[2]], max_results=int(sys.argv[3]), filter_string=sys.argv[4] or None
+)
 out = []
 for trace in traces:
     info = trace.info
@@ -49,6 +51,7 @@ for trace in traces:
         "state": str(info.state),
         "token_usage": info.token_usage,
         "metadata": dict(info.trace_metadata or {}),
+        "tags": dict(info.tags or {}),
         "spans": [
             {
                 "name": s.name, "span_id": s.span_id, "parent_id": s.parent_id, "trace_id": s.trace_id,
@@ -166,6 +169,8 @@ class MlflowServer:
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"{EXPERIMENT_HEADER}={experiment_id}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_METRICS_EXPORTER": "none",  # MLflow takes traces only
+            # a rollout's reward, task and repeat as trace tags: what MLflow's trace list shows
+            "GYM_AUTOINSTR_TRACE_TAGS": "mlflow",
         }
 
     def traces_url(self, experiment_id: str) -> str:
@@ -174,11 +179,12 @@ class MlflowServer:
     def trace_url(self, experiment_id: str, trace_id: str) -> str:
         return f"{self.traces_url(experiment_id)}?selectedEvaluationId={trace_id}"
 
-    def search_traces(self, experiment_id: str, max_results: int = 100) -> list[dict[str, Any]]:
-        """Every trace of the experiment with its spans, through MLflow's own client."""
+    def search_traces(self, experiment_id: str, max_results: int = 100, where: str = "") -> list[dict[str, Any]]:
+        """Every trace of the experiment with its spans (those ``where`` selects: MLflow's
+        filter string, e.g. ``tag.`nemo.gym.reward` = '1.0'``), through MLflow's own client."""
         with tempfile.TemporaryDirectory() as scratch:
             result = subprocess.run(
-                [str(self.venv / "bin" / "python"), "-c", _SEARCH, self.url, experiment_id, str(max_results)],
+                [str(self.venv / "bin" / "python"), "-c", _SEARCH, self.url, experiment_id, str(max_results), where],
                 capture_output=True,
                 text=True,
                 timeout=120,
