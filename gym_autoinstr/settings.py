@@ -267,7 +267,8 @@ TRACE_TAGS = Choice(
     "none",
     ("none", "mlflow"),
     "none; mlflow: a rollout's root also carries its reward, task and repeat index (and failure kind) as "
-    "mlflow.traceTag.* attributes, which MLflow turns into trace tags its trace list shows and filters by",
+    "mlflow.traceTag.* attributes (MLflow's trace tags) and as mlflow.spanInputs/spanOutputs (its trace "
+    "list's Input and Output columns)",
     fallback="no backend's tags ('none')",
     fix=f"Set {PREFIX}TRACE_TAGS=mlflow when the traces go to MLflow.",
 )

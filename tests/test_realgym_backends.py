@@ -24,13 +24,12 @@ import os
 import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from tests.harness import browser
 from tests.harness.collector import Collector
+from tests.harness.demo_run import running_demo
 from tests.harness.gym_install import gym_venv
 from tests.harness.gym_targets import clean_environment
 from tests.harness.traces import otel_env
@@ -38,61 +37,18 @@ from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
 
 pytestmark = pytest.mark.realgym
 
-REPO = Path(__file__).resolve().parents[1]
 ROLLOUTS = 2
 COLLECTED = 2 * 2  # the demo's collection job: 2 tasks x 2 repeats
-
-
-def _read_until(process: subprocess.Popen, pattern: str, lines: list[str], timeout: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        found = re.search(pattern, line)
-        if found:
-            return found
-    pytest.fail(f"the demo never printed {pattern!r}:\n" + "".join(lines[-60:]))
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """``./run-demo --backend mlflow`` as a user runs it, kept running for the module."""
     workdir = tmp_path_factory.mktemp("demo")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "examples" / "demo.py"),
-            "--backend",
-            "mlflow",
-            "--rollouts",
-            str(ROLLOUTS),
-            "--workdir",
-            str(workdir),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-    )
-    lines: list[str] = []
-    try:
-        traces_url = _read_until(
-            process, r"^open (http://127\.0\.0\.1:\d+/#/experiments/(\d+)/traces)$", lines, timeout=900
-        )
-        _read_until(process, r"press Enter", lines, timeout=60)
+    opened = r"^open (http://127\.0\.0\.1:\d+/#/experiments/(\d+)/traces)$"
+    with running_demo("mlflow", workdir, ROLLOUTS, opened) as (traces_url, output):
         server = re.search(r"http://127\.0\.0\.1:\d+", traces_url.group(1)).group(0)
-        yield {"url": server, "experiment": traces_url.group(2), "output": "".join(lines), "workdir": workdir}
-    finally:
-        if process.poll() is None:
-            process.stdin.close()  # Enter: the demo stops MLflow and exits
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        yield {"url": server, "experiment": traces_url.group(2), "output": output, "workdir": workdir}
 
 
 @pytest.fixture(scope="module")
@@ -206,16 +162,19 @@ def test_the_demo_sends_its_rollouts_straight_to_mlflow_and_prints_the_url(demo,
         names = [s["name"] for s in trace["spans"]]
         assert trace in jobs or all(n.startswith(("gym.startup", "gym.server.startup")) for n in names), names
     assert f"{ROLLOUTS + COLLECTED} rollout traces in MLflow experiment {demo['experiment']}" in out
-    # the collected rollouts' task and repeat, as tags: each (task, repeat) of the job once
+    # the collected rollouts' task and repeat, as tags: the demo's job has two identical
+    # rows, which Gym's driver makes one task (index 0) of four rollouts (indexes 0-3)
     collected = sorted(
         (t["tags"]["nemo.gym.task.index"], t["tags"]["nemo.gym.rollout.index"])
         for t in traces
         if "nemo.gym.task.index" in t["tags"]
     )
-    assert collected == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], [t["tags"] for t in traces]
-    # and MLflow filters by them: the rollouts of task 1, the rollouts that scored 1
-    task_one = mlflow.search_traces(demo["experiment"], where="tag.`nemo.gym.task.index` = '1'")
-    assert sorted(t["tags"]["nemo.gym.rollout.index"] for t in task_one) == ["0", "1"]
+    assert collected == [("0", str(repeat)) for repeat in range(COLLECTED)], [t["tags"] for t in traces]
+    # and MLflow filters by them: the task's rollouts, one repeat of it, the rollouts that scored 1
+    task = mlflow.search_traces(demo["experiment"], where="tag.`nemo.gym.task.index` = '0'")
+    assert sorted(t["tags"]["nemo.gym.rollout.index"] for t in task) == [str(r) for r in range(COLLECTED)]
+    (third,) = mlflow.search_traces(demo["experiment"], where="tag.`nemo.gym.rollout.index` = '2'")
+    assert third["tags"]["nemo.gym.task.index"] == "0"
     scored = mlflow.search_traces(demo["experiment"], where="tag.`nemo.gym.reward` = '1.0'")
     assert {t["trace_id"] for t in scored} == {t["trace_id"] for t in traces}
 
@@ -294,15 +253,18 @@ def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflo
 
 
 def test_the_trace_list_shows_each_rollouts_reward_and_tokens(demo, mlflow, tmp_path):
-    """MLflow's trace list, as a user opens it from the demo's URL: a row per trace with
-    its token total (MLflow's sum of the model calls' gen_ai.usage.*) and its tags, among
-    them the rollout's reward, task and repeat (GYM_AUTOINSTR_TRACE_TAGS=mlflow)."""
+    """MLflow's trace list, as a user opens it from the demo's URL: a row per rollout with
+    its task and repeat as its Input, its reward as its Output, its token total (MLflow's
+    sum of the model calls' gen_ai.usage.*) and its tags (GYM_AUTOINSTR_TRACE_TAGS=mlflow)."""
     _chromium()
     traces = mlflow.search_rollouts(demo["experiment"])
     url = mlflow.traces_url(demo["experiment"])
     text = browser.page_text(url, tmp_path, window="2400,1200")
-    for total in {t["token_usage"]["total_tokens"] for t in traces}:
-        assert re.search(rf"\b{total}\b", text), (total, text[:3000])
-    assert "nemo.gym.reward" in text and "1.0" in text, text[:3000]
-    assert "nemo.gym.task.index" in text, text[:3000]
+    rows = re.findall(r'\{"task": (\d+), "repeat": (\d+)\} \{"reward": ([\d.]+)\} \S+ OK (\d+)', text)
+    assert sorted((task, repeat) for task, repeat, _, _ in rows) == [("0", str(r)) for r in range(COLLECTED)], text
+    totals = {t["token_usage"]["total_tokens"] for t in traces}
+    assert all(reward == "1.0" and int(tokens) in totals for _, _, reward, tokens in rows), rows
+    # the rollouts sent straight to the agent: no task, the reward all the same
+    assert len(re.findall(r'- \{"reward": 1\.0\} \S+ OK \d+', text)) == ROLLOUTS, text
+    assert "nemo.gym.reward: 1.0" in text  # a tag (the list shows the first of each row's tags)
     browser.screenshot(url, tmp_path / "mlflow-trace-list.png", window="2400,1200")

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.harness.browser import find_chromium, page_text, screenshot
+from tests.harness.demo_run import running_demo
 
 pytestmark = pytest.mark.realgym
 
-REPO = Path(__file__).resolve().parents[1]
 ROLLOUTS = 2
 COLLECTED = 2 * 2  # the demo's collection job: 2 tasks x 2 repeats
 PROJECT = "gym-autoinstr-demo"
@@ -30,35 +27,14 @@ PROJECT = "gym-autoinstr-demo"
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """``./run-demo --backend phoenix``, kept running (Phoenix up) for the module."""
-    from tests.test_realgym_backends import _read_until
+    from tests.harness.phoenix_backend import PhoenixServer
 
     workdir = tmp_path_factory.mktemp("phoenix-demo")
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "examples" / "demo.py"), "--backend", "phoenix", "--rollouts", str(ROLLOUTS)]
-        + ["--workdir", str(workdir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-    )
-    lines: list[str] = []
-    try:
-        opened = _read_until(process, r"^open (http://127\.0\.0\.1:(\d+)/projects/\S+/traces)$", lines, timeout=900)
-        _read_until(process, r"press Enter", lines, timeout=60)
-        from tests.harness.phoenix_backend import PhoenixServer
-
+    opened = r"^open (http://127\.0\.0\.1:(\d+)/projects/\S+/traces)$"
+    with running_demo("phoenix", workdir, ROLLOUTS, opened) as (found, output):
         client = PhoenixServer(workdir / "client")  # the API side of the demo's server: not started here
-        client.port = int(opened.group(2))
-        yield {"phoenix": client, "output": "".join(lines), "traces_url": opened.group(1), "workdir": workdir}
-    finally:
-        if process.poll() is None:
-            process.stdin.close()  # Enter: the demo stops Phoenix and exits
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        client.port = int(found.group(2))
+        yield {"phoenix": client, "output": output, "traces_url": found.group(1), "workdir": workdir}
 
 
 def test_the_demo_runs_rollouts_and_a_collection_job_into_phoenix(demo):

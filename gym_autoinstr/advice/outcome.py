@@ -26,6 +26,7 @@ operation names (``gen_ai.usage.input_tokens`` ..., ``gen_ai.operation.name``).
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from typing import Any
@@ -110,21 +111,30 @@ def _index(attributes: dict[str, Any], key: str, value: Any) -> None:
 
 # -- a backend's own dialect -------------------------------------------------------------
 
-# MLflow (3.x) lists traces by their tags, which its OTLP receiver takes from the root span's
-# ``mlflow.traceTag.<key>`` attributes (string values): GYM_AUTOINSTR_TRACE_TAGS=mlflow.
+# MLflow (3.x) lists a trace with its root's inputs and outputs (``mlflow.spanInputs``,
+# ``mlflow.spanOutputs``: its list's Input and Output columns) and its tags, which its OTLP
+# receiver takes from the root's ``mlflow.traceTag.<key>`` attributes (strings), filterable:
+# GYM_AUTOINSTR_TRACE_TAGS=mlflow.  No content: the numbers below only.
 _MLFLOW_TAG = "mlflow.traceTag."
 _TAGGED = (REWARD, MASK_SAMPLE, TASK_INDEX, ROLLOUT_INDEX, ERROR_TYPE)
+_SHOWN_IN = {TASK_INDEX: "task", ROLLOUT_INDEX: "repeat"}
+_SHOWN_OUT = {REWARD: "reward", MASK_SAMPLE: "mask_sample", ERROR_TYPE: "error.type"}
 MLFLOW_TAGS = settings.TRACE_TAGS.read() == "mlflow"
 
 
 def backend_tags(attributes: dict[str, Any]) -> None:
-    """When MLflow's tags are asked for: each outcome attribute in ``attributes`` again as
-    a tag (a rollout's root, whichever span that is: every span that may be one gets them)."""
+    """When MLflow's dialect is asked for: each outcome attribute in ``attributes`` again as
+    a tag, and the rollout's identity and outcome as its inputs and outputs (on whatever
+    span may be its root: MLflow reads them off the root alone)."""
     if MLFLOW_TAGS:
         for key in _TAGGED:
             value = attributes.get(key)
             if value is not None:
                 attributes[_MLFLOW_TAG + key] = str(value).lower() if type(value) is bool else str(value)
+        for shown, name in ((_SHOWN_IN, "mlflow.spanInputs"), (_SHOWN_OUT, "mlflow.spanOutputs")):
+            values = {label: attributes[key] for key, label in shown.items() if key in attributes}
+            if values:
+                attributes[name] = json.dumps(values)
 
 
 # -- reading Gym's values ----------------------------------------------------------------

@@ -195,7 +195,11 @@ def test_mlflow_trace_tags_repeat_the_roots_outcome_as_strings(instrumented, spa
             "nemo.gym.reward": 0.5,
         },
     )
+    # the list's Input and Output columns: the row's identity and the outcome, numbers only
+    assert json.loads(tagged.attributes["mlflow.spanInputs"]) == {"task": 4, "repeat": 0}
+    assert json.loads(tagged.attributes["mlflow.spanOutputs"]) == {"reward": 0.5, "mask_sample": True}
     _assert_has(failed, {"mlflow.traceTag.error.type": "agent_run_error", "mlflow.traceTag.nemo.gym.task.index": "5"})
+    assert json.loads(failed.attributes["mlflow.spanOutputs"]) == {"error.type": "agent_run_error"}
     assert "mlflow.traceTag.nemo.gym.reward" not in failed.attributes
 
 

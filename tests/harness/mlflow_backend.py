@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import tempfile
 import time
@@ -27,6 +26,7 @@ from typing import Any
 
 from .collector import free_port
 from .gym_install import tool_venv
+from .ui_server import UiServer
 
 MLFLOW_REQUIREMENT = "mlflow==3.17.2"  # >= 3.6 for OTLP ingest; the newest with a matching mlflow-skinny here
 EXPERIMENT_HEADER = "x-mlflow-experiment-id"
@@ -64,22 +64,15 @@ print(json.dumps(out, default=str))
 """
 
 
-class MlflowServer:
-    """``mlflow server`` with a SQLite store on a free loopback port, started and stopped
-    by pid (only the process group it started)."""
+class MlflowServer(UiServer):
+    """``mlflow server`` with a SQLite store on a free loopback port (ui_server.py)."""
+
+    label = "mlflow server"
+    log_name = "mlflow-server.log"
 
     def __init__(self, workdir: os.PathLike[str] | str, port: int | None = None, start_timeout: float = 240.0) -> None:
-        self.workdir = pathlib.Path(workdir).absolute()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        super().__init__(workdir, port or free_port(), start_timeout)
         self.venv = mlflow_venv()
-        self.port = port or free_port()
-        self.start_timeout = start_timeout
-        self.log_path = self.workdir / "mlflow-server.log"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
         return [
@@ -97,58 +90,8 @@ class MlflowServer:
             "1",
         ]
 
-    def start(self) -> MlflowServer:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_"))}
-        env.pop("PYTHONPATH", None)  # no sitecustomize of ours: MLflow is not traced
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.command(),
-            cwd=self.workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        return self
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"mlflow server not ready within {self.start_timeout:.0f}s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def __enter__(self) -> MlflowServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no mlflow log>"
+    def environment(self) -> dict[str, str]:
+        return {k: v for k, v in super().environment().items() if not k.startswith("MLFLOW_")}
 
     # ---- the REST API -----------------------------------------------------------------
 

@@ -52,8 +52,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -63,6 +61,7 @@ from typing import Any
 
 from .gym_install import tool_venv
 from .ports import reserve_ports
+from .ui_server import UiServer
 
 PHOENIX_REQUIREMENT = "arize-phoenix==20.26.1"  # the newest on the index (2026-12)
 PROJECT_HEADER = "x-project-name"  # OTLP/HTTP only
@@ -107,9 +106,13 @@ def phoenix_venv() -> pathlib.Path:
     return tool_venv("phoenix", [PHOENIX_REQUIREMENT], check="import phoenix.server.main")
 
 
-class PhoenixServer:
-    """``phoenix serve`` with its own SQLite under ``workdir`` on free loopback ports,
-    started and stopped by pid (only the process group it started)."""
+class PhoenixServer(UiServer):
+    """``phoenix serve`` with its own SQLite under ``workdir`` on free loopback ports
+    (ui_server.py)."""
+
+    label = "phoenix serve"
+    ready_path = "/readyz"  # its database answers
+    log_name = "phoenix-server.log"
 
     def __init__(
         self,
@@ -118,20 +121,11 @@ class PhoenixServer:
         grpc_port: int | None = None,
         start_timeout: float = 240.0,
     ) -> None:
-        self.workdir = pathlib.Path(workdir).absolute()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.venv = phoenix_venv()
         free = iter(reserve_ports(2)) if port is None or grpc_port is None else iter(())
-        self.port = port or next(free)
+        super().__init__(workdir, port or next(free), start_timeout)
         self.grpc_port = grpc_port or next(free)
-        self.start_timeout = start_timeout
-        self.log_path = self.workdir / "phoenix-server.log"
-        self.proc: subprocess.Popen | None = None
+        self.venv = phoenix_venv()
         self._project_ids: dict[str, str] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def grpc_endpoint(self) -> str:
@@ -141,8 +135,7 @@ class PhoenixServer:
         return [str(self.venv / "bin" / "phoenix"), "serve"]
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PHOENIX_"))}
-        env.pop("PYTHONPATH", None)  # no sitecustomize of ours: Phoenix is not traced
+        env = {k: v for k, v in super().environment().items() if not k.startswith("PHOENIX_")}
         env.update(
             {
                 "PHOENIX_WORKING_DIR": str(self.workdir),  # its SQLite: <workdir>/phoenix.db
@@ -157,57 +150,6 @@ class PhoenixServer:
             }
         )
         return env
-
-    def start(self) -> PhoenixServer:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.command(),
-            cwd=self.workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.environment(),
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"phoenix serve exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=5) as response:  # its database answers
-                    if response.status == 200:
-                        return self
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"phoenix serve not ready within {self.start_timeout:.0f}s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def __enter__(self) -> PhoenixServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no phoenix log>"
 
     # ---- the recipe -------------------------------------------------------------------
 
