@@ -8,17 +8,22 @@ output file is the truth every exported span and metric is checked against: rewa
 and repeat index and tokens on each rollout's root, the verifier's reward on the call
 that asked for it, tokens on every model call, the tool call as a GenAI tool execution,
 and the reward histogram's count and sum.  Then a job sampled by task: every repeat of a
-task kept or dropped together.
+task kept or dropped together.  Last, `gym-autoinstr view` on a job of 300 rollouts
+(the fleet's run directory): the outcome columns, the reward filter and sort, the per-task
+table and the page's reward chart, against Gym's output file.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
 
+from tests.commands.test_view import _dom
 from tests.harness.jobs import RESOURCES, output_rows
 from tests.harness.metrics import latest, metric_points
 from tests.harness.traces import by_trace, job_spans, linked_rollout_roots, service_of, spans_since
@@ -211,3 +216,68 @@ def test_sampling_by_task_keeps_every_repeat_of_a_task_together(job_fleets):
     # Binomial(12, 0.5) tasks: none or all kept has probability 2/4096
     assert 0 < len(kept) < tasks, kept
     assert sum(s["name"] == "gym.rollout" for s in spans) == len(roots)
+
+
+VIEW_TASKS, VIEW_REPEATS = 100, 3
+
+
+def _view(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gym_autoinstr", "view", *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_view_answers_outcome_questions_on_a_real_job_of_300_rollouts(job_fleets, tmp_path):
+    """``gym-autoinstr view`` on what a real job wrote to its run directory (every process's
+    file): a trace per rollout with its reward, task and repeat as Gym's output file has
+    them, ``--where``, ``--sort reward``, ``--by-task`` and the HTML page's reward chart."""
+    fleet = job_fleets("0.4.0")
+    row = fleet.trio.default_row()
+    rewards = [(task % 5) / 4 for task in range(VIEW_TASKS)]  # 0, 0.25, 0.5, 0.75, 1, 0, ...
+    start_ns, output = fleet.collect(
+        # (a row's own "row" makes it a task of its own: Gym's driver groups identical rows)
+        rows=[{**row, "verifier_metadata": {"reward": reward, "row": task}} for task, reward in enumerate(rewards)],
+        repeats=VIEW_REPEATS,
+        parallel=16,
+    )
+    rows = output_rows(output)
+    assert len(rows) == VIEW_TASKS * VIEW_REPEATS
+    (job,) = job_spans(fleet.wait_for_rollouts(start_ns, len(rows)))
+    only_this_job = ["--attr", f"nemo.gym.job.id={job['attributes']['nemo.gym.job.id']}"]
+    directory = str(fleet.files)
+
+    listed = json.loads(_view(directory, *only_this_job, "--json"))["traces"]
+    rollouts = [t for t in listed if t["task_index"] is not None]
+    by_identity = {(r["_ng_task_index"], r["_ng_rollout_index"]): r for r in rows}
+    assert sorted((t["task_index"], t["rollout_index"]) for t in rollouts) == sorted(by_identity)
+    for trace in rollouts:
+        row = by_identity[(trace["task_index"], trace["rollout_index"])]
+        assert trace["reward"] == row["reward"] == rewards[trace["task_index"]]
+        assert trace["tokens"]["input"] == row["response"]["usage"]["input_tokens"]
+        assert trace["status"] == "ok" and trace["span_count"] >= 10
+
+    low = json.loads(_view(directory, *only_this_job, "--where", "reward<0.5", "--json"))["traces"]
+    assert sorted(t["trace_id"] for t in low) == sorted(t["trace_id"] for t in rollouts if t["reward"] < 0.5)
+    assert len(low) == 2 * VIEW_TASKS // 5 * VIEW_REPEATS
+    worst_first = json.loads(_view(directory, *only_this_job, "--sort", "reward", "--json"))["traces"]
+    ranked = [t["reward"] for t in worst_first if t["reward"] is not None]
+    assert ranked == sorted(ranked) and ranked[0] == 0.0 and len(ranked) == len(rows)
+
+    tasks = json.loads(_view(directory, *only_this_job, "--by-task", "--json"))
+    assert [t["task_index"] for t in tasks["tasks"]] == list(range(VIEW_TASKS))
+    for task in tasks["tasks"]:
+        assert task["rollouts"] == VIEW_REPEATS and task["failures"] == 0
+        assert task["mean_reward"] == pytest.approx(rewards[task["task_index"]])
+        assert 0 < task["p50_duration_ms"] <= task["p95_duration_ms"]
+    assert tasks["all"]["rollouts"] == len(rows)
+    assert tasks["all"]["mean_reward"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
+
+    page = tmp_path / "job.html"
+    assert "wrote" in _view(directory, *only_this_job, "--html", str(page))
+    (scatter,) = _dom(page.read_text(encoding="utf-8")).find("figure", "scatter")
+    dots = {d.attrs["data-trace-id"]: d for d in scatter.find("circle")}
+    assert sorted(dots) == sorted(t["trace_id"] for t in rollouts)  # a dot per rollout, no other
+    height = {t["reward"]: float(dots[t["trace_id"]].attrs["cy"]) for t in rollouts}  # one per reward: dots align
+    assert height[1.0] < height[0.75] < height[0.5] < height[0.25] < height[0.0]  # reward up

@@ -149,14 +149,20 @@ def _entry_point_exporter(name: str) -> SpanExporter | None:
     return None
 
 
+def _files_exporter(who: identity.ProcessIdentity | None) -> tuple[str, SpanExporter]:
+    """The run directory's OTLP-JSON file of this process (the embedded default, or
+    ``files`` among OTEL_TRACES_EXPORTER's names: a local copy beside OTLP)."""
+    who = who or identity.detect()
+    run_id = identity.run_id()
+    directory = files.resolve_output_dir(run_id)
+    if who.role is identity.Role.ORCHESTRATOR and run_id and runs.starts_fleet(sys.argv):
+        runs.record_run(directory, run_id)  # for a collection process to join (runs.py)
+    return f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who))
+
+
 def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[str, SpanExporter]]:
     if files.embedded_default_applies():
-        who = who or identity.detect()
-        run_id = identity.run_id()
-        directory = files.resolve_output_dir(run_id)
-        if who.role is identity.Role.ORCHESTRATOR and run_id and runs.starts_fleet(sys.argv):
-            runs.record_run(directory, run_id)  # for a collection process to join (runs.py)
-        return [(f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who)))]
+        return [_files_exporter(who)]
     names = env.TRACES_EXPORTER.raw()
     names = "otlp" if names is None else names
     exporters: list[tuple[str, SpanExporter]] = []
@@ -173,6 +179,9 @@ def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[st
                 label = name
             elif name == "console":
                 exporter, label = ConsoleSpanExporter(), "console"
+            elif name == "files":
+                exporters.append(_files_exporter(who))
+                continue
             else:
                 exporter, label = _entry_point_exporter(name), name
         except Exception as error:

@@ -4,7 +4,8 @@ what one job produced.
 ``JobFleet(version, workdir, policy_url)``: a traced trio (default span groups) whose
 resources server is the graded one (tests/fixtures/graded: each row's own reward; a row
 without one scores 1.0, as Gym's example does), behind a real collector, metrics exported
-every 500 ms.  ``.collect(...)`` runs one instrumented collection job (Gym's own driver:
+every 500 ms, spans also written to a run directory (``.files``: ``OTEL_TRACES_EXPORTER=
+otlp,files``) for ``gym-autoinstr view``.  ``.collect(...)`` runs one instrumented collection job (Gym's own driver:
 ``gym eval run --no-serve`` on 0.7+, ``run_from_config`` before) and returns when it
 ended: its start time (its spans start after it) and Gym's output file;
 ``.wait_for_rollouts(start_ns, count)`` waits for that job's spans.  The session fixture
@@ -34,6 +35,7 @@ class JobFleet:
         self.trio: GymTrio | None = None
         self.policy_url = policy_url
         self.runs = 0
+        self.files = workdir / "files"  # every process's spans as OTLP-JSON files too
 
     def start(self) -> JobFleet:
         self.collector.__enter__()
@@ -42,6 +44,9 @@ class JobFleet:
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_BSP_SCHEDULE_DELAY": "200",
             "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            # and a local copy, the run directory `gym-autoinstr view` reads
+            "OTEL_TRACES_EXPORTER": "otlp,files",
+            "GYM_AUTOINSTR_OUTPUT_DIR": str(self.files),
         }
         self.trio = GymTrio(
             gym_venv(self.version),

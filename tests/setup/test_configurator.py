@@ -73,6 +73,22 @@ def test_bad_protocol_and_unknown_exporter_are_named(monkeypatch, caplog):
     assert "carrier-pigeon" in caplog.text and "zipkinish" in caplog.text
 
 
+def test_files_beside_otlp_writes_the_run_directory_a_local_copy(monkeypatch, tmp_path):
+    """``OTEL_TRACES_EXPORTER=otlp,files``: OTLP and the run directory's file of this
+    process, as the local-file default writes it (what ``gym-autoinstr view`` reads)."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp,files")
+    monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path / "run"))
+    exporters = configurator.span_exporters(identity.ProcessIdentity("server", "my_agent"))
+    assert [label.split(":")[0] for label, _ in exporters] == ["otlp", "files"]
+    assert exporters[1][0] == f"files:{tmp_path / 'run'}"
+    provider = configurator.build_tracer_provider(identity.ProcessIdentity("server", "my_agent"))
+    provider.get_tracer("t").start_span("written").end()
+    provider.force_flush()
+    written = [path for path in (tmp_path / "run").iterdir() if "my_agent" in path.name]
+    assert written and "written" in "".join(path.read_text() for path in written)
+    provider.shutdown()
+
+
 def test_none_and_console(monkeypatch):
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     assert configurator.span_exporters() == []
