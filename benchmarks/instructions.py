@@ -60,6 +60,7 @@ SITES = {
     "request": ("unwrapped", "off", "dropped", "on"),
     "handler": ("unwrapped", "dropped", "on"),
     "semaphore": ("unwrapped", "off+metrics"),
+    "answered": ("unwrapped", "on", "on+outcome"),
     "job_rollout": ("unwrapped", "on"),
     "ray_submit": ("unwrapped", "off"),
 }

@@ -24,6 +24,13 @@ Per call, with ``timeit``, variants interleaved in every repetition:
   for a dropped rollout's first request at a server ("dropped-first+metrics") and at its
   root ("root-dropped+metrics"): the work a dropped rollout costs a server once, with the
   first call made under the request's context;
+* answered: a call whose answer Gym parses (``request``, then ``get_response_json``'s
+  shape: ``orjson.loads(await response.read())``) on a response of aiohttp's shape, bare,
+  wrapped as egress and the ``outcome`` pointcut wrap them with every group on ("on": a
+  callee Gym's config does not name, whose CLIENT span ends as before issue #53), and to a
+  resources server's ``/verify`` ("on+outcome": the span held for Gym's parse, the reward
+  read off the parsed answer, then ended): the difference is what reading a rollout's
+  outcome costs a call;
 * semaphore: a free ``asyncio.Semaphore`` acquired and released, as Gym's servers do
   around their limited work, bare and once ``advice/concurrency.py`` observes it
   (``off+metrics``: its class swapped for the timing subclass; a free acquire takes the
@@ -65,6 +72,9 @@ ALIVE: list[int] | None = None
 # The same, appended by the wrapped call itself (``request``, ``verify``): what is alive
 # while Gym's call or handler runs inside our egress or seam.
 ALIVE_IN_CALL: list[int] | None = None
+
+
+VERIFY_URL = "http://127.0.0.1:8001/verify"  # a resources server's, per the pool's names (answered)
 
 
 def _drive(coro):
@@ -319,6 +329,39 @@ def build() -> Bench:
         _drive(semaphore.acquire())
         semaphore.release()
 
+    # -- a call whose answer Gym parses (advice/outcome.py) --
+    import orjson
+
+    from gym_autoinstr.advice import outcome, pool
+
+    class Content:  # aiohttp's StreamReader, as hold() asks it: the body is in
+        def is_eof(self):
+            return True
+
+        def on_eof(self, callback):
+            callback()
+
+    class Answered:  # aiohttp's ClientResponse, as egress and hold() use it
+        status = 200
+        content = Content()
+
+        async def read(self):
+            return b'{"reward": 1.0, "response": {"usage": {"input_tokens": 7, "output_tokens": 3}}}'
+
+    async def answered_request(method, url, **kwargs):
+        return Answered()
+
+    async def get_response_json(response):  # server_utils.get_response_json, every release
+        return orjson.loads(await response.read())
+
+    wrapped_answered = wrap(answered_request, egress.request_advice, module_level=True)
+    wrapped_parse = wrap(get_response_json, outcome.get_response_json_advice, module_level=True)
+    pool._state.names = {"127.0.0.1:8001": "example_single_tool_call"}  # as Gym's config names it
+    pool._state.kinds = {"127.0.0.1:8001": "resources_servers"}
+
+    async def answered(call, parse, to):
+        return await parse(await call("POST", to, json=None))
+
     # -- job rollout (advice/job.py) --
     from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
 
@@ -361,6 +404,11 @@ def build() -> Bench:
             "dropped-first+metrics": lambda: _drive(hop(next(first_scopes), receive, send)),
             "root-dropped+metrics": lambda: _drive(hop(root_scope, receive, send)),
         },
+        "answered": {
+            "unwrapped": lambda: _drive(answered(answered_request, get_response_json, VERIFY_URL)),
+            "on": lambda: _drive(answered(wrapped_answered, wrapped_parse, "http://127.0.0.1:8002/verify")),
+            "on+outcome": lambda: _drive(answered(wrapped_answered, wrapped_parse, VERIFY_URL)),
+        },
         "semaphore": {
             "unwrapped": lambda: acquire_release(bare_semaphore),
             "off+metrics": lambda: acquire_release(observed_semaphore),
@@ -378,6 +426,7 @@ def build() -> Bench:
         "unwrapped": groups.ALL_GROUPS,
         "off": frozenset(),
         "on": groups.ALL_GROUPS,
+        "on+outcome": groups.ALL_GROUPS,
         "off+metrics": frozenset(),
         "on+metrics": groups.ALL_GROUPS,
         "dropped": groups.ALL_GROUPS,
