@@ -170,3 +170,17 @@ def test_gym_cli_is_the_orchestrator(monkeypatch):
     assert identity.detect() == identity.ProcessIdentity("orchestrator", "orchestrator")
     monkeypatch.setattr(sys, "argv", ["/venv/bin/ng_collect_rollouts"])
     assert identity.detect().role == "orchestrator"
+
+
+def test_the_doctor_counts_files_as_our_configurators_exporter():
+    """``files`` is ours: the doctor lists it as working, not as a package nobody installed;
+    under another configurator it is an unknown name as before."""
+    from gym_autoinstr.commands.doctor.exporters import exporters
+    from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR
+
+    environ = {"OTEL_TRACES_EXPORTER": "otlp,files", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+    rows, problems = exporters(environ, OUR_CONFIGURATOR)
+    assert [(row["name"], row["used"]) for row in rows] == [("otlp", "http/protobuf"), ("files", "files")]
+    assert problems == []
+    rows, problems = exporters(environ, "someone_elses")
+    assert rows[1]["used"] is None and "'files', which no installed package provides" in problems[0].problem

@@ -106,8 +106,9 @@ def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[lis
                         )
                     )
             rows.append(row)
-        elif name == "console":
-            rows.append({"name": name, "importable": True, "used": "console"})
+        elif name == "console" or (name == "files" and configurator == OUR_CONFIGURATOR):
+            # files: our configurator's run directory (GYM_AUTOINSTR_OUTPUT_DIR), as the embedded default
+            rows.append({"name": name, "importable": True, "used": name})
             working += 1
         else:
             provided = [e for e in _entry_points("opentelemetry_traces_exporter") if e["name"] == name]
