@@ -40,8 +40,6 @@ import shutil
 import subprocess
 import sys
 
-from benchmarks.options import instructions_parser
-
 WARM_UP = 50
 CALLS = 2000
 
@@ -261,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) == 4 and argv[0] == "--alive":
         _objects(argv[1], argv[2], int(argv[3]))
         return 0
+    from benchmarks.options import instructions_parser  # (the counting child, run as a script, never needs it)
+
     ap = instructions_parser()
     a = ap.parse_args(argv)
     for code in a.code:

@@ -244,20 +244,28 @@ def evaluation(span: Any, attributes: dict[str, Any], evaluator: str | None) -> 
 # -- held CLIENT spans -------------------------------------------------------------------
 
 
-class _Held:
-    """A CLIENT span whose end waits for Gym to parse its answer.  When Gym reads the body
-    as bytes instead (0.7's legacy_agent relay passes them on), it ends as that read
-    returns; when nobody reads it, at the response's release or the next flush."""
+def _released(held: _Held) -> None:
+    held.end()  # the response is gone before anyone parsed it
 
-    __slots__ = ("span", "what", "arrived_ns", "finalizer", "on_failure", "response", "parsing", "__weakref__")
 
-    def __init__(self, span: Any, what: str, on_failure: Any, response: Any) -> None:
+class _Held(weakref.ref):
+    """A CLIENT span whose end waits for Gym to parse its answer: a weak reference to the
+    response, whose release (nobody read it) ends the span, as the next flush does.  When
+    Gym reads the body as bytes instead (0.7's legacy_agent relay passes them on), it ends
+    as that read returns.  (A weak reference with a plain function for its callback: no
+    ``weakref.finalize`` registry, no cycle for the collector; the response holds it.)"""
+
+    __slots__ = ("span", "what", "arrived_ns", "on_failure", "parsing")
+
+    def __new__(cls, response: Any, span: Any, what: str, on_failure: Any) -> _Held:
+        return super().__new__(cls, response, _released)
+
+    def __init__(self, response: Any, span: Any, what: str, on_failure: Any) -> None:
+        super().__init__(response, _released)
         self.span = span
         self.what = what
         self.arrived_ns: int | None = None
-        self.finalizer: Any = None
         self.on_failure = on_failure
-        self.response = weakref.ref(response)  # (the response holds this object: no cycle)
         self.parsing = False
 
     def arrived(self) -> None:
@@ -267,11 +275,11 @@ class _Held:
     async def read_body(self) -> bytes:
         """The response's ``read`` while held: aiohttp's own; a read outside Gym's parse
         (``get_response_json``) is the body taken as bytes, and the span ends with it."""
-        response = self.response()
+        response = self()
         body = await type(response).read(response)
         if not self.parsing:
             self.arrived()
-            self.finalizer()
+            self.end()
         return body
 
     def read(self, answer: Any) -> None:
@@ -297,28 +305,29 @@ class _Held:
                 self.on_failure()
 
     def end(self) -> None:
+        """Once: the first caller (Gym's parse, a read, the release, a flush) ends the span."""
         span, self.span = self.span, None
-        _OUTSTANDING.discard(self)
+        _OUTSTANDING.pop(id(self), None)
         if span is not None:
             span.end(end_time=self.arrived_ns)
 
 
 # Held spans not ended yet: a flush (a server's or the process's last) ends them first, so
 # that a shutdown within the grace loses none (setup/flush.py's before_flush).
-_OUTSTANDING: set[_Held] = set()
+_OUTSTANDING: dict[int, _Held] = {}
 
 
 def end_outstanding() -> None:
     for _ in range(3):  # the set may change under us (the loop's thread ends one meanwhile)
         try:
-            held = list(_OUTSTANDING)
+            held = list(_OUTSTANDING.values())
             break
         except RuntimeError:
             continue
     else:
         return
     for one in held:
-        one.finalizer()
+        one.end()
 
 
 flush.before_flush(end_outstanding)
@@ -329,11 +338,10 @@ def hold(span: Any, what: str, response: Any, on_failure: Any = None) -> bool:
     response's release when Gym never parses it; True when held (the caller ends nothing)."""
     try:
         content = response.content
-        held = _Held(span, what, on_failure, response)
+        held = _Held(response, span, what, on_failure)
         setattr(response, _HELD, held)
         response.read = held.read_body
-        held.finalizer = weakref.finalize(response, held.end)
-        _OUTSTANDING.add(held)
+        _OUTSTANDING[id(held)] = held
         if content.is_eof():
             held.arrived()
         else:
@@ -361,7 +369,7 @@ async def _parse_and_end(wrapped: Any, args: tuple, kwargs: dict, held: _Held) -
         held.read(answer)
         if held.arrived_ns is None:  # the body is in once parsed, whatever its eof callback said
             held.arrived_ns = time.time_ns()
-        held.finalizer()  # ends the span, once
+        held.end()
     except Exception as error:
         warn_once("outcome:read", "reading a rollout's outcome failed (%r); Gym's answer is unaffected.", error)
     return answer
