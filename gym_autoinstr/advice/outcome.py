@@ -312,13 +312,13 @@ class _Held(weakref.ref):
             span.end(end_time=self.arrived_ns)
 
 
-# Held spans not ended yet: a flush (a server's or the process's last) ends them first, so
-# that a shutdown within the grace loses none (setup/flush.py's before_flush).
+# Held spans not ended yet (by id): a flush (a server's or the process's last) ends them
+# first, so that a shutdown while a response is still held loses none (flush.before_flush).
 _OUTSTANDING: dict[int, _Held] = {}
 
 
 def end_outstanding() -> None:
-    for _ in range(3):  # the set may change under us (the loop's thread ends one meanwhile)
+    for _ in range(3):  # the dict may change under us (the loop's thread ends one meanwhile)
         try:
             held = list(_OUTSTANDING.values())
             break

@@ -303,8 +303,8 @@ def test_an_answer_read_as_bytes_ends_its_span_as_the_read_returns(instrumented,
 
 
 def test_a_flush_ends_the_spans_still_held(instrumented, spans, fleet):
-    """A server's shutdown flush (or the process's last) within the grace: the held span
-    ends first, so it is in the flush."""
+    """A server's shutdown flush (or the process's last) while a response is still held:
+    the held span ends first, so it is in the flush."""
     from gym_autoinstr.setup import flush
 
     _, as_server = fleet
