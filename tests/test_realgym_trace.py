@@ -122,34 +122,38 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, flagship, b
     assert all(strip_ids(r) == strip_ids(bare_result) for r in run.results)
 
 
-@pytest.mark.parametrize("version", ["0.4.0", "0.7.0"])
-def test_lean_shape_has_no_client_span_between_gym_servers(version, tmp_path, policy_model, collector):
+def _assert_lean_trace(trace_id: str, trace: list[dict], trio: GymTrio, upstream: list[dict], policy_model) -> None:
     """``GYM_AUTOINSTR_CLIENT_SPANS=failures``: each callee's SERVER span hangs directly
     under the caller's span, the rollout is still one connected trace, and the only CLIENT
-    spans left are the model server's calls to its upstream (not a Gym server); on 0.7 the
-    relay's call to the agent loses its CLIENT span too."""
+    spans left are the model server's calls to its upstream (not a Gym server)."""
+    assert_one_connected_trace(trace, trio, server_parents=("SERVER", "INTERNAL"))
+    clients = [s for s in trace if s["kind"] == "CLIENT"]
+    to_upstream = [r for r in upstream if (r.get("traceparent") or "").split("-")[1:2] == [trace_id]]
+    assert len(clients) == len(to_upstream) == 2  # the model server's two calls upstream
+    for span in clients:
+        assert service_of(span) == f"nemo-gym/{MODEL}"
+        assert span["attributes"]["url.full"].startswith(policy_model.base)
+        assert span["attributes"]["http.response.status_code"] == 200
+
+
+def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_model, collector):
+    """The lean shape (``GYM_AUTOINSTR_CLIENT_SPANS=failures``) on 0.7: the relay's call to
+    the agent loses its CLIENT span too.  (0.4.0's lean shape: the ratio-sampler test.)"""
+    version = "0.7.0"
     reset_upstream(policy_model)
     env = otel_env(collector, "http/protobuf", GYM_AUTOINSTR_CLIENT_SPANS="failures")
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         results = [trio.rollout() for _ in range(2)]
-        run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
-        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, run_service)) >= 2, timeout=30), (
+        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, f"nemo-gym/{ENVIRONMENT}")) >= 2, timeout=30), (
             trio.log_tail(40)
         )
         upstream = received_upstream(policy_model)
     assert all(r["reward"] == 1.0 for r in results)
-    traces = rollout_traces(collector.sink.spans(), run_service)
+    traces = rollout_traces(collector.sink.spans(), f"nemo-gym/{ENVIRONMENT}")
     assert len(traces) == 2
     for trace_id, trace in traces.items():
-        assert_one_connected_trace(trace, trio, server_parents=("SERVER", "INTERNAL"))
-        clients = [s for s in trace if s["kind"] == "CLIENT"]
-        to_upstream = [r for r in upstream if (r.get("traceparent") or "").split("-")[1:2] == [trace_id]]
-        assert len(clients) == len(to_upstream) == 2  # the model server's two calls upstream
-        for span in clients:
-            assert service_of(span) == f"nemo-gym/{MODEL}"
-            assert span["attributes"]["url.full"].startswith(policy_model.base)
-            assert span["attributes"]["http.response.status_code"] == 200
+        _assert_lean_trace(trace_id, trace, trio, upstream, policy_model)
 
 
 def _wait_exited(process, timeout: float = 20) -> None:
@@ -176,10 +180,16 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
     agent's ``POST /run`` is the root, decided at the ingress before its span is made.
     A kept rollout is one connected trace across every server; a dropped one leaves no
     span anywhere, yet its decision still reaches the model's upstream (an unsampled
-    ``traceparent`` on each of its calls), and Gym's answers are unchanged."""
+    ``traceparent`` on each of its calls), and Gym's answers are unchanged.  The fleet
+    runs the lean shape too (``GYM_AUTOINSTR_CLIENT_SPANS=failures``, 0.4.0): each kept
+    rollout has no CLIENT span between Gym servers (one fleet for both settings)."""
     reset_upstream(policy_model)
     env = otel_env(
-        collector, "http/protobuf", OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5"
+        collector,
+        "http/protobuf",
+        OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+        OTEL_TRACES_SAMPLER_ARG="0.5",
+        GYM_AUTOINSTR_CLIENT_SPANS="failures",
     )
     trio = GymTrio(gym_venv("0.4.0"), "0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     n = 30
@@ -195,8 +205,8 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
     traces = rollout_traces(spans, f"nemo-gym/{AGENT}")
     # Binomial(30, 1/2): outside 3..27 has probability ~1e-5
     assert 3 <= len(traces) <= 27, len(traces)
-    for trace in traces.values():
-        assert_one_connected_trace(trace, trio)
+    for trace_id, trace in traces.items():
+        _assert_lean_trace(trace_id, trace, trio, upstream, policy_model)
     # the model server's upstream calls: two per rollout, each rollout its own trace id,
     # sampled exactly for the kept ones
     calls = [r for r in upstream if r["path"].endswith("/responses")]
@@ -214,41 +224,16 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
     assert all(r == results[0] or strip_ids(r) == strip_ids(results[0]) for r in results)
 
 
-def test_completed_requests_are_exported_when_servers_stop(tmp_path, policy_model, collector):
-    """A long batch delay means only the exit flush can deliver: SIGTERM the model
-    server, SIGINT the resources server, then Gym's own shutdown for the rest."""
-    version = "0.4.0"
-    env = otel_env(collector, "grpc", OTEL_BSP_SCHEDULE_DELAY="60000")
-    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
-    with trio:
-        results = trio.rollouts(6, concurrency=3)
-        assert all(r["reward"] == 1.0 for r in results)
-        time.sleep(0.5)
-        assert collector.sink.spans() == []  # nothing exported yet: the batch delay holds them
-        servers = trio.server_processes()
-        servers[MODEL].send_signal(signal.SIGTERM)
-        servers[RESOURCES].send_signal(signal.SIGINT)
-        for process in (servers[MODEL], servers[RESOURCES]):
-            _wait_exited(process)
-        model_spans = lambda spans: len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) >= 12  # noqa: E731
-        assert collector.sink.wait_for(model_spans, timeout=10)
-    # Gym's own shutdown (SIGINT to `gym env start`) stopped the agent
-    spans = collector.sink.spans()
-    assert len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) == 12  # two model calls per rollout
-    # seed_session + get_weather + verify per rollout
-    assert len(_server_spans_for(spans, f"nemo-gym/{RESOURCES}")) == 18
-    assert len([s for s in _server_spans_for(spans, f"nemo-gym/{AGENT}") if s["name"] == "POST /run"]) == 6
-
-
-def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, collector):
-    """``num_workers: 2`` on Gym 0.7's relay (the one example server that supports
+def test_completed_requests_and_every_uvicorn_worker_are_flushed_when_servers_stop(tmp_path, policy_model, collector):
+    """A long batch delay means only the exit flush can deliver.  SIGTERM the model
+    server, SIGINT the resources server, then Gym's own shutdown for the rest.  The fleet
+    is Gym 0.7's with ``num_workers: 2`` on its relay (the one example server that supports
     workers): the main process serves nothing; each worker re-imports the entrypoint and
-    re-enters run_webserver.  With a long batch delay, only the workers' own exit flush
-    can deliver their spans.  The relay's admission limit (``max_concurrent_episodes``,
-    an asyncio semaphore each worker's server makes) is observed in each worker, not in
-    the idle main process."""
+    re-enters run_webserver, and only the workers' own exit flush can deliver their spans.
+    The relay's admission limit (``max_concurrent_episodes``, an asyncio semaphore each
+    worker's server makes) is observed in each worker, not in the idle main process."""
     version = "0.7.0"
-    env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_METRIC_EXPORT_INTERVAL="500")
+    env = otel_env(collector, "grpc", OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_METRIC_EXPORT_INTERVAL="500")
     trio = GymTrio(
         gym_venv(version),
         version,
@@ -258,21 +243,35 @@ def test_every_uvicorn_worker_is_traced_and_flushed(tmp_path, policy_model, coll
         env=env,
         extra_config={ENVIRONMENT: {"num_workers": 2, "max_concurrent_episodes": 2, "queue_timeout_seconds": 60}},
     )
+    n = 12
     with trio:
         relay_processes = trio.all_server_processes()[ENVIRONMENT]
-        results = trio.rollouts(12, concurrency=6)
+        results = trio.rollouts(n, concurrency=6)
         assert all(r["reward"] == 1.0 for r in results)
-    assert len(relay_processes) >= 3  # the main process and its two workers
+        time.sleep(0.5)
+        assert collector.sink.spans() == []  # nothing exported yet: the batch delay holds them
+        servers = trio.server_processes()
+        servers[MODEL].send_signal(signal.SIGTERM)
+        servers[RESOURCES].send_signal(signal.SIGINT)
+        for process in (servers[MODEL], servers[RESOURCES]):
+            _wait_exited(process)
+        model_spans = lambda spans: len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) >= 2 * n  # noqa: E731
+        assert collector.sink.wait_for(model_spans, timeout=10)
+    # Gym's own shutdown (SIGINT to `gym env start`) stopped the agent and the relay
     spans = collector.sink.spans()
+    assert len(_server_spans_for(spans, f"nemo-gym/{MODEL}")) == 2 * n  # two model calls per rollout
+    # seed_session + get_weather + verify per rollout
+    assert len(_server_spans_for(spans, f"nemo-gym/{RESOURCES}")) == 3 * n
+    assert len(relay_processes) >= 3  # the main process and its two workers
     relay = f"nemo-gym/{ENVIRONMENT}"
     runs = [s for s in _server_spans_for(spans, relay) if s["name"] == "POST /run"]
-    assert len(runs) == 12  # every rollout's root, exported at worker exit
+    assert len(runs) == n  # every rollout's root, exported at worker exit
     # served by instrumented worker processes (distinct instances, never the idle main one)
     assert 1 <= len({s["resource"]["service.instance.id"] for s in runs}) <= 2
     # each worker's CLIENT span to the agent parents the agent's SERVER span: one trace
     by_id = {s["span_id"]: s for s in spans}
     agent_runs = [s for s in _server_spans_for(spans, f"nemo-gym/{AGENT}") if s["name"] == "POST /run"]
-    assert len(agent_runs) == 12
+    assert len(agent_runs) == n
     for span in agent_runs:
         parent = by_id[span["parent_span_id"]]
         assert parent["kind"] == "CLIENT" and service_of(parent) == relay
