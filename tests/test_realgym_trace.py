@@ -145,9 +145,9 @@ def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_mode
     trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         results = [trio.rollout() for _ in range(2)]
-        assert collector.sink.wait_for(lambda spans: len(rollout_traces(spans, f"nemo-gym/{ENVIRONMENT}")) >= 2, timeout=30), (
-            trio.log_tail(40)
-        )
+        assert collector.sink.wait_for(
+            lambda spans: len(rollout_traces(spans, f"nemo-gym/{ENVIRONMENT}")) >= 2, timeout=30
+        ), trio.log_tail(40)
         upstream = received_upstream(policy_model)
     assert all(r["reward"] == 1.0 for r in results)
     traces = rollout_traces(collector.sink.spans(), f"nemo-gym/{ENVIRONMENT}")
