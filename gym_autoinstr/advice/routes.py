@@ -297,8 +297,9 @@ def _finish(span: trace.Span, seam: Seam, result: Any) -> Any:
 
 def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
     """The reward (and 0.7's mask_sample) a ``/verify`` or ``/run`` handler returned, on its
-    seam; for ``/run`` also the rollout's total tokens, on the seam and on the request's
-    SERVER span (the rollout's root when its caller is not traced)."""
+    seam; for ``/run`` also the rollout's total tokens, on the seam and, when the request's
+    SERVER span is the rollout's root (its caller is not traced), on that span too.  (A
+    traced caller's CLIENT span gets them from the answer: advice/outcome.py.)"""
     attributes: dict[str, Any] = {}
     if seam.group == groups.VERIFY:
         outcome.verdict_attributes(result, attributes)
@@ -307,7 +308,12 @@ def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
         _record_reward(seam, attributes)
         outcome.evaluation(span, attributes, seam.evaluator)
         server_span = trace.get_current_span()  # the seam's context is left: the SERVER span
-        if attributes and server_span is not span and server_span.is_recording():
+        if (
+            attributes
+            and server_span is not span
+            and getattr(server_span, "parent", True) is None  # the trace's root
+            and server_span.is_recording()
+        ):
             # the rollout's root when its caller is not traced: what a GenAI UI lists it as
             root = {outcome.OPERATION: outcome.INVOKE_AGENT, outcome.AGENT_NAME: seam.server_name, **attributes}
             outcome.backend_tags(root)

@@ -117,9 +117,11 @@ def _agent(name: str = "my_agent"):
     return Agent(config=_config(BaseResponsesAPIAgentConfig, name), server_client=_client())
 
 
-def _post(url: str, body) -> tuple[int, bytes]:
+def _post(url: str, body, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.read()
@@ -418,6 +420,24 @@ def test_the_rollout_and_verify_seams_carry_the_reward_their_handler_returned(in
     assert rollout.attributes["gen_ai.agent.name"] == "graded_agent"
     assert verify.attributes["nemo.gym.reward"] == 1.0
     assert "nemo.gym.reward" not in verify_server.attributes  # only a /run's SERVER span gets it
+
+
+def test_a_traced_callers_run_leaves_the_outcome_off_the_server_span(instrumented, spans):
+    """A ``/run`` whose caller is traced (a ``traceparent``: Gym's collection driver, say)
+    is not the rollout's root: its SERVER span gets no copy of the outcome (the caller's
+    CLIENT span reads it from the answer); ``gym.rollout`` still has it."""
+    agent = _agent("called_agent")
+    app = agent.setup_webserver()
+    instrument_app(app, "called_agent")
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with serve(app) as base:
+        assert _post(base + "/run", {"question": "q"}, {"traceparent": caller})[0] == 200
+    finished = spans.get_finished_spans()
+    (rollout,) = [s for s in finished if s.name == "gym.rollout"]
+    (server,) = [s for s in finished if s.kind == SpanKind.SERVER]
+    assert server.parent.span_id == 0x00F067AA0BA902B7
+    assert rollout.attributes["nemo.gym.reward"] == 1.0
+    assert not {"nemo.gym.reward", "gen_ai.operation.name", "gen_ai.agent.name"} & set(server.attributes)
 
 
 def test_a_rollouts_reward_is_the_evaluation_result_of_its_agent_invocation(instrumented, spans):
