@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gym_autoinstr.advice.outcome import field, is_model
+
 OPERATION = "chat"  # all three routes are chat-style generation in GenAI semconv terms
-
-
-def _field(obj: Any, key: str) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key)
-    return getattr(obj, key, None)
 
 
 def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]:
@@ -28,8 +24,8 @@ def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]
     attributes: dict[str, Any] = {"gen_ai.operation.name": OPERATION}
     body = kwargs.get("body")
     if body is None:
-        body = next((a for a in args if isinstance(a, dict) or hasattr(a, "model_fields")), None)
-    model = _field(body, "model") if body is not None else None
+        body = next((a for a in args if isinstance(a, dict) or is_model(a)), None)
+    model = field(body, "model") if body is not None else None
     if not isinstance(model, str) or not model:
         # The server rewrites the model name for its upstream (``openai_model`` etc.).
         config = getattr(server, "config", None)
@@ -46,7 +42,7 @@ def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]
 def response_attributes(result: Any) -> dict[str, Any]:
     """``gen_ai.response.model`` from a handler's return value, if present (nothing from a
     response whose body is already bytes)."""
-    if isinstance(getattr(result, "body", None), (bytes, bytearray)) and not hasattr(result, "model_fields"):
+    if not is_model(result) and isinstance(getattr(result, "body", None), (bytes, bytearray)):
         return {}
-    model = _field(result, "model")
+    model = field(result, "model")
     return {"gen_ai.response.model": model} if isinstance(model, str) and model else {}

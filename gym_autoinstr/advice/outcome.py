@@ -27,6 +27,7 @@ operation names (``gen_ai.usage.input_tokens`` ..., ``gen_ai.operation.name``).
 from __future__ import annotations
 
 import json
+import sys
 import time
 import weakref
 from typing import Any
@@ -140,9 +141,35 @@ def backend_tags(attributes: dict[str, Any]) -> None:
 # -- reading Gym's values ----------------------------------------------------------------
 
 
-def _field(obj: Any, key: str) -> Any:
+_pydantic_model: Any = None  # pydantic.BaseModel, once a process has imported pydantic
+_ABSENT = object()
+
+
+def is_model(obj: Any) -> bool:
+    """Whether ``obj`` is a pydantic model (Gym's request and response objects)."""
+    global _pydantic_model
+    base = _pydantic_model
+    if base is None:
+        module = sys.modules.get("pydantic")
+        base = getattr(module, "BaseModel", None) if module is not None else None
+        if base is None:
+            return False
+        _pydantic_model = base
+    return isinstance(obj, base)
+
+
+def field(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a dict, a pydantic model's field (declared or extra), else the
+    attribute; None when absent.  (A model's missing attribute is an AttributeError raised
+    inside pydantic's ``__getattr__``, about 1.8 us; its field dict answers a miss in 0.06.)"""
     if type(obj) is dict:
         return obj.get(key)
+    if is_model(obj):
+        value = obj.__dict__.get(key, _ABSENT)
+        if value is not _ABSENT:
+            return value
+        extra = obj.__pydantic_extra__
+        return extra.get(key) if extra else None
     return getattr(obj, key, None)
 
 
@@ -154,10 +181,10 @@ def _number(value: Any) -> float | None:
 
 def verdict_attributes(verdict: Any, attributes: dict[str, Any]) -> None:
     """A verify response's reward and (0.7) mask_sample, from the dict or the object."""
-    reward = _number(_field(verdict, "reward"))
+    reward = _number(field(verdict, "reward"))
     if reward is not None:
         attributes[REWARD] = reward
-    masked = _field(verdict, "mask_sample")
+    masked = field(verdict, "mask_sample")
     if type(masked) is bool:
         attributes[MASK_SAMPLE] = masked
 
@@ -174,7 +201,7 @@ def usage_attributes(usage: Any, attributes: dict[str, Any], names: tuple = _CAL
         return
     for name, keys in names:
         for key in keys:
-            value = _field(usage, key)
+            value = field(usage, key)
             if type(value) is int:
                 attributes[name] = value
                 break
@@ -184,26 +211,26 @@ def rollout_attributes(answer: Any, attributes: dict[str, Any]) -> str | None:
     """What a ``/run`` answer says: reward, mask_sample, the rollout's total tokens (the
     agent's final response's usage); for Gym 0.7's episode answers the result's, or the
     failure's kind and stage.  Returns the failure kind when the answer is a failure."""
-    result = _field(answer, "result")
-    failure = _field(answer, "failure")
-    if failure is not None and result is None and _field(answer, "episode_id") is not None:
-        kind = _field(failure, "failure_kind")
-        stage = _field(failure, "stage")
+    result = field(answer, "result")
+    failure = field(answer, "failure")
+    if failure is not None and result is None and field(answer, "episode_id") is not None:
+        kind = field(failure, "failure_kind")
+        stage = field(failure, "stage")
         if type(stage) is str and stage:
             attributes[FAILURE_STAGE] = stage
         return kind if type(kind) is str and kind else "episode_failure"
-    if result is not None and _field(answer, "episode_id") is not None:
+    if result is not None and field(answer, "episode_id") is not None:
         answer = result
     verdict_attributes(answer, attributes)
-    usage_attributes(_field(_field(answer, "response"), "usage"), attributes, _ROLLOUT_USAGE)
+    usage_attributes(field(field(answer, "response"), "usage"), attributes, _ROLLOUT_USAGE)
     return None
 
 
 def model_attributes(answer: Any, attributes: dict[str, Any]) -> None:
-    model = _field(answer, "model")
+    model = field(answer, "model")
     if type(model) is str and model:
         attributes[RESPONSE_MODEL] = model
-    usage_attributes(_field(answer, "usage"), attributes)
+    usage_attributes(field(answer, "usage"), attributes)
 
 
 # -- the evaluation result ---------------------------------------------------------------

@@ -229,6 +229,8 @@ def _rollout_id_from_path(args: tuple, kwargs: dict) -> str | None:
     if not isinstance(value, str):
         value = None
         for candidate in (*kwargs.values(), *args):
+            if outcome.is_model(candidate):  # a body, not the Request
+                continue
             path_params = getattr(candidate, "path_params", None)
             if isinstance(path_params, dict):
                 value = path_params.get("rollout_id")
@@ -239,7 +241,7 @@ def _rollout_id_from_path(args: tuple, kwargs: dict) -> str | None:
 def _run_body(args: tuple, kwargs: dict) -> Any:
     """The ``/run`` handler's body model: its ``body`` argument, else the first pydantic one."""
     body = kwargs.get("body")
-    return body if body is not None else next((a for a in args if hasattr(a, "model_fields")), None)
+    return body if body is not None else next((a for a in args if outcome.is_model(a)), None)
 
 
 def _rollout_id_from_run_body(args: tuple, kwargs: dict) -> str | None:
@@ -285,7 +287,9 @@ def _finish(span: trace.Span, seam: Seam, result: Any) -> Any:
             span.set_attributes(genai.response_attributes(result))
         elif seam.group == groups.ROLLOUT or seam.group == groups.VERIFY:
             _verdict(span, seam, result)
-        body = getattr(result, "body_iterator", None)
+        # (a streaming response has a body iterator; a pydantic answer, the usual, has not:
+        # asking one for a missing attribute raises inside pydantic)
+        body = None if outcome.is_model(result) else getattr(result, "body_iterator", None)
         if body is not None and hasattr(body, "__aiter__"):
             result.body_iterator = _ending_stream(body, span)
             return result

@@ -315,3 +315,35 @@ def test_a_flush_ends_the_spans_still_held(instrumented, spans, fleet):
     (span,) = _client(spans)
     assert "nemo.gym.reward" not in span.attributes
     del response
+
+
+def test_a_models_fields_are_read_without_pydantics_missing_attribute_path(monkeypatch):
+    """Gym's answers are pydantic models; asking one for a field it lacks (``mask_sample``
+    before 0.7, ``result`` of a plain answer) must not go through pydantic's ``__getattr__``
+    (an AttributeError raised and caught per miss, several times per rollout)."""
+    import pydantic
+
+    class Verdict(pydantic.BaseModel, extra="allow"):
+        reward: float
+        response: dict | None = None
+
+    verdict = Verdict(reward=0.25, response={"usage": {"input_tokens": 4, "output_tokens": 2}}, note="x")
+    missed = []
+    original = pydantic.BaseModel.__getattr__
+
+    def counting(self, name):
+        missed.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(pydantic.BaseModel, "__getattr__", counting)
+    attributes: dict = {}
+    assert outcome.rollout_attributes(verdict, attributes) is None
+    assert attributes == {
+        "nemo.gym.reward": 0.25,
+        "nemo.gym.rollout.usage.input_tokens": 4,
+        "nemo.gym.rollout.usage.output_tokens": 2,
+    }
+    assert outcome.field(verdict, "note") == "x"  # an extra field
+    assert outcome.field(verdict, "mask_sample") is None
+    assert outcome.field({"a": 1}, "a") == 1 and outcome.field(object(), "a") is None
+    assert missed == []
