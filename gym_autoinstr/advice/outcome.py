@@ -168,7 +168,7 @@ def field(obj: Any, key: str) -> Any:
         value = obj.__dict__.get(key, _ABSENT)
         if value is not _ABSENT:
             return value
-        extra = obj.__pydantic_extra__
+        extra = getattr(obj, "__pydantic_extra__", None)  # (unset on a model_construct()ed one)
         return extra.get(key) if extra else None
     return getattr(obj, key, None)
 
