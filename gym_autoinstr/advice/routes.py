@@ -229,9 +229,7 @@ def _rollout_id_from_path(args: tuple, kwargs: dict) -> str | None:
     if not isinstance(value, str):
         value = None
         for candidate in (*kwargs.values(), *args):
-            if outcome.is_model(candidate):  # a body, not the Request
-                continue
-            path_params = getattr(candidate, "path_params", None)
+            path_params = outcome.field(candidate, "path_params")  # (a body model: None, no raise)
             if isinstance(path_params, dict):
                 value = path_params.get("rollout_id")
                 break
@@ -287,9 +285,8 @@ def _finish(span: trace.Span, seam: Seam, result: Any) -> Any:
             span.set_attributes(genai.response_attributes(result))
         elif seam.group == groups.ROLLOUT or seam.group == groups.VERIFY:
             _verdict(span, seam, result)
-        # (a streaming response has a body iterator; a pydantic answer, the usual, has not:
-        # asking one for a missing attribute raises inside pydantic)
-        body = None if outcome.is_model(result) else getattr(result, "body_iterator", None)
+        # a streaming response's body iterator (a pydantic answer, the usual, has none)
+        body = outcome.field(result, "body_iterator")
         if body is not None and hasattr(body, "__aiter__"):
             result.body_iterator = _ending_stream(body, span)
             return result
