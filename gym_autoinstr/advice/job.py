@@ -33,6 +33,18 @@ also carries a span link to that ``gym.submit``.
 Gym releases up to 0.7.x have no switch of their own for this (0.7.0's native ``gym.job``
 always nests), so only ours is read.  ``gym.job`` ends with the counts it saw:
 ``nemo.gym.job.rollouts.sent`` / ``.failed`` and ``nemo.gym.job.num_repeats``.
+
+The job's size, ``nemo.gym.job.rollouts.expected`` (rows x repeats, what the job will
+dispatch), when the driver makes it known: the rows ``run_examples`` is handed (every
+release's embedders; Gym's own driver up to 0.5.x calls it with every row it will send),
+else (0.6+, whose driver dispatches through a private helper) the lines of the
+materialized input file Gym writes, one per rollout, before its first dispatch, counted
+at that dispatch on a thread of ours.  A job resumed from Gym's cache has no size.  A
+span is written only once it ends, so a live reader (``gym-autoinstr view --follow``)
+could not see the size before the job's end: when this process writes a run directory
+(``GYM_AUTOINSTR_OUTPUT_DIR``), each job also leaves a note there, ``job-<job id>.json``
+(``job_id``, ``expected``, ``started``, ``pid``), at its start and again once its size is
+known, each time whole (``setup/runs.py``).  Neither ever raises into Gym.
 """
 
 from __future__ import annotations
@@ -41,6 +53,8 @@ import asyncio
 import contextvars
 import enum
 import os
+import threading
+import time
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -52,7 +66,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from gym_autoinstr import settings
-from gym_autoinstr._log import warn_once
+from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr.fastpath.propagation import parse_traceparent
 from gym_autoinstr.telemetry import groups
@@ -80,6 +94,8 @@ JOB_TRACE = "nemo.gym.job.trace"
 ROLLOUTS_SENT = "nemo.gym.job.rollouts.sent"
 ROLLOUTS_FAILED = "nemo.gym.job.rollouts.failed"
 NUM_REPEATS = "nemo.gym.job.num_repeats"
+ROLLOUTS_EXPECTED = "nemo.gym.job.rollouts.expected"  # the job's size, when the driver makes it known
+JOB_NOTE_PREFIX = "job-"  # job-<job id>.json in the run directory
 JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_examples (an embedder's)
 
 
@@ -96,6 +112,9 @@ class JobState:
     sent: int = 0
     failed: int = 0
     links: list = field(default_factory=list)
+    expected: int | None = None  # rows x repeats, once known
+    config: Any = None  # run_from_config's, for the size on 0.6+ (``_size_from_materialized``)
+    started: float = field(default_factory=time.time)
 
 
 _current_job: contextvars.ContextVar[JobState | None] = contextvars.ContextVar("gym_autoinstr_job", default=None)
@@ -147,10 +166,12 @@ async def run_from_config_advice(wrapped: Any, instance: Any, args: tuple, kwarg
         return await wrapped(*args, **kwargs)
     try:
         state = _open_job(_num_repeats(args, kwargs), "run_from_config")
+        state.config = args[0] if args else kwargs.get("config")
         span = state.span
     except Exception as error:
         warn_once("job:start", "gym.job skipped (%r); rollout collection is unaffected.", error)
         return await wrapped(*args, **kwargs)
+    note_job(state)
     token = _current_job.set(state)
     try:
         return await run_in_span(span, lambda: wrapped(*args, **kwargs), label="gym.job")
@@ -162,13 +183,23 @@ def run_examples_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     """``RolloutCollectionHelper.run_examples``, the entry embedders call themselves (NeMo
     RL's ``NemoGym`` actor): one ``gym.job`` per call, none inside ``run_from_config``'s
     (0.4.0 calls ``run_examples`` from there)."""
-    if groups.JOB not in groups.ENABLED or _current_job.get() is not None or coexistence.native_telemetry_live():
+    if groups.JOB not in groups.ENABLED or coexistence.native_telemetry_live():
+        return wrapped(*args, **kwargs)
+    outer = _current_job.get()
+    if outer is not None:  # Gym's driver (up to 0.5.x) handing over every row its job sends
+        if outer.expected is None and outer.config is not None:
+            learn_size(outer, _rows(args, kwargs))
         return wrapped(*args, **kwargs)
     try:
         run = _ExamplesJob(_open_job(None, "run_examples"))
     except Exception as error:
         warn_once("job:start", "gym.job skipped (%r); rollout collection is unaffected.", error)
         return wrapped(*args, **kwargs)
+    rows = _rows(args, kwargs)
+    if rows is None:
+        note_job(run.state)
+    else:
+        learn_size(run.state, rows)
     token = run.enter()
     try:
         iterator = wrapped(*args, **kwargs)
@@ -326,6 +357,8 @@ def rollout_dispatch(url_full: str) -> JobState | None:
         return None
     state.sent += 1
     _record_counts(state)
+    if state.sent == 1 and state.expected is None and state.config is not None:
+        _size_from_materialized(state)
     return state
 
 
@@ -340,3 +373,75 @@ def rollout_span_options(state: JobState) -> dict[str, Any]:
 def rollout_failed(state: JobState) -> None:
     state.failed += 1
     _record_counts(state)
+
+
+# -- the job's size, on its span and in a note for live readers ------------------------------
+
+
+def _rows(args: tuple, kwargs: dict) -> int | None:
+    """How many rows ``run_examples`` was handed (each one rollout), when they are counted
+    without consuming them (a list); None otherwise."""
+    examples = args[0] if args else kwargs.get("examples")
+    try:
+        return len(examples) if isinstance(examples, list | tuple) else None
+    except Exception:
+        return None
+
+
+def learn_size(state: JobState, expected: int | None) -> None:
+    """The job's size became known: on its span (while it is open) and in its note."""
+    if type(expected) is not int or expected < 0 or state.expected is not None:
+        return
+    state.expected = expected
+    try:
+        if state.span.is_recording():
+            state.span.set_attribute(ROLLOUTS_EXPECTED, expected)
+    except Exception as error:
+        logger.debug("gym.job: size not set on the span: %r", error)
+    note_job(state)
+
+
+def note_job(state: JobState, environ: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """``job-<job id>.json`` in this process's run directory, when it writes one: the job's
+    id, size (None until known), start and this process's pid, written whole."""
+    try:
+        directory = settings.OUTPUT_DIR.raw(environ)
+        if not directory:
+            return
+        from pathlib import Path
+
+        from gym_autoinstr.setup.runs import _write_note
+
+        note = {"job_id": state.job_id, "expected": state.expected, "started": state.started, "pid": os.getpid()}
+        _write_note(Path(directory), f"{JOB_NOTE_PREFIX}{state.job_id}.json", note)
+    except Exception as error:
+        logger.debug("job note of %s not written: %r", getattr(state, "job_id", "?"), error)
+
+
+def _size_from_materialized(state: JobState) -> None:
+    """On 0.6+, whose driver hands its rows to a private helper: the lines of the
+    materialized input file Gym wrote before this first dispatch (one per rollout), counted
+    on a thread of ours (a large file must not hold up Gym's event loop).  Not for a job
+    resumed from Gym's cache (the file holds the rows done before too)."""
+    try:
+        config = state.config
+        if getattr(config, "resume_from_cache", False):
+            return
+        path = os.fspath(config.materialized_jsonl_fpath)
+    except Exception:
+        return
+
+    def count() -> None:
+        try:
+            lines = 0
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    lines += chunk.count(b"\n")
+            learn_size(state, lines)
+        except Exception as error:
+            logger.debug("gym.job: size not read from %s: %r", path, error)
+
+    try:
+        threading.Thread(target=count, name="gym-autoinstr-job-size", daemon=True).start()
+    except Exception as error:  # interpreter shutting down
+        logger.debug("gym.job: size not counted: %r", error)

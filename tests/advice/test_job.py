@@ -348,3 +348,140 @@ def test_concurrent_jobs_count_and_link_only_their_own_rollouts(instrumented, sp
     for sent, job_span in jobs.items():
         linked = [r for r in _runs(finished) if [link.context for link in r.links] == [job_span.context]]
         assert len(linked) == sent and all(r.end_time <= job_span.end_time for r in linked)
+
+
+# -- the job's size: on gym.job, and in a note in the run directory --------------------------
+
+
+def _job_notes(directory) -> list[dict]:
+    import json
+
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("job-*.json"))]
+
+
+def test_the_rows_gyms_driver_hands_run_examples_are_the_jobs_size_on_its_span_and_in_a_note(
+    instrumented, spans, monkeypatch, tmp_path
+):
+    """Gym's driver up to 0.5.x: run_from_config hands every row (rows x repeats) to
+    run_examples before the first dispatch."""
+    import os
+    import time
+
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
+    seen_at_dispatch = []
+    with serve(_agent_app()) as base:
+        run_examples = _examples(base, [])
+
+        async def driver(config):
+            iterator = job.run_examples_advice(run_examples, None, ([{}, {}, {}],), {})
+            seen_at_dispatch.extend(_job_notes(tmp_path))  # before any rollout went out
+            return [await f for f in iterator]
+
+        before = time.time()
+        run_async(job.run_from_config_advice(driver, None, (SimpleNamespace(num_repeats=3),), {}))
+    (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
+    assert job_span.attributes[job.ROLLOUTS_EXPECTED] == 3 and job_span.attributes[job.ROLLOUTS_SENT] == 3
+    job_id = job_span.attributes[job.JOB_ID]
+    (note,) = seen_at_dispatch
+    assert note == {"job_id": job_id, "expected": 3, "started": note["started"], "pid": os.getpid()}
+    assert before <= note["started"] <= time.time()
+    assert [p.name for p in tmp_path.iterdir()] == [f"job-{job_id}.json"]  # nothing left aside
+
+
+def test_on_gym_0_6_and_later_the_size_is_the_materialized_inputs_line_count(
+    instrumented, spans, monkeypatch, tmp_path
+):
+    """0.6+'s driver dispatches through a private helper: the size is counted from the
+    materialized input file (a line per rollout) at the first dispatch, off Gym's loop; the
+    note is there from the job's start, its size null until then."""
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(run_dir))
+    materialized = tmp_path / "rollouts.materialized_inputs.jsonl"
+    at_start = []
+
+    async def driver(config):
+        at_start.extend(_job_notes(run_dir))
+        materialized.write_text('{"row": 1}\n' * 4)  # what Gym writes before dispatching
+        from nemo_gym import server_utils
+
+        for _ in range(4):
+            response = await server_utils.request("POST", f"{base}/run", json={})
+            await response.read()
+        for _ in range(200):  # the count runs on a thread of ours
+            if _job_notes(run_dir)[0]["expected"] is not None:
+                break
+            await asyncio.sleep(0.01)
+
+    with serve(_agent_app()) as base:
+        config = SimpleNamespace(num_repeats=2, materialized_jsonl_fpath=materialized, resume_from_cache=False)
+        run_async(job.run_from_config_advice(driver, None, (config,), {}))
+    (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
+    assert [n["expected"] for n in at_start] == [None]
+    assert at_start[0]["job_id"] == job_span.attributes[job.JOB_ID]
+    (note,) = _job_notes(run_dir)
+    assert note["expected"] == 4 == job_span.attributes[job.ROLLOUTS_EXPECTED]
+    assert note["started"] == at_start[0]["started"]
+
+
+def test_a_job_resumed_from_gyms_cache_or_with_unknown_rows_has_no_size(instrumented, spans, monkeypatch, tmp_path):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
+    materialized = tmp_path / "inputs.jsonl"
+    materialized.write_text("{}\n" * 5)
+    with serve(_agent_app()) as base:
+        _collect(base, [{}, {}])  # a config without a materialized file
+        config = SimpleNamespace(num_repeats=1, materialized_jsonl_fpath=materialized, resume_from_cache=True)
+
+        async def driver(config):
+            from nemo_gym import server_utils
+
+            await (await server_utils.request("POST", f"{base}/run", json={})).read()
+
+        run_async(job.run_from_config_advice(driver, None, (config,), {}))
+    jobs = _by_name(spans.get_finished_spans(), "gym.job")
+    assert len(jobs) == 2 and all(job.ROLLOUTS_EXPECTED not in j.attributes for j in jobs)
+    notes = _job_notes(tmp_path)
+    assert sorted(n["job_id"] for n in notes) == sorted(j.attributes[job.JOB_ID] for j in jobs)
+    assert [n["expected"] for n in notes] == [None, None]
+
+
+def test_an_embedders_run_examples_job_has_its_rows_as_its_size(instrumented, spans, monkeypatch, tmp_path):
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
+    with serve(_agent_app()) as base:
+        started = _examples(base, [])
+
+        def run_examples(examples):  # Gym's own parameter name, passed by keyword
+            return started(examples)
+
+        async def caller():
+            return [await f for f in job.run_examples_advice(run_examples, None, (), {"examples": [{}, {}]})]
+
+        run_async(caller())
+    (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
+    assert job_span.attributes[job.ROLLOUTS_EXPECTED] == 2
+    (note,) = _job_notes(tmp_path)
+    assert note["job_id"] == job_span.attributes[job.JOB_ID] and note["expected"] == 2
+
+
+def test_no_note_without_a_run_directory_and_an_unwritable_one_never_reaches_gym(
+    instrumented, spans, monkeypatch, tmp_path, caplog
+):
+    import logging
+
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+    monkeypatch.delenv("GYM_AUTOINSTR_OUTPUT_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with serve(_agent_app()) as base:
+        _collect(base, [{}])
+        assert list(tmp_path.iterdir()) == []
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(blocker / "run"))  # under a file: cannot be made
+        with caplog.at_level(logging.DEBUG, logger="gym_autoinstr"):
+            _collect(base, [{}, {}])
+    jobs = _by_name(spans.get_finished_spans(), "gym.job")
+    assert [j.attributes[job.ROLLOUTS_SENT] for j in jobs] == [1, 2]
+    assert any("job-" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
