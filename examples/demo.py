@@ -34,10 +34,9 @@ sys.path.insert(0, str(REPO))
 
 from gym_autoinstr.commands.view.model import build_traces  # noqa: E402
 from gym_autoinstr.setup.files import (  # noqa: E402
-    LOGS_SUFFIX,
-    METRICS_SUFFIX,
     embedded_default_applies,
     read_path,
+    span_segments,
 )
 from tests.harness.gym_install import gym_venv  # noqa: E402
 from tests.harness.trio import AGENT, GymTrio, PolicyModel  # noqa: E402
@@ -153,7 +152,7 @@ def main() -> int:
     run_dir = run_dirs[0]
     traces = build_traces(read_path(run_dir))
     rollouts = [t for t in traces if any(s["name"] == "POST /run" and s["kind"] == "SERVER" for s in t.spans)]
-    span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
+    span_files = span_segments(run_dir)
     print(
         f"\n{len(rollouts)} rollouts ({args.rollouts} sent one by one, {COLLECT_ROWS * COLLECT_REPEATS} by the "
         f"collection job) -> {len(rollouts)} traces, {len(span_files)} trace files (one per process) in\n  {run_dir}\n"

@@ -326,13 +326,21 @@ LOOP_LAG_INTERVAL_MS = Number(
     expected="a number of milliseconds from 1 to 3600000",
     fallback="the event-loop lag probe wakes every 1000 ms",
 )
-FILE_MAX_MB = Number(
-    PREFIX + "FILE_MAX_MB",
-    256,
-    "bound of each file the embedded file exporter writes, in MB",
+SEGMENT_MB = Number(
+    PREFIX + "SEGMENT_MB",
+    16,
+    "size at which the run directory's open file of a process is closed and gzipped, in MB",
     above=True,
     expected="a positive number of megabytes",
-    fallback="using 256",
+    fallback="using 16",
+)
+RUN_MAX_GB = Number(
+    PREFIX + "RUN_MAX_GB",
+    20,
+    "disk budget of one run directory (every process's files together), in GB; past it spans are dropped, counted",
+    above=True,
+    expected="a positive number of gigabytes",
+    fallback="using 20",
 )
 OUTPUT_DIR = Text(
     PREFIX + "OUTPUT_DIR",

@@ -22,6 +22,7 @@ import urllib.request
 
 import pytest
 
+from gym_autoinstr.setup.files import segment_lines
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, MODEL, GymTrio, PolicyModel
@@ -108,10 +109,13 @@ def test_no_canary_reaches_the_collector_with_every_group_on(tmp_path):
 
 def test_no_canary_reaches_the_local_files_of_the_embedded_default(tmp_path):
     trio = _run_with_canaries(tmp_path, "gym", {})
-    files = list((tmp_path / "gym" / "gym-autoinstr-runs").rglob("*.jsonl"))
-    # spans and metrics of the three servers and the orchestrator (its start-up spans)
-    assert len(files) == 8 and len([f for f in files if f.name.endswith(".metrics.jsonl")]) == 4
-    blobs = [f.read_bytes() for f in files]
+    runs = tmp_path / "gym" / "gym-autoinstr-runs"
+    files = [f for f in runs.rglob("*") if f.is_file()]
+    # spans and metrics of the three servers and the orchestrator (its start-up spans), each
+    # process's note beside them; the segments gzipped at exit, read back as text
+    assert len([f for f in files if f.name.endswith(".jsonl.gz")]) == 8
+    assert len([f for f in files if f.name.endswith(".metrics.jsonl.gz")]) == 4
+    blobs = [("".join(segment_lines(f)) if ".jsonl" in f.name else f.read_text()).encode() for f in files]
     assert sum(b.count(b"\n") for b in blobs) > 0
     assert _leaks(blobs) == {}
     assert trio.returncode == 0

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gym_autoinstr.setup.files import LOGS_SUFFIX, METRICS_SUFFIX
+from gym_autoinstr.setup.files import METRICS_SUFFIX, segment_files, segment_lines, span_segments
 from tests.harness.collector import Collector
 from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import latest, metric_points
@@ -305,11 +305,13 @@ def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, poli
     run_dir = runs[0]
     assert f"exporters=files:{run_dir}" in log  # the location is printed once at start
     processes = sorted([f"nemo-gym_{name}" for name in trio.server_names] + ["nemo-gym_orchestrator"])
-    span_files = [p for p in run_dir.glob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))]
-    # one span file per process: the servers, and the orchestrator's start-up spans
+    span_files = span_segments(run_dir)
+    # one span file per process: the servers, and the orchestrator's start-up spans; each
+    # gzipped when its process exited (Gym stops its servers with SIGINT: a clean exit)
     assert sorted(p.name.rsplit("-", 1)[0] for p in span_files) == processes
+    assert all(p.name.endswith(".0001.jsonl.gz") for p in span_files)
     # metrics land beside the spans, one file per process; the agent's counts every rollout
-    metric_files = list(run_dir.glob(f"*{METRICS_SUFFIX}"))
+    metric_files = segment_files(run_dir, METRICS_SUFFIX)
     assert sorted(p.name.rsplit("-", 1)[0] for p in metric_files) == processes
     assert _rollouts_in_metrics_file(next(p for p in metric_files if p.name.startswith(f"nemo-gym_{AGENT}-"))) == 3
     spans = read_path(run_dir)
@@ -325,7 +327,7 @@ def _rollouts_in_metrics_file(path) -> int:
     import json
 
     count = 0
-    for resource_metrics in json.loads(path.read_text().strip().splitlines()[-1])["resourceMetrics"]:
+    for resource_metrics in json.loads(list(segment_lines(path))[-1])["resourceMetrics"]:
         for scope_metrics in resource_metrics["scopeMetrics"]:
             for metric in scope_metrics["metrics"]:
                 if metric["name"] == "gym.rollout.duration_ms":

@@ -90,7 +90,7 @@ def test_a_number_in_range_is_taken():
     assert (
         settings.BSP_MAX_QUEUE_SIZE.read({settings.BSP_MAX_QUEUE_SIZE.name: "100.9"}) == 100
     )  # int(float()), as the SDK
-    assert settings.FILE_MAX_MB.read({}) == 256
+    assert settings.RUN_MAX_GB.read({}) == 20 and settings.SEGMENT_MB.read({}) == 16
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_a_number_in_range_is_taken():
         (settings.FLUSH_TIMEOUT_MS, "soon"),
         (settings.LOOP_LAG_INTERVAL_MS, "0.5"),
         (settings.LOOP_LAG_INTERVAL_MS, "3600001"),
-        (settings.FILE_MAX_MB, "0"),
+        (settings.RUN_MAX_GB, "0"),
         (settings.BSP_MAX_QUEUE_SIZE, "0.5"),
         (settings.BSP_SCHEDULE_DELAY, "nan"),
     ],

@@ -1,7 +1,8 @@
 """``gym-autoinstr view --metrics``: why is it slow, per Gym server, from a run's metrics.
 
-Reads the ``*.metrics.jsonl`` files the embedded default writes (one per process, one
-OTLP-JSON ``ExportMetricsServiceRequest`` per line, cumulative), keeps each process's
+Reads the ``*.metrics.jsonl`` segments the embedded default writes (each process's, in
+order, plain or gzipped; one OTLP-JSON ``ExportMetricsServiceRequest`` per line,
+cumulative), keeps each process's
 latest point per series, and summarises per server: requests and p50/p99 per route,
 rollouts, verify and model calls, event-loop lag p99, GC pause time, connection-pool
 waits by destination.  Quantiles are estimated from the histogram buckets (linear inside
@@ -17,13 +18,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym_autoinstr.setup.files import METRICS_SUFFIX, _attributes, json_lines
+from gym_autoinstr.setup.files import METRICS_SUFFIX, _attributes, json_lines, segment_files, segment_lines
+from gym_autoinstr.setup.segments import segment_key
 
 
 def metric_files(path: Path) -> list[Path]:
     if path.is_dir():
-        return sorted(path.rglob(f"*{METRICS_SUFFIX}"))
-    return [path] if path.name.endswith(METRICS_SUFFIX) else []
+        return segment_files(path, METRICS_SUFFIX)
+    return [path] if path.name.removesuffix(".gz").endswith(METRICS_SUFFIX) else []
 
 
 def latest_points(lines: Iterable[str], source: str = "") -> dict[tuple, dict]:
@@ -49,11 +51,11 @@ def latest_points(lines: Iterable[str], source: str = "") -> dict[tuple, dict]:
 
 def read_run(path: Path) -> dict[tuple, dict]:
     points: dict[tuple, dict] = {}
-    for file in metric_files(path):
-        with open(file, encoding="utf-8") as handle:
-            for key, point in latest_points(handle, str(file)).items():
-                # processes of one server (uvicorn workers) add up: keep them apart by file
-                points[(str(file),) + key] = point
+    for file in metric_files(path):  # each process's segments in order: a later point of a series wins
+        process = str(file.parent / segment_key(file)[0])
+        for key, point in latest_points(segment_lines(file), str(file)).items():
+            # processes of one server (uvicorn workers) add up: keep them apart by process
+            points[(process,) + key] = point
     return points
 
 

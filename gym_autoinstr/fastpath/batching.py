@@ -38,15 +38,16 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from gym_autoinstr import _footprint
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.fastpath import contract, wire
+from gym_autoinstr.fastpath import contract, wire, wire_json
 from gym_autoinstr.fastpath.contract import SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
+from gym_autoinstr.losses import LEDGER
 from gym_autoinstr.settings import ENCODE_ON_END
 
 
 class EncodedBatch:
-    """An export request already in wire form, in place of the list of spans the
-    exporter's ``export`` receives.  ``len()`` is the span count (the exporter's
-    self-metrics count it)."""
+    """An export request already encoded (OTLP protobuf bytes, or OTLP-JSON text for the
+    run directory's files), in place of the list of spans the exporter's ``export``
+    receives.  ``len()`` is the span count (the exporter's self-metrics count it)."""
 
     __slots__ = ("payload", "count")
 
@@ -152,6 +153,10 @@ class _Scope:
 
 
 class EncodingSpanProcessor(SpanProcessor):
+    """``encoding``: ``wire`` (OTLP protobuf, for the SDK's OTLP exporters) or
+    ``wire_json`` (OTLP-JSON, for the run directory's files).  ``label`` names the
+    exporter in the loss counts (``losses.py``)."""
+
     def __init__(
         self,
         exporter: Any,
@@ -159,8 +164,12 @@ class EncodingSpanProcessor(SpanProcessor):
         max_queue_size: int,
         schedule_delay_millis: float,
         max_export_batch_size: int,
+        encoding: Any = wire,
+        label: str = "otlp",
     ) -> None:
         self._exporter = exporter
+        self._encoding = encoding
+        self._label = label
         self._max_queue_size = max_queue_size
         self._delay = schedule_delay_millis / 1000
         self._batch_size = max(1, min(max_export_batch_size, max_queue_size))
@@ -176,11 +185,14 @@ class EncodingSpanProcessor(SpanProcessor):
         self._resource: tuple[Any, bytes] | None = None
         self._dropped = 0
         self._encode_failures = 0
+        self._ended = 0  # sampled spans handed to this processor
+        self._inflight = 0  # spans of the batch being exported now
         self._shutdown = False
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         _LIVE.add(self)
+        LEDGER.add_source(label, self.counts)
         self._start_thread()
         if hasattr(os, "register_at_fork"):
             ref = weakref.WeakMethod(self._after_fork)
@@ -191,6 +203,10 @@ class EncodingSpanProcessor(SpanProcessor):
     def dropped_spans(self) -> int:
         return self._dropped
 
+    def counts(self) -> tuple[int, int]:
+        """(spans ended here, spans not yet exported: queued or in the running export)."""
+        return self._ended, len(self._queue) + self._inflight
+
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._run, name="gym-autoinstr-export", daemon=True)
         thread.start()
@@ -200,6 +216,7 @@ class EncodingSpanProcessor(SpanProcessor):
         # The child starts with what the parent had queued (the parent exports it) and
         # no export thread: both are made anew.
         self._queue = collections.deque()
+        self._ended = self._inflight = 0
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
         self._start_thread()
@@ -208,11 +225,16 @@ class EncodingSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: Any) -> None:
-        if self._shutdown or not span.context.trace_flags & 0x01:  # (not sampled)
+        if not span.context.trace_flags & 0x01:  # (not sampled)
+            return
+        self._ended += 1
+        if self._shutdown:
+            LEDGER.lose(self._label, "already_shutdown")
             return
         queue = self._queue
         if len(queue) >= self._max_queue_size:
             self._dropped += 1
+            LEDGER.lose(self._label, "queue_full")
             warn_once(
                 "bsp-queue-full",
                 "span queue full (%d spans): new spans are dropped until the exporter catches up; "
@@ -221,9 +243,10 @@ class EncodingSpanProcessor(SpanProcessor):
             )
             return
         try:
-            encoded = wire.span(span)
+            encoded = self._encoding.span(span)
         except Exception as error:  # never Gym's problem: this span is lost, and says so once
             self._encode_failures += 1
+            LEDGER.lose(self._label, "encode_failed")
             warn_once("wire-encode", "a span could not be encoded and is not exported: %r", error)
             return
         scope, resource = span.instrumentation_scope, span.resource
@@ -259,18 +282,18 @@ class EncodingSpanProcessor(SpanProcessor):
     def _scope(self, scope: Any) -> _Scope:
         hit = self._scopes.get(id(scope))
         if hit is None or hit[0] is not scope:
-            encoded = _Scope(wire.scope(scope), getattr(scope, "schema_url", None) if scope else None)
+            encoded = _Scope(self._encoding.scope(scope), getattr(scope, "schema_url", None) if scope else None)
             hit = self._scopes[id(scope)] = (scope, encoded)
         return hit[1]
 
     def _scope_spans(self, scope: Any, spans: list) -> bytes:
         known = self._scope(scope)
-        return wire.scope_spans(known.encoded, known.schema_url, spans)
+        return self._encoding.scope_spans(known.encoded, known.schema_url, spans)
 
     def _resource_bytes(self, resource: Any) -> bytes:
         known = self._resource
         if known is None or known[0] is not resource:
-            known = self._resource = (resource, wire.resource(resource))
+            known = self._resource = (resource, self._encoding.resource(resource))
         return known[1]
 
     def _export_queued(self, until_empty: bool) -> bool:
@@ -301,7 +324,7 @@ class EncodingSpanProcessor(SpanProcessor):
         by_resource: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
         usual = self._usual
         for item in batch:
-            if type(item) is bytes:
+            if type(item) is not tuple:
                 (scope, resource), encoded = usual, item
             else:
                 scope, resource, encoded = item
@@ -313,22 +336,27 @@ class EncodingSpanProcessor(SpanProcessor):
             if spans is None:
                 spans = scopes[id(scope)] = (scope, [])
             spans[1].append(encoded)
-        payload = b"".join(
-            wire.export_request(
-                self._resource_bytes(resource),
-                getattr(resource, "schema_url", None),
-                [self._scope_spans(scope, spans) for scope, spans in scopes.values()],
-            )
-            for resource, scopes in by_resource.values()
+        encoding = self._encoding
+        payload = encoding.request(
+            [
+                encoding.export_request(
+                    self._resource_bytes(resource),
+                    getattr(resource, "schema_url", None),
+                    [self._scope_spans(scope, spans) for scope, spans in scopes.values()],
+                )
+                for resource, scopes in by_resource.values()
+            ]
         )
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
+        self._inflight = len(batch)
         try:
             result = self._exporter.export(EncodedBatch(payload, len(batch)))
             return getattr(result, "name", None) == "SUCCESS"
-        except Exception as error:
+        except Exception as error:  # (the exporter wrapper counts the batch as lost)
             warn_once("export-error", "span export raised %r; this batch is lost.", error)
             return False
         finally:
+            self._inflight = 0
             otel_context.detach(token)
 
     # -- flush and shutdown ----------------------------------------------------------
@@ -353,13 +381,15 @@ class EncodingSpanProcessor(SpanProcessor):
         _footprint.restore_pending()  # an encode_spans hook uninstrument left for us
 
 
-def make_processor(exporter: Any, wrap: Callable[[Any], Any], **settings: Any) -> SpanProcessor:
-    """Our encoding processor in front of a known OTLP exporter, the SDK's
-    ``BatchSpanProcessor`` in front of anything else."""
+def make_processor(exporter: Any, wrap: Callable[[Any], Any], label: str = "otlp", **settings: Any) -> SpanProcessor:
+    """Our encoding processor in front of a known OTLP exporter or the run directory's
+    files (``accepts_json``), the SDK's ``BatchSpanProcessor`` in front of anything else."""
     try:
         fast = ENCODE_ON_END.read() and contract.part_on(contract.ENCODE_ON_END) and contract.part_on(contract.WIRE)
+        if fast and getattr(exporter, "accepts_json", False) is True:
+            return EncodingSpanProcessor(wrap(exporter), encoding=wire_json, label=label, **settings)
         if fast and accepts_encoded(exporter):
-            return EncodingSpanProcessor(wrap(exporter), **settings)
+            return EncodingSpanProcessor(wrap(exporter), label=label, **settings)
     except Exception as error:
         warn_once("encoding-processor", "the encoding span processor is off (%r); using the SDK's.", error)
     from opentelemetry.sdk.trace.export import BatchSpanProcessor

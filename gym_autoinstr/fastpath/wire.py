@@ -324,3 +324,8 @@ def export_request(resource_bytes: bytes, resource_schema_url: str | None, scope
     """An ``ExportTraceServiceRequest`` with one ``ResourceSpans`` (resource=1,
     scope_spans=2, schema_url=3) holding the given ``ScopeSpans`` messages."""
     return _field(b"\x0a", _container(resource_bytes, scopes, resource_schema_url))
+
+
+def request(resource_spans: Sequence[bytes]) -> bytes:
+    """The ``ExportTraceServiceRequest`` of the given ``ResourceSpans`` fields."""
+    return b"".join(resource_spans)

@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.fastpath import batching, contract, parts
-from gym_autoinstr.setup import files, identity, runs
+from gym_autoinstr.setup import files, identity, notes, runs
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 from gym_autoinstr.telemetry import sampling
 
@@ -90,6 +90,8 @@ class ConfiguratorState:
     metrics: bool = False  # our request metrics are recorded
     logs: bool = False  # log records are exported
     held_back: bool = False  # not (yet) a Gym process: configured when it imports Gym
+    note: notes.NoteWriter | None = None  # this process's note in the run directory
+    accounting: bool = False  # the exit's loss accounting is registered
 
 
 # What this process ended up with; `gym-autoinstr doctor` and the tests read it.
@@ -157,7 +159,12 @@ def _files_exporter(who: identity.ProcessIdentity | None) -> tuple[str, SpanExpo
     directory = files.resolve_output_dir(run_id)
     if who.role is identity.Role.ORCHESTRATOR and run_id and runs.starts_fleet(sys.argv):
         runs.record_run(directory, run_id)  # for a collection process to join (runs.py)
-    return f"files:{directory}", files.OtlpJsonFileExporter(directory, identity.service_name(who))
+    service = identity.service_name(who)
+    exporter = files.OtlpJsonFileExporter(directory, service)
+    if STATE.note is None:
+        STATE.note = notes.NoteWriter(directory, files.process_stem(service), service)
+        STATE.note.start()
+    return f"files:{directory}", exporter
 
 
 def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[str, SpanExporter]]:
@@ -200,17 +207,50 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] |
     parts.check()
     provider = TracerProvider(resource=resource, sampler=sampling.configured_sampler(), shutdown_on_exit=False)
     for label, exporter in exporters:
+        kind = label.split(":", 1)[0]  # the exporter's name in the loss counts
         provider.add_span_processor(
             batching.make_processor(
                 exporter,
-                WatchedExporter,
+                lambda inner, kind=kind: WatchedExporter(inner, kind),
+                label=kind,
                 max_queue_size=env.BSP_MAX_QUEUE_SIZE.read(),
                 schedule_delay_millis=env.BSP_SCHEDULE_DELAY.read(),
                 max_export_batch_size=env.BSP_MAX_EXPORT_BATCH_SIZE.read(),
             )
         )
         STATE.exporters.append(label)
+    if not STATE.accounting:
+        STATE.accounting = True
+        atexit.register(_account_at_exit)  # (before the exit flush is registered: runs after it)
     return provider
+
+
+# How long the exit may spend gzipping the open segments (Gym gives a server about a
+# second between SIGINT and SIGKILL; what is not done stays plain and readable).
+EXIT_COMPRESS_SECONDS = 1.0
+
+
+def _account_at_exit() -> None:
+    """After the exit flush: spans still queued are lost (counted), the run directory's
+    open segments are gzipped, the process note is final, and a process that lost spans
+    says so in one line."""
+    import time
+
+    from gym_autoinstr import losses
+
+    try:
+        for exporter, queued in losses.LEDGER.queued_by_exporter().items():
+            losses.LEDGER.lose(exporter, "exit_unflushed", queued)
+        files.close_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
+        if STATE.note is not None:
+            STATE.note.close()
+        who = STATE.identity
+        line = losses.exit_line(identity.service_name(who) if who is not None else "this process")
+        if line:
+            where = f" (counts in {STATE.note.path})" if STATE.note is not None else ""
+            logger.warning("gym-autoinstr: %s%s", line, where)
+    except Exception as error:  # the exit of Gym's process must not fail for this
+        warn_once("exit-accounting", "could not account for spans at exit: %r", error)
 
 
 # Metrics are read every 10 s (the SDK's default is 60 s: a short run would show
@@ -379,7 +419,8 @@ RAY_WORKER_SETTINGS = tuple(
         env.BSP_EXPORT_TIMEOUT,
         env.SERVICE_NAME_SUFFIX,
         env.OUTPUT_DIR,
-        env.FILE_MAX_MB,
+        env.SEGMENT_MB,
+        env.RUN_MAX_GB,
         env.FLUSH_TIMEOUT_MS,
         env.RUN_ID,
         env.GYM_RUN_ID,

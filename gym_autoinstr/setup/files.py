@@ -1,19 +1,21 @@
 """The embedded default: spans to local files when no exporter is configured.
 
 A user who only wants to see where a rollout's time goes should not need a collector
-first.  Metrics go the same way, into ``<process>-<pid>.metrics.jsonl`` beside the spans
-(one ``ExportMetricsServiceRequest`` per line).  With no
-``OTEL_EXPORTER_OTLP_*ENDPOINT`` and no ``OTEL_TRACES_EXPORTER`` set, every Gym process
-appends OTLP-JSON lines (the OpenTelemetry Collector file-exporter format: one
-``ExportTraceServiceRequest`` per line, ids in hex, enums as integers) to its *own* file
-in one run directory, so concurrent processes never interleave.  The orchestrator
-resolves the directory once (``GYM_AUTOINSTR_OUTPUT_DIR``, else
-``./gym-autoinstr-runs/<run id>``) and passes it down in the environment, because every
-server runs from its own working directory.  ``gym-autoinstr view`` reads it.
+first.  With no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` and no ``OTEL_TRACES_EXPORTER`` set
+(or ``files`` among its names), every Gym process appends OTLP-JSON lines (the
+OpenTelemetry Collector file-exporter format: one ``ExportTraceServiceRequest`` per
+line, ids in hex, enums as integers) to its *own* files in one run directory, so
+concurrent processes never interleave; metrics and logs go beside them
+(``.metrics.jsonl``, ``.logs.jsonl``).  The orchestrator resolves the directory once
+(``GYM_AUTOINSTR_OUTPUT_DIR``, else ``./gym-autoinstr-runs/<run id>``) and passes it down
+in the environment, because every server runs from its own working directory.
+``gym-autoinstr view`` reads it.
 
-Each file is bounded (``GYM_AUTOINSTR_FILE_MAX_MB``, default 256): past the bound,
-spans are dropped with one message saying so and how to lift it.  An unwritable
-directory is reported once; Gym keeps running.
+The files are rotated segments, gzipped once closed, under one disk budget for the run
+(``segments.py``); each process keeps a note beside them (``notes.py``) with its span
+counts and what it lost.  The spans arrive already encoded as JSON text
+(``fastpath/wire_json.py``, through the encoding batch processor); with the fast path
+off they are encoded here the SDK's way.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import base64
 import json
 import os
 import re
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,18 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.setup import segments
 
 OUTPUT_DIR_VARIABLE = settings.OUTPUT_DIR.name
-MAX_MB_VARIABLE = settings.FILE_MAX_MB.name
-DEFAULT_MAX_MB = settings.FILE_MAX_MB.default
 DEFAULT_PARENT = "gym-autoinstr-runs"
+SPANS_SUFFIX = ".jsonl"
+METRICS_SUFFIX = ".metrics.jsonl"
+LOGS_SUFFIX = ".logs.jsonl"
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+# Every writer of this process, closed (open segments gzipped) at exit.
+WRITERS: list[segments.SegmentWriter] = []
 
 
 def embedded_default_applies(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
@@ -58,8 +64,10 @@ def resolve_output_dir(run_id: str | None, environ: dict[str, str] | os._Environ
     return directory
 
 
-def _max_bytes() -> int:
-    return int(settings.FILE_MAX_MB.read() * 1024 * 1024)
+def process_stem(file_stem: str) -> str:
+    """``<service>-<pid>``, made safe for a file name: every file of this process starts so."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_stem).strip("_") or "process"
+    return f"{safe}-{os.getpid()}"
 
 
 def _hex_ids(node: Any) -> Any:
@@ -77,6 +85,8 @@ def _hex_ids(node: Any) -> Any:
 
 
 def encode_otlp_json(spans: Sequence[Any]) -> str:
+    """The SDK's way (its protobuf message, protobuf's JSON mapping): for spans that did
+    not come through the encoding processor (the fast path off)."""
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
@@ -85,60 +95,43 @@ def encode_otlp_json(spans: Sequence[Any]) -> str:
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """Appends one OTLP-JSON line per export batch to this process's own file."""
+    """Appends one OTLP-JSON line per export batch to this process's segments.  A batch
+    may come already encoded (``accepts_json``: the encoding processor hands its JSON
+    text) or as spans.  ``failure_reason`` says why the last export failed."""
 
-    def __init__(self, directory: Path, file_stem: str) -> None:
+    accepts_json = True
+
+    def __init__(self, directory: Path, file_stem: str, suffix: str = SPANS_SUFFIX) -> None:
         self.directory = Path(directory)
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_stem).strip("_") or "process"
-        self.path = self.directory / f"{safe}-{os.getpid()}.jsonl"
-        self.max_bytes = _max_bytes()
-        self._written = 0
-        self._lock = threading.Lock()
-        self._broken = False
+        self.writer = segments.SegmentWriter(self.directory, process_stem(file_stem), suffix)
+        WRITERS.append(self.writer)
+
+    @property
+    def path(self) -> Path:
+        """The segment written now."""
+        return self.writer.path
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.writer.failure_reason
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        if self._broken or not spans:
-            return SpanExportResult.FAILURE if self._broken else SpanExportResult.SUCCESS
-        try:
-            text = encode_otlp_json(spans)
-        except Exception as error:
-            warn_once(f"file-encode:{type(error).__name__}", "could not encode spans for %s: %r", self.path, error)
-            return SpanExportResult.FAILURE
+        if not spans:
+            return SpanExportResult.SUCCESS
+        payload = getattr(spans, "payload", None)  # the encoding processor's batch: text already
+        if type(payload) is str:
+            text = payload
+        else:
+            try:
+                text = encode_otlp_json(spans)
+            except Exception as error:
+                warn_once(f"file-encode:{type(error).__name__}", "could not encode spans for %s: %r", self.path, error)
+                self.writer.failure_reason = "encode_failed"
+                return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS if self.write_line(text) else SpanExportResult.FAILURE
 
     def write_line(self, text: str) -> bool:
-        if self._broken:
-            return False
-        line = (text + "\n").encode("utf-8")
-        with self._lock:
-            if self._written + len(line) > self.max_bytes:
-                warn_once(
-                    "file-full",
-                    "trace file %s reached its bound of %.0f MB; further spans of this process are dropped. "
-                    "Raise %s, or send spans to a collector with OTEL_EXPORTER_OTLP_ENDPOINT.",
-                    self.path,
-                    self.max_bytes / 1024 / 1024,
-                    MAX_MB_VARIABLE,
-                )
-                return False
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                # One write of one whole line in append mode: a reader never sees half a batch.
-                with open(self.path, "ab") as handle:
-                    handle.write(line)
-            except OSError as error:
-                self._broken = True
-                warn_once(
-                    "file-unwritable",
-                    "cannot write traces to %s (%s); this process's spans are dropped, Gym keeps running. "
-                    "Set %s to a writable directory.",
-                    self.path,
-                    error.strerror or error,
-                    OUTPUT_DIR_VARIABLE,
-                )
-                return False
-            self._written += len(line)
-        return True
+        return self.writer.write_line(text)
 
     def shutdown(self) -> None:
         pass
@@ -147,7 +140,13 @@ class OtlpJsonFileExporter(SpanExporter):
         return True
 
 
-METRICS_SUFFIX = ".metrics.jsonl"
+def close_writers(deadline: float) -> None:
+    """The process is ending: every writer's open segment gzipped if there is time."""
+    for writer in list(WRITERS):
+        try:
+            writer.close(deadline)
+        except Exception as error:
+            warn_once("file-close", "could not close %s: %r", writer.path, error)
 
 
 def encode_metrics_json(metrics_data: Any) -> str:
@@ -158,14 +157,13 @@ def encode_metrics_json(metrics_data: Any) -> str:
 
 
 def metric_exporter(directory: Path, file_stem: str) -> Any:
-    """A ``MetricExporter`` appending OTLP-JSON lines to this process's own metrics file."""
+    """A ``MetricExporter`` appending OTLP-JSON lines to this process's metrics segments."""
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     class OtlpJsonMetricFileExporter(MetricExporter):
         def __init__(self) -> None:
             super().__init__()
-            self.lines = OtlpJsonFileExporter(directory, file_stem)
-            self.lines.path = self.lines.path.with_suffix(METRICS_SUFFIX)
+            self.lines = OtlpJsonFileExporter(directory, file_stem, METRICS_SUFFIX)
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
             try:
@@ -190,12 +188,9 @@ def metric_exporter(directory: Path, file_stem: str) -> Any:
     return OtlpJsonMetricFileExporter()
 
 
-LOGS_SUFFIX = ".logs.jsonl"
-
-
 def log_exporter(directory: Path, file_stem: str) -> Any:
     """A ``LogExporter`` appending OTLP-JSON lines (trace and span ids in hex) to this
-    process's own logs file."""
+    process's logs segments."""
     from gym_autoinstr.fastpath import contract
 
     logs_export = contract.load(contract.LOGS_SDK_EXPORT)
@@ -203,8 +198,7 @@ def log_exporter(directory: Path, file_stem: str) -> Any:
 
     class OtlpJsonLogFileExporter(LogExporter):
         def __init__(self) -> None:
-            self.lines = OtlpJsonFileExporter(directory, file_stem)
-            self.lines.path = self.lines.path.with_suffix(LOGS_SUFFIX)
+            self.lines = OtlpJsonFileExporter(directory, file_stem, LOGS_SUFFIX)
 
         def export(self, batch: Any) -> Any:
             from google.protobuf.json_format import MessageToDict
@@ -317,19 +311,76 @@ def read_lines(lines: Iterable[str], source: str = "") -> Iterator[dict]:
         yield from spans_from_request(request)
 
 
+def _is_kind(name: str, suffix: str) -> bool:
+    """Whether a file name is a segment (plain or gzipped) of ``suffix``'s kind."""
+    if name.startswith("."):
+        return False
+    name = name.removesuffix(segments.GZ)
+    if suffix == SPANS_SUFFIX:
+        return name.endswith(SPANS_SUFFIX) and not name.endswith((METRICS_SUFFIX, LOGS_SUFFIX))
+    return name.endswith(suffix)
+
+
+def segment_files(directory: Path, suffix: str = SPANS_SUFFIX, recursive: bool = True) -> list[Path]:
+    """Every segment of one kind under ``directory`` (spans by default), each process's in
+    order; where a closed segment's gzip is complete, it alone (its plain file is on its way out)."""
+    try:
+        found = [p for p in (directory.rglob("*") if recursive else directory.iterdir()) if _is_kind(p.name, suffix)]
+    except OSError:
+        return []
+    names = {str(p) for p in found}
+    kept = [p for p in found if not (not p.name.endswith(segments.GZ) and f"{p}{segments.GZ}" in names)]
+    return sorted(kept, key=lambda p: (str(p.parent), *segments.segment_key(p)))
+
+
+def span_segments(directory: Path) -> list[Path]:
+    return segment_files(directory, SPANS_SUFFIX)
+
+
+def segment_lines(path: Path, skip: int = 0) -> Iterator[str]:
+    """The lines of one segment, plain or gzipped, from byte ``skip`` on (of its plain
+    text).  A plain segment gzipped meanwhile is read from its ``.gz``; a gzip cut short
+    by a crash ends where it was cut, said once."""
+
+    def cut(where: Path) -> None:
+        warn_once(
+            f"read-cut:{where}", "%s ends early (the process was killed while writing it?): read up to there", where
+        )
+
+    try:
+        handle = segments.open_text(path, cut)
+    except FileNotFoundError:
+        zipped = path.with_name(path.name + segments.GZ)
+        if path.name.endswith(segments.GZ) or not zipped.exists():
+            return
+        path, handle = zipped, segments.open_text(zipped, cut)
+    if skip and not path.name.endswith(segments.GZ):
+        handle.seek(skip)  # (text mode: a byte offset from tell() is a valid cookie for utf-8)
+        skip = 0
+    with_close = handle if hasattr(handle, "close") else None
+    try:
+        for line in handle:
+            if skip:
+                size = len(line.encode("utf-8"))
+                if size <= skip:
+                    skip -= size
+                    continue
+                line, skip = line.encode("utf-8")[skip:].decode("utf-8", "replace"), 0
+            yield line
+    finally:
+        if with_close is not None:
+            with_close.close()
+
+
 def read_path(path: Path) -> list[dict]:
-    """Spans from a run directory, a file, or ``-`` for standard input."""
+    """Spans from a run directory (every segment, plain or gzipped), a file, or ``-`` for
+    standard input."""
     import sys
 
     if str(path) == "-":
         return list(read_lines(iter(sys.stdin), "stdin"))
-    files = (
-        sorted(p for p in path.rglob("*.jsonl") if not p.name.endswith((METRICS_SUFFIX, LOGS_SUFFIX)))
-        if path.is_dir()
-        else [path]
-    )
+    files = span_segments(path) if path.is_dir() else [path]
     spans: list[dict] = []
     for file in files:
-        with open(file, encoding="utf-8") as handle:
-            spans.extend(read_lines(handle, str(file)))
+        spans.extend(read_lines(segment_lines(file), str(file)))
     return spans

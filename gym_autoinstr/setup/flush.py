@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.losses import LEDGER
 
 DEFAULT_FLUSH_TIMEOUT_MS = settings.FLUSH_TIMEOUT_MS.default
 
@@ -136,10 +137,14 @@ _exports = _Exports()
 
 
 class WatchedExporter:
-    """Delegates to a span exporter and records whether its exports succeed."""
+    """Delegates to a span exporter, records whether its exports succeed, and counts the
+    spans written and the spans lost (``losses.py``) under the exporter's ``label``: a
+    failed export is after the exporter's own retries; its ``failure_reason`` (the run
+    directory's writer: disk budget, unwritable) says why, else ``export_failed``."""
 
-    def __init__(self, exporter: object) -> None:
+    def __init__(self, exporter: object, label: str = "otlp") -> None:
         self._exporter = exporter
+        self._label = label
 
     def export(self, batch: object) -> object:
         _exports.since = time.monotonic()
@@ -151,6 +156,15 @@ class WatchedExporter:
         finally:
             _exports.since = None
             _exports.failing = not ok
+            try:
+                count = len(batch)  # type: ignore[arg-type]
+            except TypeError:
+                count = 0
+            if ok:
+                LEDGER.wrote(self._label, count)
+            else:
+                reason = getattr(self._exporter, "failure_reason", None)
+                LEDGER.lose(self._label, reason if isinstance(reason, str) else "export_failed", count)
 
     def shutdown(self) -> object:
         return self._exporter.shutdown()  # type: ignore[attr-defined]

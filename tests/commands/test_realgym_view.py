@@ -13,7 +13,7 @@ import pytest
 
 from gym_autoinstr.commands.view.filters import select
 from gym_autoinstr.commands.view.model import build_traces, summary
-from gym_autoinstr.setup.files import METRICS_SUFFIX, read_path
+from gym_autoinstr.setup.files import METRICS_SUFFIX, read_path, segment_files, segment_lines, span_segments
 from tests.commands.test_view import (
     _assert_page_matches_traces,
     _assert_self_contained,
@@ -100,9 +100,9 @@ def test_real_run_is_one_trace_per_rollout_in_start_order(real_run, real_spans, 
         assert root["start_ns"] < later.start_ns
         assert max(s["end_ns"] for s in earlier.spans if s is not root) <= later.start_ns
     # one file per process, every process in every rollout
-    span_files = [p for p in real_run.glob("*.jsonl") if not p.name.endswith(METRICS_SUFFIX)]
+    span_files = span_segments(real_run)
     assert len(span_files) == 4  # the three servers, and the orchestrator's start-up spans
-    assert len(list(real_run.glob(f"*{METRICS_SUFFIX}"))) == 4
+    assert len(segment_files(real_run, METRICS_SUFFIX)) == 4
     assert all(len(t.services) == 3 for t in real_rollouts)
 
 
@@ -196,7 +196,7 @@ def test_cli_slowest_errors_and_rollout_on_the_real_run(real_run, real_spans):
 
 
 def test_cli_reads_standard_input(real_run):
-    joined = "".join(p.read_text() for p in sorted(real_run.glob("*.jsonl")))
+    joined = "".join("".join(segment_lines(p)) for p in span_segments(real_run))
     from_stdin = _cli("view", "-", stdin=joined)
     from_dir = _cli("view", str(real_run))
     assert from_stdin.returncode == 0, from_stdin.stderr

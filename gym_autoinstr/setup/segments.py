@@ -1,0 +1,279 @@
+"""A process's lines in the run directory: rotated segments, closed ones gzipped, one
+disk budget for the whole run.
+
+Each process writes its own files (spans, metrics, logs: one ``SegmentWriter`` each) as
+numbered segments, ``<stem>-<pid>.0001.jsonl``, ``.0002.jsonl``, ...  The newest is plain
+text that grows by whole lines (a reader, ``view --follow`` among them, never sees half a
+line of JSON); once it holds ``GYM_AUTOINSTR_SEGMENT_MB`` it is closed and gzipped on a
+background thread (``<name>.gz``, written as a hidden ``.<name>.gz.partial`` and renamed,
+then the plain file removed), and the process exiting cleanly gzips its open one too.
+OTLP-JSON compresses about 15x: a run keeps ~1 KB a rollout instead of ~15.
+
+The budget (``GYM_AUTOINSTR_RUN_MAX_GB``) bounds what the whole run directory holds,
+every process's files together: each writer measures the directory now and then (at
+start, at each rotation and every ``_CHECK_EVERY`` bytes of its own), says once when the
+run passes 80% of it, and drops lines once it is reached, saying so and counting the
+spans (``losses.py``).  An unwritable directory is said once and counted the same way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gym_autoinstr import settings
+from gym_autoinstr._log import logger, warn_once
+
+GZ = ".gz"
+PARTIAL = ".partial"
+_NEAR = 0.8  # of the budget: said once
+_CHECK_EVERY = 8 * 1024 * 1024
+_COMPRESS_LEVEL = 6
+_CHUNK = 1024 * 1024
+
+
+def run_bytes(directory: Path) -> int:
+    """What the run directory holds now (its files, one level of subfolders)."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                    elif entry.is_dir(follow_symlinks=False):
+                        with os.scandir(entry.path) as inner:
+                            total += sum(e.stat().st_size for e in inner if e.is_file(follow_symlinks=False))
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total
+
+
+def compress(path: Path, deadline: float | None = None) -> bool:
+    """``path`` gzipped beside it as ``<name>.gz``, the plain file removed; False (the plain
+    file kept) when it cannot be done, or not before ``deadline`` (monotonic)."""
+    target = path.with_name(path.name + GZ)
+    partial = path.with_name("." + target.name + PARTIAL)
+    try:
+        with open(path, "rb") as source, open(partial, "wb") as raw:
+            with gzip.GzipFile(
+                filename=path.name, mode="wb", fileobj=raw, compresslevel=_COMPRESS_LEVEL, mtime=0
+            ) as out:
+                while True:
+                    chunk = source.read(_CHUNK)
+                    if not chunk:
+                        break
+                    out.write(chunk)  # (zlib lets other threads run while it deflates)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError
+        os.replace(partial, target)
+        os.unlink(path)
+        return True
+    except (OSError, TimeoutError) as error:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        if not isinstance(error, TimeoutError | FileNotFoundError):
+            logger.debug("could not compress %s: %s", path, error)
+        return False
+
+
+class _Compressor:
+    """One daemon thread per process gzipping closed segments in the order they closed."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Path] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def submit(self, path: Path) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._queue = queue.Queue()
+                thread = threading.Thread(target=self._run, name="gym-autoinstr-gzip", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # interpreter shutdown: left plain (still read)
+                    return
+                self._thread, self._pid = thread, os.getpid()
+            self._queue.put(path)
+
+    def _run(self) -> None:
+        while True:
+            compress(self._queue.get())
+            self._queue.task_done()
+
+    def drain(self, deadline: float) -> None:
+        """Compress what is still waiting, on this thread, until ``deadline``."""
+        while time.monotonic() < deadline:
+            try:
+                path = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            compress(path, deadline)
+            self._queue.task_done()
+
+
+COMPRESSOR = _Compressor()
+
+_SEGMENT = re.compile(r"\.(\d{4,})$")
+
+
+class SegmentWriter:
+    """Whole lines appended to this process's numbered segments of one kind (``suffix``:
+    ``.jsonl`` spans, ``.metrics.jsonl``, ``.logs.jsonl``).  ``write_line`` returns False
+    when the line is dropped; ``failure_reason`` then says why (``losses.REASONS``)."""
+
+    def __init__(self, directory: Path, stem: str, suffix: str = ".jsonl") -> None:
+        self.directory = Path(directory)
+        self.stem, self.suffix = stem, suffix
+        self.segment_bytes = max(int(settings.SEGMENT_MB.read() * 1024 * 1024), 64 * 1024)
+        self.budget = int(settings.RUN_MAX_GB.read() * 1024**3)
+        self.number = 1
+        self.in_segment = 0
+        self.failure_reason: str | None = None
+        self._since_check = 0
+        self._run_bytes: int | None = None  # the directory's size when last measured
+        self._near_said = False
+        self._broken = False
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{self.stem}.{self.number:04d}{self.suffix}"
+
+    def write_line(self, text: str) -> bool:
+        line = (text + "\n").encode("utf-8")
+        with self._lock:
+            if self._broken:
+                self.failure_reason = "unwritable"
+                return False
+            if not self._within_budget(len(line)):
+                self.failure_reason = "disk_budget"
+                return False
+            if self.in_segment and self.in_segment + len(line) > self.segment_bytes:
+                self._rotate()
+            try:
+                # one write of one whole line in append mode: a reader never sees half of it
+                with open(self.path, "ab") as handle:
+                    handle.write(line)
+            except OSError:
+                if not self.directory.exists():
+                    try:
+                        self.directory.mkdir(parents=True, exist_ok=True)
+                        with open(self.path, "ab") as handle:
+                            handle.write(line)
+                        error = None  # type: ignore[assignment]
+                    except OSError as again:
+                        error = again
+                if error is not None:
+                    self._broken = True
+                    self.failure_reason = "unwritable"
+                    warn_once(
+                        "file-unwritable",
+                        "cannot write telemetry to %s (%s); this process's spans are dropped and counted, "
+                        "Gym keeps running. Set %s to a writable directory.",
+                        self.path,
+                        error.strerror or error,
+                        settings.OUTPUT_DIR.name,
+                    )
+                    return False
+            self.in_segment += len(line)
+            self._since_check += len(line)
+            if self._run_bytes is not None:
+                self._run_bytes += len(line)
+        return True
+
+    def _rotate(self) -> None:
+        closed = self.path
+        self.number += 1
+        self.in_segment = 0
+        COMPRESSOR.submit(closed)
+        self._since_check = _CHECK_EVERY  # measure again: the closed segment will shrink
+
+    def _within_budget(self, size: int) -> bool:
+        if self._run_bytes is None or self._since_check >= _CHECK_EVERY:
+            self._run_bytes = run_bytes(self.directory)
+            self._since_check = 0
+        used = self._run_bytes + size
+        if used > self.budget:
+            warn_once(
+                "run-budget-reached",
+                "the run directory %s holds %.1f GB, its budget (%s=%g): further spans are dropped and counted. "
+                "Raise %s, free space, or send spans to a collector (OTEL_EXPORTER_OTLP_ENDPOINT).",
+                self.directory,
+                used / 1024**3,
+                settings.RUN_MAX_GB.name,
+                self.budget / 1024**3,
+                settings.RUN_MAX_GB.name,
+            )
+            return False
+        if not self._near_said and used > _NEAR * self.budget:
+            self._near_said = True
+            logger.warning(
+                "the run directory %s holds %.1f GB, %d%% of its budget (%s=%g); past it spans are dropped. "
+                "Raise %s to keep more.",
+                self.directory,
+                used / 1024**3,
+                int(100 * used / self.budget),
+                settings.RUN_MAX_GB.name,
+                self.budget / 1024**3,
+                settings.RUN_MAX_GB.name,
+            )
+        return True
+
+    def close(self, deadline: float | None = None) -> None:
+        """The process is ending: gzip the open segment (and any still waiting) if there is
+        time before ``deadline`` (monotonic); what is not done stays plain and readable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            path = self.path
+        deadline = time.monotonic() + 2.0 if deadline is None else deadline
+        COMPRESSOR.drain(deadline)
+        if path.exists() and time.monotonic() < deadline:
+            compress(path, deadline)
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def segment_key(path: Path) -> tuple[str, int]:
+    """(the process's stem and kind, the segment's number) for ordering a process's files."""
+    name = path.name.removesuffix(GZ)
+    for suffix in (".metrics.jsonl", ".logs.jsonl", ".jsonl"):
+        if name.endswith(suffix):
+            base = name[: -len(suffix)]
+            match = _SEGMENT.search(base)
+            if match:
+                return base[: match.start()] + suffix, int(match.group(1))
+            return base + suffix, 0
+    return name, 0
+
+
+def open_text(path: Path, on_cut: Callable[[Path], None] | None = None):
+    """``path``'s lines, plain or gzipped: a gzip cut short (a crash) ends where it was cut."""
+    if path.name.endswith(GZ):
+        return _gzip_lines(path, on_cut)
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _gzip_lines(path: Path, on_cut: Callable[[Path], None] | None):
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as handle:
+        try:
+            yield from handle
+        except (EOFError, gzip.BadGzipFile, OSError):
+            if on_cut is not None:
+                on_cut(path)
