@@ -30,11 +30,18 @@ def traceparent(tag: bytes) -> str:
 
 
 async def _run(
-    url: str, body: bytes, n: int, concurrency: int, tag: bytes | None, check, duration: float | None
+    url: str,
+    body: bytes,
+    n: int,
+    concurrency: int,
+    tag: bytes | None,
+    check,
+    duration: float | None,
+    result: LoadResult | None,
 ) -> LoadResult:
     import aiohttp
 
-    result = LoadResult(n=0, seconds=0.0)
+    result = LoadResult(n=0, seconds=0.0) if result is None else result
     remaining = iter(range(n))
     deadline = None
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
@@ -72,8 +79,17 @@ async def _run(
 
 
 def run_load(
-    url: str, body: bytes, n: int, concurrency: int, tag: bytes | None = None, check=None, duration: float | None = None
+    url: str,
+    body: bytes,
+    n: int,
+    concurrency: int,
+    tag: bytes | None = None,
+    check=None,
+    duration: float | None = None,
+    result: LoadResult | None = None,
 ) -> LoadResult:
     """``n`` requests, or as many as are started within ``duration`` seconds (all of
-    them complete; the elapsed time runs until the last one answered)."""
-    return asyncio.run(_run(url, body, n, concurrency, tag, check, duration))
+    them complete; the elapsed time runs until the last one answered).  ``result``: a
+    fresh ``LoadResult`` to count into, which another thread may read while the load runs
+    (its ``n`` so far)."""
+    return asyncio.run(_run(url, body, n, concurrency, tag, check, duration, result))

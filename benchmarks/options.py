@@ -66,7 +66,8 @@ def run_parser() -> argparse.ArgumentParser:
     ap.epilog = (
         "other modes (each has its own --help): --attribution (where the CPU of a rollout goes), "
         "--instructions (instructions per call of our hot paths), --trio-instructions (instructions per "
-        "rollout of real trios under valgrind)"
+        "rollout of real trios under valgrind), --memory-over-time (each trio's processes' memory under "
+        "one long load)"
     )
     add_output_options(ap)
     return ap
@@ -179,11 +180,32 @@ def trio_instructions_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def memory_parser() -> argparse.ArgumentParser:
+    """``./run-benchmarks --memory-over-time`` (``benchmarks/memory.py``)."""
+    ap = argparse.ArgumentParser(prog="run-benchmarks --memory-over-time", description=_summary("memory"))
+    ap.add_argument("--quick", action="store_true", help="60 s of load, RSS every 2 s (a smoke run)")
+    ap.add_argument(
+        "--seconds", type=float, help="length of the load, every trio at once (default 600; 60 with --quick)"
+    )
+    ap.add_argument("--interval", type=float, help="seconds between two RSS samples (default 5; 2 with --quick)")
+    ap.add_argument("--concurrency", type=int, default=32, help="closed-loop clients per trio (default 32)")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds of load per trio before sampling (default 10)")
+    ap.add_argument(
+        "--variants",
+        default="default,files",
+        help="comma-separated, besides bare (default: default,files): " + variants_help(),
+    )
+    ap.add_argument("--parallel-starts", type=int, default=2, help="trios started at once")
+    add_output_options(ap)
+    return ap
+
+
 PARSERS = {
     "run": run_parser,
     "attribution": attribution_parser,
     "instructions": instructions_parser,
     "trio_instructions": trio_instructions_parser,
+    "memory": memory_parser,
 }
 
 

@@ -32,8 +32,10 @@ import psutil
 
 from benchmarks.load import run_load
 from benchmarks.options import run_parser
+from benchmarks.rundir import directory_bytes, disk_report, record_trio, spans_with_tags
 from benchmarks.sink import CountingSink
 from benchmarks.variants import (
+    IN_FILES,
     INERT,
     ONLY_WHEN_NAMED,
     RUN_ID,
@@ -102,6 +104,13 @@ class Variant:
     # spans of that window have reached the sink, so the export of its tail is counted.
     flush_s: float = 0.0
     idle_cpu_per_s: float = 0.0  # server CPU (s) per second with no load, subtracted over the settle wait
+    # Nothing configured for export (``files``): each trio writes into a run directory of its
+    # own (``run_dir``, set when it starts); ``served`` counts the rollouts it completed, and
+    # ``disk`` gets a record of the directory each time the trio stops (``rundir.record_trio``).
+    files: bool = False
+    run_dir: pathlib.Path | None = None
+    served: int = 0
+    disk: list = field(default_factory=list)
 
     def tag(self, phase: int) -> bytes:
         return bytes([0xB3, 0x4C, self.index, phase])
@@ -143,6 +152,17 @@ def make_variants(
         "inert": lambda: ours("inert", "ours, inert (no SDK)", INERT),
         "off": lambda: ours("off", "ours, off", {SPAN_GROUPS: "none"}),
         "default": lambda: ours("default", "ours, default", {SPAN_GROUPS: "default"}),
+        # The README's first command: nothing set at all (no endpoint, no exporter, no run
+        # id, no preset); start_trio names the run directory, so it is known.
+        "files": lambda: Variant(
+            "files",
+            "ours, default, files (nothing configured)",
+            venvs["ours"],
+            instrument,
+            dict(extra),
+            flush_s=1.0,
+            files=True,
+        ),
         "stock": lambda: ours("stock", "ours, default, stock SDK path", STOCK),
         "sampled": lambda: ours(
             "sampled", "ours, default, sampled out", {SPAN_GROUPS: "default", **SAMPLED_OUT}, traceparent=False
@@ -191,6 +211,11 @@ def _port_open(port: int) -> bool:
 def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str, attempts: int = 3) -> None:
     """Start the variant's trio; again on new ports when a port it was given was taken
     before its server bound it (other trios and other users start servers too)."""
+    env = variant.env
+    if variant.files:
+        variant.run_dir = workdir / variant.key / "gym-autoinstr-run"
+        env = {**env, "GYM_AUTOINSTR_OUTPUT_DIR": str(variant.run_dir)}
+    variant.served = 0
     for attempt in range(1, attempts + 1):
         trio = GymTrio(
             variant.venv,
@@ -198,7 +223,7 @@ def start_trio(variant: Variant, workdir: pathlib.Path, policy_url: str, attempt
             workdir / variant.key,
             policy_url=policy_url,
             instrument=variant.instrument,
-            env=variant.env,
+            env=env,
         )
         ready_at: dict[str, float] = {}
         stop = threading.Event()
@@ -243,10 +268,15 @@ def start_trios(variants: list[Variant], workdir: pathlib.Path, policy_url: str,
 
 
 def stop_trios(variants: list[Variant]) -> None:
+    """Stop each trio; a trio that wrote a run directory gets it recorded once its
+    processes have exited (its disk, the rollouts it completed, the spans it holds)."""
     for v in variants:
         if v.trio is not None:
             v.trio.stop()
             v.trio = None
+            if v.run_dir is not None:
+                v.disk.append(record_trio(v.run_dir, v.served, f"trio {len(v.disk) + 1}"))
+                log(f"{v.label}: run directory {v.disk[-1]['bytes']:,} bytes for {v.served:,} rollouts")
 
 
 def server_cpu(trio: GymTrio) -> float:
@@ -275,10 +305,19 @@ def settle(variant: Variant, sink: CountingSink, phase: int, limit: float = 30.0
     t0 = time.monotonic()
     quiet = variant.flush_s + 0.7
     tag = variant.tag(phase)
-    last, since = sink.count(tag), time.monotonic()
+    if variant.run_dir is not None:  # nothing reaches the sink: until its run directory stops growing
+
+        def progress() -> int:
+            return directory_bytes(variant.run_dir)[0]
+    else:
+
+        def progress() -> int:
+            return sink.count(tag)
+
+    last, since = progress(), time.monotonic()
     while time.monotonic() - t0 < limit:
         time.sleep(0.1)
-        now = sink.count(tag)
+        now = progress()
         if now != last:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
@@ -297,6 +336,7 @@ def measure(
     result = run_load(
         trio.run_url, body, 10**6, concurrency, tag=variant.load_tag(phase), check=rewarded, duration=seconds
     )
+    variant.served += result.n
     waited = settle(variant, sink, phase) if sink is not None else 0.0
     cpu1 = server_cpu(trio) - variant.idle_cpu_per_s * waited
     n = result.n
@@ -374,6 +414,8 @@ def load_together(
         }
         loads = {k: f.result() for k, f in futures.items()}
     ended = time.monotonic()
+    for v in variants:
+        v.served += loads[v.key].n
     for v in variants:
         settle(v, sink, phase)
     waited = time.monotonic() - ended
@@ -852,6 +894,7 @@ def report(results: dict) -> str:
             + ", ".join(f"{v['key']} {v['metric_points']} ({v['metric_names']})" for v in metric_rows)
         )
         lines.append("")
+    lines.extend(disk_report(variants))
     lines.extend(budget_table(results))
     micro = results.get("micro")
     if micro:
@@ -1112,8 +1155,13 @@ def main(argv: list[str] | None = None) -> int:
             # repetition read 0.07-0.8 ms per rollout dearer than its others, every variant.
             log("warm-up")
             for v in variants:
-                run_load(v.trio.run_url, body, 10**6, conc, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=2.0)
+                v.served += run_load(
+                    v.trio.run_url, body, 10**6, conc, tag=v.load_tag(PHASE_WARMUP), check=rewarded, duration=2.0
+                ).n
             wait_settled(sink, quiet=max(v.flush_s for v in variants) + 1.0)  # idle read without export
+            for v in variants:
+                if v.files:  # its spans never reach the sink: until its run directory stops growing
+                    settle(v, sink, PHASE_WARMUP)
             measure_idle(variants)
             log("idle server CPU ms/s: " + ", ".join(f"{v.key}={v.idle_cpu_per_s * 1e3:.1f}" for v in variants))
             if not trio_set:
@@ -1142,12 +1190,16 @@ def main(argv: list[str] | None = None) -> int:
                 ).items():
                     together.setdefault(key, []).extend(rows)
         wait_settled(sink)
+        stop_trios([v for v in variants if v.files])  # its run directory is read once its processes exited
 
         rows = []
         for v in variants:
             rollouts = sum(s["n"] for s in v.samples["c1"] + v.samples["cn"])
             by_run = sink.run_counts(v.run_id)
-            if v.traceparent:
+            at_sink = v.key not in (*UNINSTRUMENTED, *IN_FILES, "generic")
+            if v.files:  # counted in its run directories, by the same tags
+                spans = spans_with_tags(v.disk, [v.tag(PHASE_C1), v.tag(PHASE_CN)])
+            elif v.traceparent:
                 spans = sink.count(v.tag(PHASE_C1)) + sink.count(v.tag(PHASE_CN))
             else:  # untagged: every span of its run id since the warm-up
                 spans = by_run["spans"] - by_run_before[v.key]["spans"]
@@ -1172,8 +1224,9 @@ def main(argv: list[str] | None = None) -> int:
                     "trio_ready": v.trio_ready,
                     "idle_cpu_ms_per_s": v.idle_cpu_per_s * 1e3,
                     "settle_s": [s.get("settle_s", 0.0) for s in v.samples["cn"]],
-                    "metric_points": by_run["metric_points"] if v.key not in (*UNINSTRUMENTED, "generic") else None,
-                    "metric_names": len(by_run["metric_names"]) if v.key not in (*UNINSTRUMENTED, "generic") else None,
+                    "metric_points": by_run["metric_points"] if at_sink else None,
+                    "metric_names": len(by_run["metric_names"]) if at_sink else None,
+                    "disk": v.disk,
                 }
             )
         results["variants"] = rows
@@ -1183,7 +1236,7 @@ def main(argv: list[str] | None = None) -> int:
             results["cpu_overhead_vs_generic"] = {
                 r["key"]: [o / g for o, g in zip(r["cpu_overhead_ms"], generic["cpu_overhead_ms"]) if g > 0]
                 for r in rows
-                if r["key"] in ("off", "default", "stock", "sampled", "per_rollout", "all")
+                if r["key"] in ("off", "default", "files", "stock", "sampled", "per_rollout", "all")
             }
         default = next((r for r in rows if r["key"] == "default"), None)
         sampled = next((r for r in rows if r["key"] == "sampled"), None)
@@ -1228,9 +1281,9 @@ def run_bursts(a, results, variants, scratch, otlp, ours_venv, policy, sink) -> 
     defaults plus the SDK counters of benchmarks/probe (the other trios are stopped first)."""
     bare = variants[0]
     for v in variants[1:]:
-        log(f"stopping trio: {v.label}")
-        v.trio.stop()
-        v.trio = None
+        if v.trio is not None:
+            log(f"stopping trio: {v.label}")
+            stop_trios([v])
     probe_dir = scratch / "probe"
     probe_dir.mkdir()
     probe_env = {
