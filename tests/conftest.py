@@ -32,6 +32,7 @@ SHARED_WORKER = {
     # the collection-job fleets (job_fleets)
     "test_realgym_job.py": "jobs",
     "test_realgym_outcome.py": "jobs",
+    "test_realgym_follow.py": "jobs",
 }
 # The files that take longest (tests/README.md, "Where the time goes"), longest first: under
 # xdist they are handed out first, so the short ones fill the workers' gaps at the end.

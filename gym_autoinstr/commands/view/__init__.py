@@ -45,6 +45,10 @@ One module per layer, each importing only those before it:
 * ``charts``: the page's SVG charts (durations; reward against duration);
 * ``index``: the page's index of traces, its controls and script;
 * ``page``: the HTML page (index, charts, waterfalls);
+* ``follow``: ``--follow``'s reader: a run directory read as it is written, each finished
+  rollout kept as a few numbers (done, failed, rate, jobs and their ETA, reward, durations);
+* ``live``: ``--follow`` on the screen (redrawn in place, or status lines when piped), its
+  final summary and its loop;
 * ``command``: the command's options and ``main``.
 
 Spans are the plain dicts ``setup.files.spans_from_request`` yields.

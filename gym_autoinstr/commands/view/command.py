@@ -106,6 +106,20 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "800, about 20 MB at most)",
     )
     view.add_argument(
+        "--follow",
+        action="store_true",
+        help="follow the run directory live while its processes write: rollouts done and failed, the rate, "
+        "each job's progress and ETA, reward so far (worst tasks), p50/p95 duration and where the time goes, "
+        "spans lost, the newest failures; redrawn in place in a terminal, a status line per change when piped; "
+        "stops when the run's processes have exited, at --timeout or on Ctrl-C, with a final summary",
+    )
+    view.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --follow: stop after this many seconds (with the final summary)",
+    )
+    view.add_argument(
         "--metrics",
         action="store_true",
         help="print a per-server 'why is it slow' summary from the run's metrics instead of traces",
@@ -115,6 +129,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``main`` with the options ``add_parser`` declared."""
+    if args.follow:
+        from gym_autoinstr.commands.view import live
+
+        return live.main(args.paths, timeout=args.timeout)
     return main(
         args.paths,
         rollout=args.rollout,
