@@ -23,6 +23,9 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+# Where each reason happens: in the processor (before export) or at the exporter.
+PROCESSOR_REASONS = ("queue_full", "encode_failed", "already_shutdown")
+
 # reason -> what happened, as a user reads it
 REASONS = {
     "queue_full": "queue full",
@@ -33,6 +36,18 @@ REASONS = {
     "exit_unflushed": "still queued at exit",
     "killed": "queued when the process was killed",
     "already_shutdown": "ended after shutdown",
+}
+
+# reason -> what to change
+FIXES = {
+    "queue_full": "raise OTEL_BSP_MAX_QUEUE_SIZE, or check that the exporter keeps up (a slow collector?)",
+    "encode_failed": "a span held a value OTLP cannot carry: see the process's log for which",
+    "export_failed": "check the collector (OTEL_EXPORTER_OTLP_ENDPOINT): was it up and reachable?",
+    "disk_budget": "raise GYM_AUTOINSTR_RUN_MAX_GB, free disk space, or send spans to a collector",
+    "unwritable": "set GYM_AUTOINSTR_OUTPUT_DIR to a writable directory",
+    "exit_unflushed": "raise GYM_AUTOINSTR_FLUSH_TIMEOUT_MS, or check the collector answers promptly",
+    "killed": "stop Gym with Ctrl-C (SIGINT) rather than SIGKILL, so servers flush on their way out",
+    "already_shutdown": "nothing to set: spans ended after this process's telemetry shut down",
 }
 
 
@@ -96,6 +111,23 @@ class Ledger:
         for exporter, _, count in self._counts():
             queued[exporter] = queued.get(exporter, 0) + count
         return queued
+
+    def by_exporter(self) -> dict[str, dict[str, Any]]:
+        """{exporter: {"ended", "queued", "written", "lost": {reason: count}}} (the metrics)."""
+        found: dict[str, dict[str, Any]] = {}
+
+        def entry(exporter: str) -> dict[str, Any]:
+            return found.setdefault(exporter, {"ended": 0, "queued": 0, "written": 0, "lost": {}})
+
+        for exporter, ended, queued in self._counts():
+            entry(exporter)["ended"] += ended
+            entry(exporter)["queued"] += queued
+        with self._lock:
+            for exporter, written in self.written.items():
+                entry(exporter)["written"] += written
+            for (exporter, reason), (count, _, _) in self.lost.items():
+                entry(exporter)["lost"][reason] = int(count)
+        return found
 
     def entries(self) -> list[dict[str, Any]]:
         with self._lock:

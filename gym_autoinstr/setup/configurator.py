@@ -231,9 +231,9 @@ EXIT_COMPRESS_SECONDS = 1.0
 
 
 def _account_at_exit() -> None:
-    """After the exit flush: spans still queued are lost (counted), the run directory's
-    open segments are gzipped, the process note is final, and a process that lost spans
-    says so in one line."""
+    """After the exit flush: spans still queued are lost (counted), the process note is
+    final, a process that lost spans says so in one line, and the run directory's open
+    segments are gzipped."""
     import time
 
     from gym_autoinstr import losses
@@ -241,7 +241,6 @@ def _account_at_exit() -> None:
     try:
         for exporter, queued in losses.LEDGER.queued_by_exporter().items():
             losses.LEDGER.lose(exporter, "exit_unflushed", queued)
-        files.close_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
         if STATE.note is not None:
             STATE.note.close()
         who = STATE.identity
@@ -249,6 +248,8 @@ def _account_at_exit() -> None:
         if line:
             where = f" (counts in {STATE.note.path})" if STATE.note is not None else ""
             logger.warning("gym-autoinstr: %s%s", line, where)
+        # last, as it may be cut short: Gym gives a server about a second after SIGINT
+        files.close_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
     except Exception as error:  # the exit of Gym's process must not fail for this
         warn_once("exit-accounting", "could not account for spans at exit: %r", error)
 

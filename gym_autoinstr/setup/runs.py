@@ -73,8 +73,18 @@ def _running(note: dict) -> bool:
         return False
     except PermissionError:
         pass  # someone else's process: alive
+    if _zombie(pid):  # exited, not yet reaped by its parent
+        return False
     recorded = note.get("process_start")
     return recorded is None or _process_start(pid) in (None, recorded)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def record_run(directory: Path, run_id: str) -> None:

@@ -11,7 +11,7 @@ OTLP-JSON compresses about 15x: a run keeps ~1 KB a rollout instead of ~15.
 
 The budget (``GYM_AUTOINSTR_RUN_MAX_GB``) bounds what the whole run directory holds,
 every process's files together: each writer measures the directory now and then (at
-start, at each rotation and every ``_CHECK_EVERY`` bytes of its own), says once when the
+start, at each rotation, every ``_CHECK_EVERY`` bytes of its own and every few seconds), says once when the
 run passes 80% of it, and drops lines once it is reached, saying so and counting the
 spans (``losses.py``).  An unwritable directory is said once and counted the same way.
 """
@@ -34,6 +34,7 @@ GZ = ".gz"
 PARTIAL = ".partial"
 _NEAR = 0.8  # of the budget: said once
 _CHECK_EVERY = 8 * 1024 * 1024
+_CHECK_SECONDS = 5.0
 _COMPRESS_LEVEL = 6
 _CHUNK = 1024 * 1024
 
@@ -144,6 +145,7 @@ class SegmentWriter:
         self.failure_reason: str | None = None
         self._since_check = 0
         self._run_bytes: int | None = None  # the directory's size when last measured
+        self._checked = 0.0
         self._near_said = False
         self._broken = False
         self._lock = threading.Lock()
@@ -203,9 +205,17 @@ class SegmentWriter:
         self._since_check = _CHECK_EVERY  # measure again: the closed segment will shrink
 
     def _within_budget(self, size: int) -> bool:
-        if self._run_bytes is None or self._since_check >= _CHECK_EVERY:
+        # the other processes' files grow too: measured again every _CHECK_EVERY bytes of
+        # ours (a hundredth of a small budget), and every _CHECK_SECONDS
+        now = time.monotonic()
+        if (
+            self._run_bytes is None
+            or self._since_check >= min(_CHECK_EVERY, self.budget // 100)
+            or now - self._checked > _CHECK_SECONDS
+        ):
             self._run_bytes = run_bytes(self.directory)
             self._since_check = 0
+            self._checked = now
         used = self._run_bytes + size
         if used > self.budget:
             warn_once(

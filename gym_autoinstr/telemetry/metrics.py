@@ -174,8 +174,74 @@ def activate() -> bool:
             unit="{request}",
             description="Requests a Gym server is serving right now.",
         )
+        _span_health(m)
     LIVE = True
     return True
+
+
+# -- the pipeline's own health: OpenTelemetry's SDK self-observability names -----------
+COMPONENT_TYPE = "otel.component.type"
+COMPONENT_NAME = "otel.component.name"
+ERROR_TYPE = "error.type"
+
+
+def _span_health(m: Any) -> None:
+    """``otel.sdk.processor.span.processed`` (spans a processor finished with; ``error.type``
+    the reason it dropped one: ``queue_full``, ...), ``otel.sdk.processor.span.queue.size``
+    and ``otel.sdk.exporter.span.exported`` (``error.type``: ``export_failed``,
+    ``disk_budget``, ``unwritable``), per exporter, read from the loss ledger at collection
+    time.  The exit's own counts (``exit_unflushed``) come after the last collection: the
+    process note and the exit line have them."""
+    from gym_autoinstr.losses import LEDGER, PROCESSOR_REASONS
+
+    def component(exporter: str, kind: str) -> dict[str, str]:
+        return {COMPONENT_TYPE: kind, COMPONENT_NAME: f"gym_autoinstr/{exporter}"}
+
+    def processed(_options: Any) -> list[Any]:
+        found = []
+        for exporter, counts in LEDGER.by_exporter().items():
+            base = component(exporter, "batching_span_processor")
+            dropped = {r: n for r, n in counts["lost"].items() if r in PROCESSOR_REASONS}
+            found.append(metrics.Observation(max(counts["ended"] - sum(dropped.values()), 0), base))
+            found.extend(metrics.Observation(n, {**base, ERROR_TYPE: r}) for r, n in dropped.items())
+        return found
+
+    def queued(_options: Any) -> list[Any]:
+        return [
+            metrics.Observation(counts["queued"], component(exporter, "batching_span_processor"))
+            for exporter, counts in LEDGER.by_exporter().items()
+        ]
+
+    def exported(_options: Any) -> list[Any]:
+        found = []
+        for exporter, counts in LEDGER.by_exporter().items():
+            base = component(exporter, f"{exporter}_span_exporter")
+            found.append(metrics.Observation(counts["written"], base))
+            found.extend(
+                metrics.Observation(n, {**base, ERROR_TYPE: r})
+                for r, n in counts["lost"].items()
+                if r not in PROCESSOR_REASONS and r != "exit_unflushed"
+            )
+        return found
+
+    m.create_observable_counter(
+        "otel.sdk.processor.span.processed",
+        callbacks=[processed],
+        unit="{span}",
+        description="Spans a span processor finished with; error.type says why one was dropped.",
+    )
+    m.create_observable_up_down_counter(
+        "otel.sdk.processor.span.queue.size",
+        callbacks=[queued],
+        unit="{span}",
+        description="Spans ended and not yet exported.",
+    )
+    m.create_observable_counter(
+        "otel.sdk.exporter.span.exported",
+        callbacks=[exported],
+        unit="{span}",
+        description="Spans an exporter finished with (after its retries); error.type says why one failed.",
+    )
 
 
 def _observe_in_flight(_options: Any) -> list[Any]:

@@ -52,10 +52,12 @@ def _command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
 
 
-def _cli(*args: str, stdin: str | None = None, columns: int | None = 300) -> subprocess.CompletedProcess:
+def _cli(
+    *args: str, stdin: str | None = None, columns: int | None = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """The command as a user runs it, in a terminal ``columns`` wide (``COLUMNS``; None: no
-    terminal at all, output captured as a script would)."""
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    terminal at all, output captured as a script would); ``env`` added to the environment."""
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, **(env or {})}
     if columns is not None:
         env["COLUMNS"] = str(columns)
     return subprocess.run(_command() + list(args), input=stdin, capture_output=True, text=True, timeout=120, env=env)

@@ -7,11 +7,12 @@ know?); does every pointcut resolve on it (found by running the real ``GymInstru
 and importing Gym's modules, the path a Gym server takes); which distro, configurator and
 instrumentors the start-up would pick; can the exporter's package be imported; does the
 configured OTLP endpoint accept an (empty) export, live, in a few seconds (skipped with
-``--offline``); which span groups are on; is Gym's own telemetry live (then we stand down).  Every problem comes
+``--offline``); which span groups are on; is Gym's own telemetry live (then we stand down);
+did the last run lose spans.  Every problem comes
 with its fix, and the exit status is non-zero when tracing would not work.
 
 One module per question (``installation``, ``startup``, ``exporters``, ``pipeline``,
-``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``, ``fast_path``), each returning its
+``span_groups``, ``native``, ``venvs``, ``ray``, ``variables``, ``fast_path``, ``last_run``), each returning its
 section and its problems; ``report`` renders them and sets the exit status.
 """
 
@@ -34,6 +35,7 @@ from gym_autoinstr.commands.doctor.installation import (
     process_patches,
     resolve_pointcuts,
 )
+from gym_autoinstr.commands.doctor.last_run import last_run
 from gym_autoinstr.commands.doctor.native import native_telemetry
 from gym_autoinstr.commands.doctor.pipeline import pipeline
 from gym_autoinstr.commands.doctor.ray import ray_propagation
@@ -94,6 +96,8 @@ def diagnose(
     problems += found
     fast_path_section, found = fast_path(environ)
     problems += found
+    last_run_section, found = last_run(environ)
+    problems += found
 
     return {
         "ok": not any(p.severity == ERROR for p in problems),
@@ -116,6 +120,7 @@ def diagnose(
         "ray": ray_section,
         "settings": variables_section,
         "fast_path": fast_path_section,
+        "last_run": last_run_section,
         "this_process": {
             "configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
             "exporters": list(STATE.exporters),

@@ -128,6 +128,13 @@ def _summary(diagnosis: dict[str, Any]) -> list[str]:
             + (f" (off: {', '.join(off)})" if off and fast["switch"] else "")
             + f"  ({fast['variable']})"
         )
+    run = diagnosis.get("last_run") or {}
+    if run.get("directory"):
+        lost = sum(int(e["count"]) for e in run.get("lost") or ())
+        lines.append(
+            f"last run      {run['directory']}: {run['processes']} processes ({run['running']} running), "
+            + (f"{lost:,} of {run['spans']:,} spans LOST (above)" if lost else f"{run['spans']:,} spans, none lost")
+        )
     return lines
 
 

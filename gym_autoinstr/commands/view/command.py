@@ -325,7 +325,10 @@ def main(
     except Unmatched as unmatched:
         print(f"gym-autoinstr view: {unmatched}", file=sys.stderr)
         return 1
+    lost = lost_line(paths)
     if not traces:
+        if lost:
+            print(f"gym-autoinstr view: {lost}", file=sys.stderr)
         print("no traces found" + (" matching the filters" if filtered else ""), file=sys.stderr)
         return 1
     if html_file:
@@ -350,12 +353,13 @@ def main(
             print(f"gym-autoinstr view: {NO_TASKS}", file=sys.stderr)
             return 1
         if as_json:
-            return _write([json.dumps(summary.record())])
-        return _write(task_lines(summary, _terminal_width() or UNLIMITED))
+            return _write([json.dumps({**summary.record(), **({"lost": lost} if lost else {})})])
+        return _write(([lost] if lost else []) + task_lines(summary, _terminal_width() or UNLIMITED))
     waterfall = trace_id is not None or rollout is not None
     if as_json:
         records = [trace_record(t, with_spans=waterfall) for t in traces]
-        return _write([json.dumps({"traces": records}, indent=None if not waterfall else 1, default=str)])
+        document = {"traces": records, **({"lost": lost} if lost else {})}
+        return _write([json.dumps(document, indent=None if not waterfall else 1, default=str)])
     width = _terminal_width()
     if waterfall:
         blocks = []
@@ -365,9 +369,21 @@ def main(
                 blocks.extend(render_text(t, width=width) for t in item.traces)
             else:
                 blocks.append(render_text(item, width=width))
-        return _write(["\n\n".join(blocks)])
+        return _write(([lost] if lost else []) + ["\n\n".join(blocks)])
     keep_order = slowest is not None or sort != "start" or reverse
     startup = [t for t in traces if t.is_startup]
     rest = [t for t in traces if not t.is_startup]
     items: Sequence[Job | Trace] = rest if keep_order else group_by_job(rest, everything)
-    return _write(render_list(items, startup, width or UNLIMITED))
+    return _write(([cut(lost, width or UNLIMITED)] if lost else []) + render_list(items, startup, width or UNLIMITED))
+
+
+def lost_line(paths: Sequence[str]) -> str | None:
+    """ "N spans of M lost: ..." from the process notes of the run directories read, or None
+    when nothing was lost (or nothing says: OTLP-JSON files without notes)."""
+    from pathlib import Path
+
+    from gym_autoinstr import losses
+    from gym_autoinstr.setup.notes import process_notes
+
+    found = [note for path in paths if str(path) != "-" and Path(path).is_dir() for note in process_notes(Path(path))]
+    return losses.describe(found)
