@@ -85,11 +85,14 @@ def _job_line(screen: str, job_prefix: str) -> re.Match | None:
     return re.search(rf"job +{job_prefix}  (\d+) of (\d+|\?) done(.*)", screen)
 
 
-def _wait_for(predicate, timeout: float, pane: Pane, what: str) -> str:
+def _wait_for(predicate, timeout: float, pane: Pane, what: str, kept: list | None = None) -> str:
+    """The pane's screen once ``predicate`` holds for it (each capture also added to ``kept``)."""
     deadline = time.monotonic() + timeout
     screen = pane.capture()
     while not predicate(screen):
         assert time.monotonic() < deadline, f"{what}; the pane shows:\n{screen}"
+        if kept is not None:
+            kept.append((time.monotonic(), screen))
         time.sleep(0.5)
         screen = pane.capture()
     return screen
@@ -110,8 +113,9 @@ def test_follow_in_a_terminal_shows_a_real_job_live_and_sums_it_up_as_gym_wrote_
     try:
         _wait_for(lambda s: "rollouts " in s, 60, pane, "the follower never drew its block")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            # (2 at once: the job lasts several refreshes of the view, on an idle machine too)
-            job = pool.submit(fleet.collect, rows=tasks, repeats=REPEATS, parallel=2)
+            # (one at a time: on an idle machine a rollout takes ~40 ms, so the job lasts ~12 s, several
+            # refreshes of the view; two at once it was over within two)
+            job = pool.submit(fleet.collect, rows=tasks, repeats=REPEATS, parallel=1)
             while not job.done():
                 screens.append((time.monotonic(), pane.capture()))
                 time.sleep(0.5)
@@ -125,31 +129,35 @@ def test_follow_in_a_terminal_shows_a_real_job_live_and_sums_it_up_as_gym_wrote_
         assert job_span["attributes"]["nemo.gym.job.id"] == job_id
         assert job_span["attributes"]["nemo.gym.job.rollouts.expected"] == TASKS * REPEATS
 
-        # while the job ran: its size from the note, its done count rising, an ETA
+        # after the job: every rollout done, the job's span arrived (ended), nothing failed (the
+        # screens until then count as progress too: the view is a few seconds behind the files)
+        after = _wait_for(
+            lambda s: (m := _job_line(s, job_id[:8])) is not None and "ended" in m.group(3) and m.group(1) == "300",
+            60,
+            pane,
+            "the job never showed as done and ended",
+            kept=screens,
+        )
+        assert re.search(rf"job +{job_id[:8]}  300 of 300 done \(100%\), 0 failed, ", after)
+        assert not pane.dead()  # the fleet still runs: the run has not ended
+
+        # on the way: its size from the note (before its span existed), its done count rising, an ETA
         progress = []
         for _when, screen in screens:
             line = _job_line(screen, job_id[:8])
             if line is not None:
                 progress.append((int(line.group(1)), line.group(2), line.group(3), screen))
         assert progress, "the job never showed while it ran:\n" + screens[-1][1]
-        assert all(size == str(TASKS * REPEATS) for _done, size, _rest, _screen in progress)
+        # (the note says the size from before the first dispatch: no rollout is counted without it)
+        assert all(size == str(TASKS * REPEATS) for done, size, _rest, _screen in progress if done)
         counts = [done for done, *_rest in progress]
+        print(f"done counts seen, a capture every 0.5 s (the job ran {ran_for:.1f} s): {counts}")
         assert counts == sorted(counts), counts  # never backwards
         under_way = sorted({done for done in counts if 0 < done < TASKS * REPEATS})
-        assert len(under_way) >= 3, (counts, f"the job ran {ran_for:.1f} s")  # seen rising, not only at the ends
+        assert len(under_way) >= 3, (counts, f"the job ran {ran_for:.1f} s")  # seen rising, not only at its ends
         with_eta = [rest for _done, _size, rest, _screen in progress if re.search(r"ETA \d+(m \d\d)?s", rest)]
         assert with_eta, [rest for *_x, rest, _s in progress]
         during = next(screen for done, _size, rest, screen in progress if 0 < done and re.search(r"ETA \d", rest))
-
-        # after the job: every rollout done, the job's span arrived (ended), nothing failed
-        after = _wait_for(
-            lambda s: (m := _job_line(s, job_id[:8])) is not None and "ended" in m.group(3) and m.group(1) == "300",
-            60,
-            pane,
-            "the job never showed as done and ended",
-        )
-        assert re.search(rf"job +{job_id[:8]}  300 of 300 done \(100%\), 0 failed, ", after)
-        assert not pane.dead()  # the fleet still runs: the run has not ended
 
         pane.interrupt()
         _wait_for(lambda s: "processes: " in s, 60, pane, "no final summary after Ctrl-C")

@@ -551,3 +551,25 @@ def test_the_command_follows_until_its_timeout_and_prints_the_summary(tmp_path):
         _command() + ["view", "--follow", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60
     )
     assert missing.returncode == 2 and "--follow takes one run directory" in missing.stderr
+
+
+def test_a_jobs_note_rewritten_with_its_size_is_read_again(tmp_path):
+    """0.6+: the note is there from the job's start without a size, rewritten with it at
+    the first dispatch; a job resumed from Gym's cache never has one."""
+    run = Run(tmp_path / "run")
+    run.start_job("f00d", expected=None)
+    follower, clock = _follower(run.directory, BASE + 1, grace=0)
+    assert follower.refresh()
+    assert "job        f00d  0 of ? done, 0 failed, mean reward -, ETA ?, started " in _screen(follower)
+    assert not follower.refresh()  # the same note: not read again
+    note = {"job_id": "f00d", "expected": 6, "started": BASE, "pid": 101}
+    partial = run.directory / ".job-f00d.json.101"
+    partial.write_text(json.dumps(note))
+    os.replace(partial, run.directory / "job-f00d.json")  # as the driver writes it: whole
+    run.rollout(BASE + 1, task=0, reward=1.0)
+    run.flush()
+    clock.now = BASE + 10
+    assert follower.refresh()
+    (job,) = follower.jobs.values()
+    assert (job.expected, job.done) == (6, 1)
+    assert re.search(r"job        f00d  1 of 6 done \(17%\), 0 failed, mean reward 1\.000, ETA \d+s", _screen(follower))

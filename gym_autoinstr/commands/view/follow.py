@@ -224,7 +224,7 @@ class Follower:
         self.recent: OrderedDict[str, None] = OrderedDict()
         self.stats = Stats()
         self.jobs: dict[str, JobProgress] = {}
-        self.job_notes: dict[str, float] = {}  # note path -> its mtime when read
+        self.job_notes: dict[str, tuple] = {}  # note path -> its inode, mtime and size when read
         self.notes: list[dict] = []  # the processes' notes (``setup/notes.py``), each with "alive"
         self.last_new = self.started  # when a span last arrived
         self.evicted = 0  # unrooted traces given up on (too old, or over the bound)
@@ -308,13 +308,14 @@ class Follower:
             return False
         for path in paths:
             try:
-                mtime = path.stat().st_mtime
-                if self.job_notes.get(str(path)) == mtime:
+                stat = path.stat()
+                seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # (a note is replaced whole: a new inode)
+                if self.job_notes.get(str(path)) == seen:
                     continue
                 note = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            self.job_notes[str(path)] = mtime
+            self.job_notes[str(path)] = seen
             if not isinstance(note, dict) or not isinstance(note.get("job_id"), str):
                 continue
             job = self._job(note["job_id"])
