@@ -157,7 +157,10 @@ def test_follow_in_a_terminal_shows_a_real_job_live_and_sums_it_up_as_gym_wrote_
         assert len(under_way) >= 3, (counts, f"the job ran {ran_for:.1f} s")  # seen rising, not only at its ends
         with_eta = [rest for _done, _size, rest, _screen in progress if re.search(r"ETA \d+(m \d\d)?s", rest)]
         assert with_eta, [rest for *_x, rest, _s in progress]
-        during = next(screen for done, _size, rest, screen in progress if 0 < done and re.search(r"ETA \d", rest))
+        during = min(  # the screen nearest half way, to show
+            ((done, screen) for done, _size, rest, screen in progress if 0 < done < 300 and re.search(r"ETA \d", rest)),
+            key=lambda seen: abs(seen[0] - 150),
+        )[1]
 
         pane.interrupt()
         _wait_for(lambda s: "processes: " in s, 60, pane, "no final summary after Ctrl-C")

@@ -450,9 +450,13 @@ class Follower:
 
     def rate(self, job_id: str | None = None) -> float:
         """Rollouts a second (of one job) over the last ``RATE_WINDOW`` seconds, as far as
-        they can be known: the window ends ``lag`` ago (a rollout that ended within the last
-        ``grace`` plus a batch delay is not counted yet, and must not look like a slowdown)."""
-        until = self.clock() - self.lag
+        they can be known: the window ends at the newest rollout's end (rollouts that ended
+        since are not counted yet, and must not look like a slowdown), or ``lag`` ago when
+        that is later (nothing new: the rate falls)."""
+        now = self.clock()
+        until = now - self.lag
+        if self.stats.last_end is not None:
+            until = min(max(until, self.stats.last_end), now)
         since = until - RATE_WINDOW
         ends = [end for end, job in self.stats.ends if since <= end <= until and (job_id is None or job == job_id)]
         if not ends:
