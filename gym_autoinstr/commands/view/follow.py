@@ -159,7 +159,7 @@ class Stats:
     first_start: float | None = None
     last_end: float | None = None
     failures: list[Failure] = field(default_factory=list)  # the newest three, newest first
-    _ordered: list[float] = field(default_factory=list, repr=False)
+    _ordered: array = field(default_factory=lambda: array("d"), repr=False)
 
     @property
     def mean_reward(self) -> float | None:
@@ -171,7 +171,7 @@ class Stats:
         if not self.durations:
             return None
         if len(self._ordered) != len(self.durations):
-            self._ordered = sorted(self.durations)
+            self._ordered = array("d", sorted(self.durations))  # (8 bytes a rollout, not a float object)
         return self._ordered[max(math.ceil(share * len(self._ordered)), 1) - 1]
 
     def worst_tasks(self, n: int = 3) -> list[tuple[int, float, int]]:
