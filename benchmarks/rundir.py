@@ -76,12 +76,15 @@ def _points(metric: dict) -> int:
 
 
 def count_telemetry(directory: pathlib.Path | str | None) -> dict:
-    """Spans by trace-id tag (hex), metric data points, and lines that did not parse (a
-    line cut short by a crash), over every ``*.jsonl*`` file under ``directory``."""
+    """Spans by trace-id tag (hex), metric data points, lines that did not parse (a line
+    cut short by a crash), and the lines' bytes uncompressed (``plain_bytes``: what the
+    same telemetry took before segments were gzipped), over every ``*.jsonl*`` file under
+    ``directory``."""
     spans: collections.Counter[str] = collections.Counter()
-    points = bad = 0
+    points = bad = plain = 0
     for path in sorted(pathlib.Path(directory).rglob("*.jsonl*")) if directory else ():
         for line in _lines(path):
+            plain += len(line)
             has_spans, has_metrics = b'"resourceSpans"' in line, b'"resourceMetrics"' in line
             if not (has_spans or has_metrics):
                 continue
@@ -97,7 +100,7 @@ def count_telemetry(directory: pathlib.Path | str | None) -> dict:
             for resource_metrics in request.get("resourceMetrics") or ():
                 for scope_metrics in resource_metrics.get("scopeMetrics") or ():
                     points += sum(_points(m) for m in scope_metrics.get("metrics") or ())
-    return {"spans_by_tag": dict(spans), "metric_points": points, "bad_lines": bad}
+    return {"spans_by_tag": dict(spans), "metric_points": points, "bad_lines": bad, "plain_bytes": plain}
 
 
 def record_trio(directory: pathlib.Path, rollouts: int, label: str) -> dict:
@@ -113,10 +116,11 @@ def spans_with_tags(trios: list[dict], tags: list[bytes]) -> int:
     return sum(n for trio in trios for tag, n in trio.get("spans_by_tag", {}).items() if tag in wanted)
 
 
-def bytes_per_rollout(trios: list[dict]) -> float | None:
-    """All the trios' bytes over all their completed rollouts (None without rollouts)."""
+def bytes_per_rollout(trios: list[dict], key: str = "bytes") -> float | None:
+    """All the trios' bytes (``key``: on disk, or ``plain_bytes``) over all their completed
+    rollouts (None without rollouts)."""
     rollouts = sum(t["rollouts"] for t in trios)
-    return sum(t["bytes"] for t in trios) / rollouts if rollouts else None
+    return sum(t.get(key, 0) for t in trios) / rollouts if rollouts else None
 
 
 def disk_report(variants: list[dict]) -> list[str]:
@@ -129,26 +133,30 @@ def disk_report(variants: list[dict]) -> list[str]:
         "Disk of the run directory (nothing configured for export: the embedded default's files), every "
         "file in it summed once the trio's processes had exited, over the rollouts that trio completed "
         "(warm-up and every window included; start-up's spans, metrics and notes are in the bytes); the "
-        "variant's spans per rollout above are counted in these files, by the same trace-id tags as at the sink:",
+        "variant's spans per rollout above are counted in these files, by the same trace-id tags as at the sink; "
+        "'uncompressed' is the same lines' bytes before gzip (what one plain file per process took before segments):",
         "",
-        "| variant | trio | files | bytes | rollouts completed | bytes per rollout | metric data points | "
-        "lines cut short |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | trio | files | bytes | rollouts completed | bytes per rollout | uncompressed per rollout | "
+        "metric data points | lines cut short |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def per(trios: list[dict], key: str = "bytes", bold: bool = False) -> str:
+        value = bytes_per_rollout(trios, key)
+        return "-" if value is None else (f"**{value:,.0f}**" if bold else f"{value:,.0f}")
+
     for v in rows:
         for trio in v["disk"]:
-            per = bytes_per_rollout([trio])
             lines.append(
                 f"| {v['label']} | {trio['trio']} | {trio['files']} | {trio['bytes']:,} | {trio['rollouts']:,} | "
-                f"{'-' if per is None else f'{per:,.0f}'} | {trio.get('metric_points', 0):,} | "
+                f"{per([trio])} | {per([trio], 'plain_bytes')} | {trio.get('metric_points', 0):,} | "
                 f"{trio.get('bad_lines', 0)} |"
             )
         if len(v["disk"]) > 1:
-            per = bytes_per_rollout(v["disk"])
             lines.append(
                 f"| {v['label']} | all | {sum(t['files'] for t in v['disk'])} | "
                 f"{sum(t['bytes'] for t in v['disk']):,} | {sum(t['rollouts'] for t in v['disk']):,} | "
-                f"{'-' if per is None else f'**{per:,.0f}**'} | "
+                f"{per(v['disk'], bold=True)} | {per(v['disk'], 'plain_bytes', bold=True)} | "
                 f"{sum(t.get('metric_points', 0) for t in v['disk']):,} | "
                 f"{sum(t.get('bad_lines', 0) for t in v['disk'])} |"
             )

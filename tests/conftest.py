@@ -44,6 +44,7 @@ LONGEST_FIRST = (  # worker seconds of a two-worker run (tests/README.md, "Now")
     "test_realgym_seams.py",
     "test_realgym_ray_actor.py",
     "test_realgym_backends.py",
+    "test_realgym_losses.py",  # three fleets, about 65 s
     "test_realgym_phoenix.py",
     "test_realgym_slurm.py",
     "test_realgym_venvs.py",

@@ -146,6 +146,15 @@ def test_a_run_directory_is_summed_whatever_its_files_are_named_and_its_spans_co
     assert 3 <= counted["spans_by_tag"][tag_a] < 3 + 50  # the truncated gzip: what it holds up to the cut
     assert counted["metric_points"] == 7
     assert counted["bad_lines"] >= 1
+    plain_agent = len((run / "agent-11.1.jsonl").read_bytes()) + len(_spans_line([tag_b + "2" * 24] * 2)) + 1
+    assert (
+        plain_agent
+        < counted["plain_bytes"]
+        < plain_agent
+        + 51 * len(_spans_line([tag_a + "3" * 24]))
+        + len((run / "agent-11.metrics.jsonl").read_bytes())
+        + 1
+    )
 
     trio = record_trio(run, rollouts=4, label="trio 1")
     assert trio["bytes"] == sizes and trio["rollouts"] == 4
@@ -155,16 +164,32 @@ def test_a_run_directory_is_summed_whatever_its_files_are_named_and_its_spans_co
 
 def test_the_disk_report_gives_bytes_per_completed_rollout_per_trio_and_over_all():
     trios = [
-        {"trio": "trio 1", "bytes": 30_000, "files": 5, "rollouts": 10, "metric_points": 7, "bad_lines": 0},
-        {"trio": "trio 2", "bytes": 10_000, "files": 4, "rollouts": 30, "metric_points": 1, "bad_lines": 2},
+        {
+            "trio": "trio 1",
+            "bytes": 30_000,
+            "files": 5,
+            "rollouts": 10,
+            "metric_points": 7,
+            "bad_lines": 0,
+            "plain_bytes": 450_000,
+        },
+        {
+            "trio": "trio 2",
+            "bytes": 10_000,
+            "files": 4,
+            "rollouts": 30,
+            "metric_points": 1,
+            "bad_lines": 2,
+            "plain_bytes": 150_000,
+        },
     ]
     lines = disk_report([{"label": "bare"}, {"label": "ours, files", "disk": trios}])
     cells = {
-        line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:9]] for line in lines if "| ours" in line
+        line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:10]] for line in lines if "| ours" in line
     }
-    assert cells["trio 1"] == ["5", "30,000", "10", "3,000", "7", "0"]
-    assert cells["trio 2"] == ["4", "10,000", "30", "333", "1", "2"]
-    assert cells["all"] == ["9", "40,000", "40", "**1,000**", "8", "2"]
+    assert cells["trio 1"] == ["5", "30,000", "10", "3,000", "45,000", "7", "0"]
+    assert cells["trio 2"] == ["4", "10,000", "30", "333", "5,000", "1", "2"]
+    assert cells["all"] == ["9", "40,000", "40", "**1,000**", "**15,000**", "8", "2"]
     assert disk_report([{"label": "bare", "disk": []}]) == []
 
 

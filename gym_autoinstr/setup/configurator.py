@@ -230,6 +230,21 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] |
 EXIT_COMPRESS_SECONDS = 1.0
 
 
+def server_exited() -> None:
+    """A Gym server stopped serving (its uvicorn returned, flushed): its note says so now,
+    with what is still queued, and its open segments are closed and gzipped, before Ray's
+    and Gym's own exit handlers spend the second Gym waits before SIGKILL.  The process's
+    exit still finishes the count (``_account_at_exit``)."""
+    import time
+
+    try:
+        if STATE.note is not None:
+            STATE.note.write(force=True)
+        files.seal_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
+    except Exception as error:
+        warn_once("server-exit", "could not close the run directory's files: %r", error)
+
+
 def _account_at_exit() -> None:
     """After the exit flush: spans still queued are lost (counted), the process note is
     final, a process that lost spans says so in one line, and the run directory's open
@@ -247,9 +262,9 @@ def _account_at_exit() -> None:
         line = losses.exit_line(identity.service_name(who) if who is not None else "this process")
         if line:
             where = f" (counts in {STATE.note.path})" if STATE.note is not None else ""
-            logger.warning("gym-autoinstr: %s%s", line, where)
+            logger.warning("%s%s", line, where)
         # last, as it may be cut short: Gym gives a server about a second after SIGINT
-        files.close_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
+        files.seal_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
     except Exception as error:  # the exit of Gym's process must not fail for this
         warn_once("exit-accounting", "could not account for spans at exit: %r", error)
 

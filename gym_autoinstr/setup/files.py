@@ -140,13 +140,14 @@ class OtlpJsonFileExporter(SpanExporter):
         return True
 
 
-def close_writers(deadline: float) -> None:
-    """The process is ending: every writer's open segment gzipped if there is time."""
+def seal_writers(deadline: float) -> None:
+    """The process is ending: every writer's open segment closed and gzipped, if there is
+    time before ``deadline`` (monotonic)."""
     for writer in list(WRITERS):
         try:
-            writer.close(deadline)
+            writer.seal(deadline)
         except Exception as error:
-            warn_once("file-close", "could not close %s: %r", writer.path, error)
+            warn_once("file-seal", "could not close %s: %r", writer.path, error)
 
 
 def encode_metrics_json(metrics_data: Any) -> str:

@@ -155,7 +155,9 @@ class WatchedExporter:
             return result
         finally:
             _exports.since = None
-            _exports.failing = not ok
+            # (the run directory's writer fails at once, for a reason of its own: not a stuck export)
+            reason = None if ok else getattr(self._exporter, "failure_reason", None)
+            _exports.failing = not ok and not isinstance(reason, str)
             try:
                 count = len(batch)  # type: ignore[arg-type]
             except TypeError:
@@ -163,7 +165,6 @@ class WatchedExporter:
             if ok:
                 LEDGER.wrote(self._label, count)
             else:
-                reason = getattr(self._exporter, "failure_reason", None)
                 LEDGER.lose(self._label, reason if isinstance(reason, str) else "export_failed", count)
 
     def shutdown(self) -> object:

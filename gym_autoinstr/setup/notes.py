@@ -53,13 +53,13 @@ class NoteWriter:
             "lost": LEDGER.entries(),
         }
 
-    def write(self, final: bool = False) -> None:
+    def write(self, final: bool = False, force: bool = False) -> None:
         with self._lock:
             if self._final or os.getpid() != self.pid:
                 return
             totals = LEDGER.totals()
             state = (LEDGER.changes, totals["ended"], totals["queued"], final)
-            if state == self._last and not final:
+            if state == self._last and not final and not force:
                 return
             self._last = state
             self._final = final

@@ -149,7 +149,6 @@ class SegmentWriter:
         self._near_said = False
         self._broken = False
         self._lock = threading.Lock()
-        self._closed = False
 
     @property
     def path(self) -> Path:
@@ -243,17 +242,17 @@ class SegmentWriter:
             )
         return True
 
-    def close(self, deadline: float | None = None) -> None:
-        """The process is ending: gzip the open segment (and any still waiting) if there is
-        time before ``deadline`` (monotonic); what is not done stays plain and readable."""
+    def seal(self, deadline: float) -> None:
+        """The process is ending: close the open segment and gzip it (and any still waiting)
+        if there is time before ``deadline`` (monotonic); what is not done stays plain and
+        readable.  A line written after this starts the next segment."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            path = self.path
-        deadline = time.monotonic() + 2.0 if deadline is None else deadline
+            path = self.path if self.in_segment else None
+            if path is not None:
+                self.number += 1
+                self.in_segment = 0
         COMPRESSOR.drain(deadline)
-        if path.exists() and time.monotonic() < deadline:
+        if path is not None and time.monotonic() < deadline:
             compress(path, deadline)
 
 

@@ -136,8 +136,12 @@ def test_segments_rotate_and_are_gzipped_and_read_back_whole(tmp_path, monkeypat
     assert len(closed) >= 3 and all(n.startswith(stem + ".") for n in closed)
     assert names[-1] == exporter.path.name and exporter.path.name.endswith(".jsonl")  # the open one, plain
     assert not [n for n in names if n.startswith(".")]  # no partial left
-    files.close_writers(time.monotonic() + 10)
+    files.seal_writers(time.monotonic() + 10)
     assert not list(tmp_path.glob("*.jsonl"))  # a clean exit gzips the open one too
+    ids += _spans_of(provider.get_tracer("t"), 5)  # spans ending after that: the next segment
+    processor.force_flush()
+    assert exporter.path.exists() and not exporter.path.with_name(exporter.path.name + ".gz").exists()
+    files.seal_writers(time.monotonic() + 10)
     spans = files.read_path(tmp_path)
     assert [int(s["span_id"], 16) for s in spans] == ids  # all, in order, each once
     first = files.span_segments(tmp_path)[0]

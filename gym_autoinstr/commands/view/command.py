@@ -343,6 +343,10 @@ def main(
         why_slow = slow.render_html(slow.summary_for([p for p in paths if p != "-"]))
         if why_slow:
             page = page.replace("<script>", why_slow + "<script>", 1)
+        if lost:  # under the title, as the terminal's first line
+            import html
+
+            page = page.replace("</h1>", f'</h1><p class="lost"><b>{html.escape(lost)}</b></p>', 1)
         Path(html_file).write_text(page, encoding="utf-8")
         more = f" ({len(drawn)} drawn, every one listed)" if len(drawn) < len(traces) else ""
         print(f"wrote {count(len(traces), 'trace')} to {html_file}{more}")
