@@ -111,6 +111,7 @@ def test_no_canary_reaches_the_local_files_of_the_embedded_default(tmp_path):
     trio = _run_with_canaries(tmp_path, "gym", {})
     runs = tmp_path / "gym" / "gym-autoinstr-runs"
     files = [f for f in runs.rglob("*") if f.is_file()]
+
     # spans and metrics of the three servers and the orchestrator (its start-up spans), each
     # process's note beside them; the segments gzipped at exit, read back as text
     def processes(suffix: str) -> set[str]:
