@@ -31,7 +31,7 @@ from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import concurrency, startup
 from gym_autoinstr.fastpath import contract, propagation
-from gym_autoinstr.setup import configurator, logs
+from gym_autoinstr.setup import logs, wind_down
 from gym_autoinstr.setup.flush import flush, flush_async
 from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
 from gym_autoinstr.telemetry.spans import mark_error, mark_startup, tracer
@@ -560,7 +560,7 @@ def uvicorn_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
         return wrapped(*args, **kwargs)
     finally:
         flush(reason="uvicorn exit")
-        configurator.server_exited()
+        wind_down.server_exited()
 
 
 def server_limits_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

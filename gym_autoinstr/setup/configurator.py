@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.fastpath import batching, contract, parts
-from gym_autoinstr.setup import files, identity, notes, runs
+from gym_autoinstr.setup import files, identity, notes, runs, wind_down
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 from gym_autoinstr.telemetry import sampling
 
@@ -90,8 +90,6 @@ class ConfiguratorState:
     metrics: bool = False  # our request metrics are recorded
     logs: bool = False  # log records are exported
     held_back: bool = False  # not (yet) a Gym process: configured when it imports Gym
-    note: notes.NoteWriter | None = None  # this process's note in the run directory
-    accounting: bool = False  # the exit's loss accounting is registered
 
 
 # What this process ended up with; `gym-autoinstr doctor` and the tests read it.
@@ -161,9 +159,7 @@ def _files_exporter(who: identity.ProcessIdentity | None) -> tuple[str, SpanExpo
         runs.record_run(directory, run_id)  # for a collection process to join (runs.py)
     service = identity.service_name(who)
     exporter = files.OtlpJsonFileExporter(directory, service)
-    if STATE.note is None:
-        STATE.note = notes.NoteWriter(directory, files.process_stem(service), service)
-        STATE.note.start()
+    notes.start(directory, files.process_stem(service), service)
     return f"files:{directory}", exporter
 
 
@@ -219,54 +215,8 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] |
             )
         )
         STATE.exporters.append(label)
-    if not STATE.accounting:
-        STATE.accounting = True
-        atexit.register(_account_at_exit)  # (before the exit flush is registered: runs after it)
+    wind_down.register(identity.service_name(who))  # (before the exit flush is registered: runs after it)
     return provider
-
-
-# How long the exit may spend gzipping the open segments (Gym gives a server about a
-# second between SIGINT and SIGKILL; what is not done stays plain and readable).
-EXIT_COMPRESS_SECONDS = 1.0
-
-
-def server_exited() -> None:
-    """A Gym server stopped serving (its uvicorn returned, flushed): its note says so now,
-    with what is still queued, and its open segments are closed and gzipped, before Ray's
-    and Gym's own exit handlers spend the second Gym waits before SIGKILL.  The process's
-    exit still finishes the count (``_account_at_exit``)."""
-    import time
-
-    try:
-        if STATE.note is not None:
-            STATE.note.write(force=True)
-        files.seal_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
-    except Exception as error:
-        warn_once("server-exit", "could not close the run directory's files: %r", error)
-
-
-def _account_at_exit() -> None:
-    """After the exit flush: spans still queued are lost (counted), the process note is
-    final, a process that lost spans says so in one line, and the run directory's open
-    segments are gzipped."""
-    import time
-
-    from gym_autoinstr import losses
-
-    try:
-        for exporter, queued in losses.LEDGER.queued_by_exporter().items():
-            losses.LEDGER.lose(exporter, "exit_unflushed", queued)
-        if STATE.note is not None:
-            STATE.note.close()
-        who = STATE.identity
-        line = losses.exit_line(identity.service_name(who) if who is not None else "this process")
-        if line:
-            where = f" (counts in {STATE.note.path})" if STATE.note is not None else ""
-            logger.warning("%s%s", line, where)
-        # last, as it may be cut short: Gym gives a server about a second after SIGINT
-        files.seal_writers(time.monotonic() + EXIT_COMPRESS_SECONDS)
-    except Exception as error:  # the exit of Gym's process must not fail for this
-        warn_once("exit-accounting", "could not account for spans at exit: %r", error)
 
 
 # Metrics are read every 10 s (the SDK's default is 60 s: a short run would show

@@ -88,6 +88,22 @@ class NoteWriter:
         self.write(final=True)
 
 
+_current: NoteWriter | None = None
+
+
+def start(directory: Path, stem: str, service: str) -> NoteWriter:
+    """This process's note, kept from now on (the first call; later ones return it)."""
+    global _current
+    if _current is None:
+        _current = NoteWriter(directory, stem, service)
+        _current.start()
+    return _current
+
+
+def current() -> NoteWriter | None:
+    return _current
+
+
 def process_notes(directory: Path) -> list[dict[str, Any]]:
     """The process notes under ``directory``, each with ``alive`` (its pid still runs the
     same process) and ``path``; notes that cannot be read are skipped."""

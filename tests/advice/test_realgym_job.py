@@ -178,7 +178,7 @@ def test_view_groups_rollout_traces_under_their_job(job_fleets):
         rows=1,
         repeats=2,
         parallel=2,
-        drop_env=("OTEL_EXPORTER_OTLP_ENDPOINT",),
+        drop_env=("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER"),  # nothing configured: files alone
         env={"GYM_AUTOINSTR_OUTPUT_DIR": str(run_dir)},
     )
     shown = subprocess.run(
