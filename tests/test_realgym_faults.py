@@ -23,7 +23,6 @@ import collections
 import concurrent.futures
 import pathlib
 import re
-import socket
 import threading
 import time
 
@@ -31,7 +30,7 @@ import psutil
 import pytest
 
 from tests.harness.bare import Shutdown, stop_timed
-from tests.harness.collector import Collector
+from tests.harness.collector import Collector, SilentCollector
 from tests.harness.gym_install import gym_venv
 from tests.harness.traces import otel_env, strip_ids
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel
@@ -166,33 +165,6 @@ def _runs_since(spans: list[dict], since_ns: int) -> int:
         and s["resource"].get("service.name") == f"nemo-gym/{AGENT}"
         and s["start_ns"] >= since_ns
     )
-
-
-class SilentCollector:
-    """A local TCP listener that accepts every connection and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(512)
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-
-    def close(self) -> None:
-        self.closed = True
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
 
 
 # ----------------------------------------------------------------------------- tests

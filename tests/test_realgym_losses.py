@@ -13,8 +13,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from gym_autoinstr.commands.slow import read_run
 from gym_autoinstr.setup.files import read_path
 from gym_autoinstr.setup.notes import process_notes
 from tests.commands.test_view import _cli
+from tests.harness.collector import SilentCollector
 from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import latest, metric_points
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
@@ -130,33 +129,9 @@ def test_a_full_queue_and_the_disk_budget(tmp_path, policy_model, collector):
     assert 0 < sum(p["value"] for p in over) <= budget
 
 
-class _SilentPeer:
-    """A collector that accepts connections and never answers: each export waits out its timeout."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(256)
-        self.port = self.sock.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                self.held.append(self.sock.accept()[0])
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
 def test_a_silent_collector_a_killed_server_and_spans_queued_at_exit(tmp_path, policy_model):
     run = tmp_path / "run"
-    peer = _SilentPeer()
+    peer = SilentCollector()
     env = {
         "OTEL_TRACES_EXPORTER": "otlp,files",  # the collector never answers; the run directory is there
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{peer.port}",

@@ -560,3 +560,30 @@ class Collector:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class SilentCollector:
+    """A local TCP listener that accepts every connection and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(512)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
