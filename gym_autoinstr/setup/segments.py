@@ -169,13 +169,14 @@ class SegmentWriter:
                 # one write of one whole line in append mode: a reader never sees half of it
                 with open(self.path, "ab") as handle:
                     handle.write(line)
-            except OSError:
-                if not self.directory.exists():
+            except OSError as first:
+                error: OSError | None = first
+                if not self.directory.exists():  # (the first line: the directory is made now)
                     try:
                         self.directory.mkdir(parents=True, exist_ok=True)
                         with open(self.path, "ab") as handle:
                             handle.write(line)
-                        error = None  # type: ignore[assignment]
+                        error = None
                     except OSError as again:
                         error = again
                 if error is not None:

@@ -232,3 +232,16 @@ def test_the_process_note_counts_spans_and_losses(tmp_path, monkeypatch):
     assert final["spans"]["written"] == len(files.read_path(tmp_path)) == 40 - lost["count"]
     text = losses.describe([final])
     assert text.startswith(f"{lost['count']} spans of 40 lost: ") and "agent (files), queue full" in text
+
+
+def test_a_segment_that_cannot_be_written_in_an_existing_directory_is_counted_as_unwritable(tmp_path, caplog):
+    forget_said()
+    losses.LEDGER.forget()
+    exporter = files.OtlpJsonFileExporter(tmp_path, "agent")
+    exporter.path.mkdir()  # the segment's name taken by a directory: open() fails, the directory exists
+    provider, processor = _fast_provider(exporter, max_export_batch_size=3)
+    _spans_of(provider.get_tracer("t"), 6)
+    processor.force_flush()
+    assert [(e["reason"], e["count"]) for e in losses.LEDGER.entries()] == [("unwritable", 6)]
+    messages = [r.getMessage() for r in caplog.records if "cannot write telemetry" in r.getMessage()]
+    assert len(messages) == 1 and str(exporter.path) in messages[0]
