@@ -348,6 +348,12 @@ OUTPUT_DIR = Text(
     "directory of the embedded file exporter (default "
     "./gym-autoinstr-runs/<run id>); set by the orchestrator for its children",
 )
+CACHE_DIR = Text(
+    PREFIX + "CACHE_DIR",
+    None,
+    "where view, compare and export keep what they read of runs (default $XDG_CACHE_HOME/gym-autoinstr, "
+    "else ~/.cache/gym-autoinstr); read by those commands, not by Gym's processes",
+)
 RUN_ID = Text(PREFIX + "RUN_ID", None, "this run's id (nemo.gym.run.id); minted by the orchestrator for its children")
 SHARD = Text(PREFIX + "SHARD", None, "the shard (NeMo RL actor) a server belongs to; set for its children")
 SERVER_REQUIREMENT = Text(

@@ -33,6 +33,9 @@ SHARED_WORKER = {
     "test_realgym_job.py": "jobs",
     "test_realgym_outcome.py": "jobs",
     "test_realgym_follow.py": "jobs",
+    "test_realgym_compare.py": "jobs",
+    "test_realgym_export.py": "jobs",
+    "test_realgym_run_table.py": "jobs",
 }
 # The files that take longest (tests/README.md, "Where the time goes"), longest first: under
 # xdist they are handed out first, so the short ones fill the workers' gaps at the end.
@@ -79,6 +82,12 @@ def pytest_configure(config):
     from tests.harness import selection
 
     selection.register(config, REPO)
+    # the commands' caches of the runs they read (``commands/runs/store.py``): the session's
+    # own, not the user's (every CLI the tests start inherits it)
+    if "GYM_AUTOINSTR_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["GYM_AUTOINSTR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gym-autoinstr-cache-")
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: every collected test is checked
@@ -251,6 +260,15 @@ def job_fleets(tmp_path_factory):
         fleet.stop()
     for model in models:
         model.stop()
+
+
+@pytest.fixture(scope="session")
+def campaign_jobs(job_fleets):
+    """Two collection jobs on the 0.4.0 job fleet, as two checkpoints' runs of the same tasks
+    (tests/harness/campaign.py), run once for ``compare`` and ``export``."""
+    from tests.harness.campaign import run_two_jobs
+
+    return run_two_jobs(job_fleets("0.4.0"))
 
 
 @pytest.fixture

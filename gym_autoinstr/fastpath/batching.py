@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from gym_autoinstr import _footprint
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.fastpath import contract, wire, wire_json
+from gym_autoinstr.fastpath import contract, span_facts, wire, wire_json
 from gym_autoinstr.fastpath.contract import SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from gym_autoinstr.losses import LEDGER
 from gym_autoinstr.settings import ENCODE_ON_END
@@ -49,11 +49,12 @@ class EncodedBatch:
     run directory's files), in place of the list of spans the exporter's ``export``
     receives.  ``len()`` is the span count (the exporter's self-metrics count it)."""
 
-    __slots__ = ("payload", "count")
+    __slots__ = ("payload", "count", "facts")
 
-    def __init__(self, payload: bytes, count: int) -> None:
+    def __init__(self, payload: bytes, count: int, facts: str | None = None) -> None:
         self.payload = payload
         self.count = count
+        self.facts = facts  # the batch's spans' facts (``span_facts``), for the run directory's files
 
     def __len__(self) -> int:
         return self.count
@@ -166,9 +167,13 @@ class EncodingSpanProcessor(SpanProcessor):
         max_export_batch_size: int,
         encoding: Any = wire,
         label: str = "otlp",
+        facts: bool = False,
     ) -> None:
         self._exporter = exporter
         self._encoding = encoding
+        # each span's facts (``span_facts``) after its text, past a NUL (JSON text holds none)
+        self._facts = facts
+        self._facts_resource: tuple[Any, str] | None = None
         self._label = label
         self._max_queue_size = max_queue_size
         self._delay = schedule_delay_millis / 1000
@@ -243,7 +248,12 @@ class EncodingSpanProcessor(SpanProcessor):
             )
             return
         try:
-            encoded = self._encoding.span(span)
+            if self._facts:
+                kept: list[str] = []
+                encoded = self._encoding.span(span, None, kept)
+                encoded = encoded + "\x00" + span_facts.fact(span, kept)
+            else:
+                encoded = self._encoding.span(span)
         except Exception as error:  # never Gym's problem: this span is lost, and says so once
             self._encode_failures += 1
             LEDGER.lose(self._label, "encode_failed")
@@ -296,6 +306,18 @@ class EncodingSpanProcessor(SpanProcessor):
             known = self._resource = (resource, self._encoding.resource(resource))
         return known[1]
 
+    def _facts_text(self, by_resource: dict, facts: dict[int, list[str]] | None) -> str | None:
+        """The batch's facts, a group per resource (``span_facts.group``); None without them."""
+        if not facts:
+            return None
+        groups = []
+        for key, (resource, _scopes) in by_resource.items():
+            known = self._facts_resource
+            if known is None or known[0] is not resource:
+                known = self._facts_resource = (resource, span_facts.resource(resource))
+            groups.append(span_facts.group(known[1], facts.get(key, [])))
+        return ",".join(groups)
+
     def _export_queued(self, until_empty: bool) -> bool:
         """Export what is queued, one batch at a time; True if every export succeeded."""
         ok = True
@@ -322,6 +344,7 @@ class EncodingSpanProcessor(SpanProcessor):
     def _export(self, batch: list) -> bool:
         # Group by resource, then by scope, keeping first-seen order.
         by_resource: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
+        facts: dict[int, list[str]] | None = {} if self._facts else None
         usual = self._usual
         for item in batch:
             if type(item) is not tuple:
@@ -335,6 +358,9 @@ class EncodingSpanProcessor(SpanProcessor):
             spans = scopes.get(id(scope))
             if spans is None:
                 spans = scopes[id(scope)] = (scope, [])
+            if facts is not None:
+                encoded, _nul, fact = encoded.partition("\x00")
+                facts.setdefault(id(resource), []).append(fact)
             spans[1].append(encoded)
         encoding = self._encoding
         payload = encoding.request(
@@ -350,7 +376,7 @@ class EncodingSpanProcessor(SpanProcessor):
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
         self._inflight = len(batch)
         try:
-            result = self._exporter.export(EncodedBatch(payload, len(batch)))
+            result = self._exporter.export(EncodedBatch(payload, len(batch), self._facts_text(by_resource, facts)))
             return getattr(result, "name", None) == "SUCCESS"
         except Exception as error:  # (the exporter wrapper counts the batch as lost)
             warn_once("export-error", "span export raised %r; this batch is lost.", error)
@@ -387,7 +413,7 @@ def make_processor(exporter: Any, wrap: Callable[[Any], Any], label: str = "otlp
     try:
         fast = ENCODE_ON_END.read() and contract.part_on(contract.ENCODE_ON_END) and contract.part_on(contract.WIRE)
         if fast and getattr(exporter, "accepts_json", False) is True:
-            return EncodingSpanProcessor(wrap(exporter), encoding=wire_json, label=label, **settings)
+            return EncodingSpanProcessor(wrap(exporter), encoding=wire_json, label=label, facts=True, **settings)
         if fast and accepts_encoded(exporter):
             return EncodingSpanProcessor(wrap(exporter), label=label, **settings)
     except Exception as error:

@@ -23,6 +23,8 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gym_autoinstr.fastpath.propagation import SPAN_CONTEXT_IS_TUPLE
+from gym_autoinstr.fastpath.span_facts import JOB_PREFIX as _FACT_PREFIX
+from gym_autoinstr.fastpath.span_facts import KEYS as _FACT_KEYS
 
 _text = json.encoder.encode_basestring_ascii  # (C) a JSON string, quotes included
 _TUPLE_LAYOUT = SPAN_CONTEXT_IS_TUPLE
@@ -73,15 +75,22 @@ _KV_CACHE: dict[tuple[str, Any, type], str] = {}
 _KV_CACHE_MAX = 4096
 
 
-def attributes(attrs: Mapping[str, Any] | None, skipped: list[str] | None = None) -> str:
+def attributes(attrs: Mapping[str, Any] | None, skipped: list[str] | None = None, kept: list[str] | None = None) -> str:
     """The pairs of a KeyValue list, comma-joined (no brackets); values that cannot be
-    encoded are left out, as the SDK's encoder does."""
+    encoded are left out, as the SDK's encoder does.  ``kept``: the pairs of the keys
+    ``span_facts`` keeps are appended to it too (the same text, one walk)."""
     if not attrs:
         return ""
     parts = []
     append = parts.append
     cache = _KV_CACHE
     for key, value in attrs.items():
+        if kept is not None and (key in _FACT_KEYS or key.startswith(_FACT_PREFIX)):
+            start = len(parts)
+            _append_pair(parts, cache, key, value, skipped)
+            if len(parts) > start:
+                kept.append(parts[-1])
+            continue
         kind = type(value)
         if kind is str or kind is int:
             entry = cache.get((key, value, kind))
@@ -103,6 +112,24 @@ def attributes(attrs: Mapping[str, Any] | None, skipped: list[str] | None = None
             if skipped is not None:
                 skipped.append(key)
     return ",".join(parts)
+
+
+def _append_pair(parts: list[str], cache: dict, key: str, value: Any, skipped: list[str] | None) -> None:
+    kind = type(value)
+    try:
+        if kind is str or kind is int:
+            entry = cache.get((key, value, kind))
+            if entry is None:
+                entry = key_value(key, value)
+                if len(cache) >= _KV_CACHE_MAX:
+                    cache.clear()
+                cache[(key, value, kind)] = entry
+            parts.append(entry)
+        else:
+            parts.append(key_value(key, value))
+    except Exception:
+        if skipped is not None:
+            skipped.append(key)
 
 
 _KIND_BY_ID = {id(kind): f',"kind":{kind.value + 1}' for kind in SpanKind}
@@ -166,8 +193,9 @@ def _links(links: Iterable[Any]) -> str:
     return ',"links":[' + ",".join(parts) + "]"
 
 
-def span(sdk_span: Any, skipped: list[str] | None = None) -> str:
-    """One ended SDK span as the text of its OTLP/JSON ``Span`` object."""
+def span(sdk_span: Any, skipped: list[str] | None = None, kept: list[str] | None = None) -> str:
+    """One ended SDK span as the text of its OTLP/JSON ``Span`` object; ``kept``: see
+    ``attributes``."""
     context = sdk_span.context
     parent = sdk_span.parent
     if _TUPLE_LAYOUT and type(context) is SpanContext:
@@ -196,7 +224,7 @@ def span(sdk_span: Any, skipped: list[str] | None = None) -> str:
         out.append(f',"startTimeUnixNano":"{start}"')
     if end:
         out.append(f',"endTimeUnixNano":"{end}"')
-    pairs = attributes(sdk_span.attributes, skipped)
+    pairs = attributes(sdk_span.attributes, skipped, kept)
     if pairs:
         out.append(',"attributes":[' + pairs + "]")
     if sdk_span.dropped_attributes:

@@ -119,8 +119,9 @@ class OtlpJsonFileExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         payload = getattr(spans, "payload", None)  # the encoding processor's batch: text already
+        facts = None
         if type(payload) is str:
-            text = payload
+            text, facts = payload, getattr(spans, "facts", None)
         else:
             try:
                 text = encode_otlp_json(spans)
@@ -128,7 +129,7 @@ class OtlpJsonFileExporter(SpanExporter):
                 warn_once(f"file-encode:{type(error).__name__}", "could not encode spans for %s: %r", self.path, error)
                 self.writer.failure_reason = "encode_failed"
                 return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS if self.write_line(text) else SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS if self.writer.write_line(text, facts) else SpanExportResult.FAILURE
 
     def write_line(self, text: str) -> bool:
         return self.writer.write_line(text)

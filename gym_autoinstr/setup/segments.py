@@ -30,6 +30,7 @@ from pathlib import Path
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 
+FACTS_SUFFIX = ".facts"  # a span segment's facts file (``fastpath/span_facts.py``), beside it
 GZ = ".gz"
 PARTIAL = ".partial"
 _NEAR = 0.8  # of the budget: said once
@@ -154,7 +155,9 @@ class SegmentWriter:
     def path(self) -> Path:
         return self.directory / f"{self.stem}.{self.number:04d}{self.suffix}"
 
-    def write_line(self, text: str) -> bool:
+    def write_line(self, text: str, facts: str | None = None) -> bool:
+        """``text`` as the segment's next line; ``facts`` (a span batch's, ``span_facts``)
+        as the next line of the segment's facts file, saying where the line ends."""
         line = (text + "\n").encode("utf-8")
         with self._lock:
             if self._broken:
@@ -191,11 +194,23 @@ class SegmentWriter:
                         settings.OUTPUT_DIR.name,
                     )
                     return False
+            if facts is not None:
+                self._write_facts(self.in_segment, self.in_segment + len(line), facts)
             self.in_segment += len(line)
             self._since_check += len(line)
             if self._run_bytes is not None:
                 self._run_bytes += len(line)
         return True
+
+    def _write_facts(self, start: int, end: int, groups: str) -> None:
+        """A facts line (``fastpath/span_facts.py``); none when it cannot be written (a
+        reader then reads the segment's spans themselves)."""
+        path = self.directory / f"{self.stem}.{self.number:04d}{FACTS_SUFFIX}"
+        try:
+            with open(path, "ab") as handle:
+                handle.write(f'{{"from":{start},"at":{end},"groups":[{groups}]}}\n'.encode())
+        except OSError:
+            pass
 
     def _rotate(self) -> None:
         closed = self.path

@@ -10,7 +10,7 @@ span count, status, rollout id, reward, model tokens, root span, services), filt
 sorted on request (``--slowest N``, which ranks rollout traces alone; ``--sort duration``,
 ``reward`` (worst first), ``tokens``, ``task``; ``--reverse``); the processes' start-up
 traces are listed apart, after the rest.  A trace's reward is the verifier's (a masked
-sample's marked ``*``), its tokens each model call's counted once (``outcome``).
+sample's marked ``*``), its tokens each model call's counted once (``runs.outcome``).
 ``--by-task`` summarises a collection run per task index instead: rollouts, mean reward,
 p50/p95 duration, failures.  One trace, chosen by
 ``--trace`` (any unique prefix of its id) or ``--rollout``, is drawn as a waterfall:
@@ -31,13 +31,18 @@ of at most ``max_detail`` traces (errors and the slowest first) as waterfalls wi
 axis, collapsible subtrees, span and resource attributes; the page opens on the first job
 or rollout, start-up waterfalls last.
 
+What a list, a filter or ``--by-task`` needs of a trace is its row in the table of
+``commands/runs`` (``Rollout``, read the way a ``Trace`` is): no span is read for them, and
+a later command reads the cached table alone.  Spans are read for the traces drawn (a
+waterfall, the page's detail) and when ``--attr`` names an attribute the table does not keep.
+On a terminal, a run larger than a screen is summed up first (``overview``).
+
 One module per layer, each importing only those before it:
 
-* ``outcome``: how a rollout ended, from its spans: reward, mask, task and repeat
-  indexes, tokens (each model call once), failure;
 * ``model``: spans joined into ``Trace`` objects (rows depth-first), jobs and the rollout
   traces linked to them, where a trace's time went (``summary``);
 * ``text``: the terminal's list and waterfall, and the ``--json`` records;
+* ``overview``: at scale, the summary and the rows that matter (``--show``);
 * ``where``: the ``--where`` conditions;
 * ``filters``: the command's filters (``select``), the orders of ``--sort``, and what
   ``--service`` matches;

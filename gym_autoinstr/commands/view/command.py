@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from gym_autoinstr.commands.view.filters import SORTS, AmbiguousTrace, Unmatched, parse_attribute_filter, select
 from gym_autoinstr.commands.view.model import Job, Trace, build_traces, display_name, group_by_job
+from gym_autoinstr.commands.view.overview import SHOWN, SHOWS, overview
 from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL, detail_for_page, render_html
 from gym_autoinstr.commands.view.tasks import by_task, task_lines
 from gym_autoinstr.commands.view.text import (
@@ -95,6 +96,20 @@ def add_parser(commands) -> argparse.ArgumentParser:
     )
     view.add_argument("--status", choices=("ok", "error"), help="only traces without / with an error")
     view.add_argument("--errors", action="store_true", help="only traces with an error (same as --status error)")
+    view.add_argument(
+        "--show",
+        choices=tuple(SHOWS),
+        default="slowest",
+        help=f"on a terminal, a run larger than a screen is summed up (rollouts, failures, reward, p50/p95/p99 "
+        f"duration, where the time went, a line per run) above the {SHOWN} rollouts this picks: slowest (the "
+        "default), failed (newest first), worst (lowest reward first), newest",
+    )
+    view.add_argument(
+        "--all", action="store_true", help="list every trace, even on a terminal and for a run larger than a screen"
+    )
+    view.add_argument(
+        "--summary", action="store_true", help="the summary and the rows --show picks, even when piped or small"
+    )
     view.add_argument("--json", action="store_true", help="print the list (or the chosen trace's spans) as JSON")
     view.add_argument("--html", metavar="FILE", help="write one self-contained HTML page instead")
     view.add_argument(
@@ -149,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         where=args.where,
         per_task=args.by_task,
         as_json=args.json,
+        show=args.show,
+        every=args.all,
+        summed=args.summary,
         **({"max_detail": args.html_max_traces} if args.html_max_traces else {}),
     )
 
@@ -250,12 +268,16 @@ def main(
     per_task: bool = False,
     as_json: bool = False,
     max_detail: int = DEFAULT_MAX_DETAIL,
+    show: str = "slowest",
+    every: bool = False,
+    summed: bool = False,
 ) -> int:
     import sys
     from pathlib import Path
 
     from gym_autoinstr.commands import slow
-    from gym_autoinstr.setup.files import read_path
+    from gym_autoinstr.commands.runs import store
+    from gym_autoinstr.commands.runs.facts import TAG_KEYS
 
     paths = list(paths or ["."])
     if metrics:
@@ -282,19 +304,10 @@ def main(
             print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
             return 2
     paths = with_submitted_jobs(paths)  # a Slurm submission's directory: its jobs' files too
-    # Hundreds of thousands of span dicts, and no reference cycles among them: the cyclic
-    # collector would walk the growing heap again and again (about 3/4 of the time).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        spans: list[dict] = []
-        for path in paths:
-            spans.extend(read_path(Path(path)))
-        everything = build_traces(spans)
-    finally:
-        if collecting:
-            gc.freeze()  # what was read stays: later collections need not walk it
-            gc.enable()
+    campaign = store.load(paths)
+    everything: Sequence = campaign.rollouts
+    if any(key not in TAG_KEYS for key, _value in attribute_filters):
+        everything = _with_spans(campaign, everything)  # an attribute the table does not keep: every span
     filtered = bool(rollout or slowest or errors or trace_id or service_name or attribute_filters or status or where)
     try:
         traces = select(
@@ -332,7 +345,7 @@ def main(
         print("no traces found" + (" matching the filters" if filtered else ""), file=sys.stderr)
         return 1
     if html_file:
-        drawn = detail_for_page(traces, max_detail)
+        drawn = _with_spans(campaign, detail_for_page(traces, max_detail))
         hint = (
             "To see another one: gym-autoinstr view RUN --trace ID (a prefix is enough) in the terminal, "
             "or with --html FILE for a page of it; --html-max-traces N draws more."
@@ -360,11 +373,15 @@ def main(
             return _write([json.dumps({**summary.record(), **({"lost": lost} if lost else {})})])
         return _write(([lost] if lost else []) + task_lines(summary, _terminal_width() or UNLIMITED))
     waterfall = trace_id is not None or rollout is not None
+    if waterfall:
+        traces = _with_spans(campaign, traces)
     if as_json:
         records = [trace_record(t, with_spans=waterfall) for t in traces]
         document = {"traces": records, **({"lost": lost} if lost else {})}
         return _write([json.dumps(document, indent=None if not waterfall else 1, default=str)])
     width = _terminal_width()
+    if summed or (not every and not filtered and sort == "start" and len(traces) > SCREEN and _on_terminal()):
+        return _write(overview(traces, campaign.runs, show, width or UNLIMITED, lost))
     if waterfall:
         blocks = []
         for item in group_by_job(traces, everything):
@@ -379,6 +396,33 @@ def main(
     rest = [t for t in traces if not t.is_startup]
     items: Sequence[Job | Trace] = rest if keep_order else group_by_job(rest, everything)
     return _write(([cut(lost, width or UNLIMITED)] if lost else []) + render_list(items, startup, width or UNLIMITED))
+
+
+SCREEN = 40  # more traces than this on a terminal: the summary and the rows that matter (``overview``)
+
+
+def _on_terminal() -> bool:
+    import sys
+
+    try:
+        return sys.stdout.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+def _with_spans(campaign, chosen: Sequence) -> list[Trace]:
+    """``chosen`` (table rows, or traces already) as ``Trace`` objects with their spans, in
+    their order; their spans read from the files holding them alone."""
+    if all(isinstance(t, Trace) for t in chosen):
+        return list(chosen)
+    collecting = gc.isenabled()
+    gc.disable()  # many span dicts, no cycles among them: the collector would walk them again and again
+    try:
+        built = {t.trace_id: t for t in build_traces(campaign.spans_of(chosen))}
+    finally:
+        if collecting:
+            gc.enable()
+    return [built[t.trace_id] for t in chosen if t.trace_id in built]
 
 
 def lost_line(paths: Sequence[str]) -> str | None:

@@ -63,20 +63,6 @@ def resolve_service(name: str, services: set[str]) -> set[str]:
     raise Unmatched(f"--service {name} matches no service; the run's services: {known}")
 
 
-def _has_attribute(trace: Trace, key: str, value: str) -> bool:
-    for span in trace.spans:
-        for attributes in (span.get("attributes") or {}, span.get("resource") or {}):
-            if key in attributes and _text(attributes[key]) == value:
-                return True
-    return False
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
 def parse_attribute_filter(text: str) -> tuple[str, str]:
     key, equals, value = text.partition("=")
     if not equals or not key.strip():
@@ -119,7 +105,7 @@ def select(
         wanted = resolve_service(service_name, {s for t in traces for s in t.services})
         chosen = [t for t in chosen if not wanted.isdisjoint(t.services)]
     for key, value in attributes:
-        chosen = [t for t in chosen if _has_attribute(t, key, value)]
+        chosen = [t for t in chosen if t.has_attribute(key, value)]
     if errors or status == "error":
         chosen = [t for t in chosen if t.has_error]
     elif status == "ok":

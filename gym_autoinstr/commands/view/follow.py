@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gym_autoinstr import losses
+from gym_autoinstr.commands.runs.outcome import FAILURE_STAGE, MASK_SAMPLE, REWARD, ROLLOUT_INDEX, TASK_INDEX
 from gym_autoinstr.commands.view.model import DESTINATION_ROUTE, JOB_SPAN, build_traces, summary
-from gym_autoinstr.commands.view.outcome import FAILURE_STAGE, MASK_SAMPLE, REWARD, ROLLOUT_INDEX, TASK_INDEX
 from gym_autoinstr.setup.files import segment_lines, span_segments, spans_from_request
 from gym_autoinstr.setup.notes import process_notes
 

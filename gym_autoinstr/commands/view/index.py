@@ -61,7 +61,7 @@ def _index_row(trace: Trace, drawn: set[str]) -> str:
         f'data-trace-id="{trace_id}" data-status="{"error" if trace.has_error else "ok"}" '
         f'data-services="{html.escape(" ".join(services))}"{data}>'
         f'<td>{ident}</td><td>{clock(trace.start_ns)}</td><td class="root" title="{root}">{root}</td>'
-        f'<td class="services" title="{names}">{names}</td><td class=num>{len(trace.spans)}</td>'
+        f'<td class="services" title="{names}">{names}</td><td class=num>{trace.span_count}</td>'
         f"<td class=num>{html.escape(duration_text(trace.duration_ms))}</td><td>{status_text(trace)}</td>"
         f'{reward}<td class="num tokens">{tokens_text(trace)}</td>'
         f'<td class="rollout" title="{rollouts}">{rollouts}</td>'

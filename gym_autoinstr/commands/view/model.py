@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
-from gym_autoinstr.commands.view import outcome
+from gym_autoinstr.commands.runs import outcome
 
 # What egress puts on a CLIENT span to a Gym server (advice/pool.py; not imported: the
 # view reads files and needs none of the runtime).
@@ -64,6 +64,26 @@ class Trace:
     def root(self) -> dict:
         return self.rows[0].span
 
+    @property
+    def span_count(self) -> int:
+        return len(self.spans)
+
+    @property
+    def top_spans(self) -> list[dict]:
+        """The trace's spans without a parent among its spans (its root first)."""
+        return [r.span for r in self.rows if r.depth == 0]
+
+    def seams_ms(self) -> dict[str, float]:
+        return summary(self)
+
+    def has_attribute(self, key: str, value: str) -> bool:
+        """Whether a span (or its resource) has attribute ``key`` equal to ``value`` as text."""
+        for span in self.spans:
+            for attributes in (span.get("attributes") or {}, span.get("resource") or {}):
+                if key in attributes and _text(attributes[key]) == value:
+                    return True
+        return False
+
     @cached_property
     def is_startup(self) -> bool:
         """A process's start-up (``gym env start``, a server coming up), not a rollout."""
@@ -114,6 +134,12 @@ class Trace:
     def failure(self) -> dict[str, str]:
         """``error_type`` and ``stage`` of the rollout's failure, those its spans say."""
         return outcome.failure(self.rows)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def service(span: dict) -> str:
@@ -212,15 +238,13 @@ class Job:
     def traces(self) -> list[Trace]:
         """What is drawn under the job line: its own trace unless it is the job span alone
         (the line says it all), then its rollouts."""
-        own = [self.trace] if self.trace is not None and len(self.trace.spans) > 1 else []
+        own = [self.trace] if self.trace is not None and self.trace.span_count > 1 else []
         return own + self.rollouts
 
 
 def _linked_job(trace: Trace, jobs: dict[tuple[str, str], Job]) -> Job | None:
-    for row in trace.rows:
-        if row.depth:
-            continue
-        for link in row.span.get("links") or ():
+    for span in trace.top_spans:
+        for link in span.get("links") or ():
             job = jobs.get((link.get("trace_id"), link.get("span_id")))
             if job is not None:
                 return job
@@ -235,9 +259,9 @@ def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list[J
     says how many it has whichever of them ``traces`` holds."""
     jobs: dict[tuple[str, str], Job] = {}
     for trace in everything:
-        for row in trace.rows:
-            if row.depth == 0 and row.span["name"] == JOB_SPAN:
-                jobs[(row.span["trace_id"], row.span["span_id"])] = Job(row.span)
+        for span in trace.top_spans:
+            if span["name"] == JOB_SPAN:
+                jobs[(span["trace_id"], span["span_id"])] = Job(span)
     if not jobs:
         return list(traces)
     own = {job.span["trace_id"]: job for job in jobs.values()}

@@ -18,7 +18,6 @@ from gym_autoinstr.commands.view.model import (
     duration_ms,
     service,
     short_service,
-    summary,
 )
 
 KEY_ATTRIBUTES = (
@@ -91,7 +90,7 @@ def job_line(job: Job) -> str:
 
 
 def summary_text(trace: Trace) -> str:
-    parts = summary(trace)
+    parts = trace.seams_ms()
     return (
         f"total {parts['total']:.1f} ms | model {parts['model']:.1f} ms | tools {parts['tools']:.1f} ms"
         f" | verify {parts['verify']:.1f} ms"
@@ -177,7 +176,7 @@ def list_lines(traces: Sequence[Trace], width: int) -> list[str]:
                 clock(trace.start_ns),
                 trace.trace_id[:ID_SHOWN],
                 duration_text(trace.duration_ms),
-                str(len(trace.spans)),
+                str(trace.span_count),
                 status_text(trace),
                 ", ".join(sorted(trace.rollout_ids)),
                 reward_text(trace),
@@ -228,7 +227,7 @@ def trace_record(trace: Trace, *, with_spans: bool = False) -> dict:
         "duration_ms": trace.duration_ms,
         "root": trace.root["name"],
         "services": sorted(trace.services),
-        "span_count": len(trace.spans),
+        "span_count": trace.span_count,
         "status": "error" if trace.has_error else "ok",
         "tokens": {"input": trace.tokens[0], "output": trace.tokens[1], "total": trace.total_tokens}
         if trace.tokens
@@ -240,7 +239,7 @@ def trace_record(trace: Trace, *, with_spans: bool = False) -> dict:
         "failure": trace.failure or None,
         "rollout_ids": sorted(trace.rollout_ids),
         "startup": trace.is_startup,
-        "summary_ms": summary(trace),
+        "summary_ms": trace.seams_ms(),
     }
     if with_spans:
         record["spans"] = [{**row.span, "depth": row.depth, "callee": callee(row.span) or None} for row in trace.rows]

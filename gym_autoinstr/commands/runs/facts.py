@@ -1,0 +1,428 @@
+"""What one file of spans says about each trace in it, in a few numbers (a ``Partial``), and
+the partials of a trace's files merged into its row (``resolve``).
+
+A trace's spans are spread over the files of every process it crossed, so each file is
+read once into partials that merge whichever order the files come in: earliest start,
+latest end, span and error counts, the services, the time its callees' SERVER spans took
+(model calls, tools, verify: additive, so no tree is needed), and for each outcome the
+best candidate so far, ranked as ``outcome`` ranks spans: a span without a parent (the
+trace's root) before ``gym.rollout`` before ``gym.verify``, the earlier before the later.
+
+The trace's root is its earliest span without a parent (the earliest span when every span
+has one: a trace whose upstream caller wrote elsewhere).  Tokens, counted once: the
+rollout's own total (``nemo.gym.rollout.usage.*``), else an ``invoke_agent`` span's usage,
+else the sum over model calls (their CLIENT spans; the seams when no CLIENT span has
+usage), else over every span with usage.  A failure's ``error.type`` and stage are the
+earliest span's that says them.
+
+Partials are plain lists, tuples, sets and numbers: ``marshal`` stores them (``store``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+
+from gym_autoinstr.commands.runs import outcome
+from gym_autoinstr.fastpath import span_facts
+
+# Partial fields (a list, so merges happen in place)
+(
+    START,
+    END,
+    COUNT,
+    ERRORS,
+    SERVICES,
+    MODEL,
+    TOOLS,
+    VERIFY,
+    TOPS,
+    EARLIEST,
+    REWARD,
+    MASK,
+    TASK,
+    REPEAT,
+    ROLLOUT_TOKENS,
+    AGENT_TOKENS,
+    CALL_TOKENS,
+    SEAM_TOKENS,
+    ANY_TOKENS,
+    ERROR_TYPE,
+    STAGE,
+    ROLLOUT_IDS,
+    TAGS,
+) = range(23)
+WIDTH = 23
+
+ROLLOUT_ID = "nemo.gym.rollout.id"
+JOB_ID = "nemo.gym.job.id"
+SERVER_TYPE = "nemo.gym.server.type"
+# Attributes kept on a top span (a trace's root candidates), to name it as the list does
+# (``model.display_name``) and, for a job's own ``gym.job`` span, its counts.
+TOP_KEYS = frozenset(
+    {
+        "nemo.gym.http.destination.server.name",
+        "nemo.gym.http.destination.route",
+        "url.full",
+        "server.address",
+        "http.request.method",
+        JOB_ID,
+        ROLLOUT_ID,
+    }
+)
+TOP_PREFIXES = (span_facts.JOB_PREFIX,)
+# Attributes ``--attr KEY=VALUE`` answers from the table (span or resource attributes);
+# any other key makes ``view`` read the spans themselves.
+TAG_KEYS = frozenset(
+    {
+        JOB_ID,
+        ROLLOUT_ID,
+        SERVER_TYPE,
+        "nemo.gym.server.name",
+        "nemo.gym.run.id",
+        "service.name",
+        "host.name",
+        "error.type",
+        outcome.FAILURE_STAGE,
+        "gen_ai.request.model",
+        "gen_ai.response.model",
+        "gen_ai.agent.name",
+        "gen_ai.tool.name",
+        "gen_ai.operation.name",
+        "http.route",
+        "http.response.status_code",
+    }
+)
+# What the reader looks at: the attributes the writer keeps in the facts files, no more
+_WANTED = span_facts.KEYS
+assert TOP_KEYS <= _WANTED and TAG_KEYS <= _WANTED
+_SERVER = (2, "SPAN_KIND_SERVER")
+_CLIENT = (3, "SPAN_KIND_CLIENT")
+_KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+_ERROR = (2, "STATUS_CODE_ERROR")
+STARTUP_SPANS = ("gym.startup", "gym.server.startup")
+JOB_SPAN = "gym.job"
+
+
+def _value(any_value: dict) -> object:
+    for key in ("stringValue", "doubleValue", "boolValue"):
+        if key in any_value:
+            return any_value[key]
+    if "intValue" in any_value:
+        return int(any_value["intValue"])
+    if "arrayValue" in any_value:
+        return tuple(_value(v) for v in any_value["arrayValue"].get("values", ()))
+    return None
+
+
+def tag(key: str, value: object) -> str:
+    """``key=value`` as ``--attr`` compares it (booleans lower case)."""
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return f"{key}={value}"
+
+
+def _kind(kind: object) -> str:
+    if isinstance(kind, int):
+        return _KIND_NAMES.get(kind, str(kind))
+    return str(kind).removeprefix("SPAN_KIND_")
+
+
+def _better(current, candidate) -> bool:
+    return current is None or candidate < current
+
+
+def _new(start: int, end: int) -> list:
+    partial: list = [None] * WIDTH
+    partial[START], partial[END], partial[COUNT], partial[ERRORS] = start, end, 0, 0
+    partial[SERVICES], partial[MODEL], partial[TOOLS], partial[VERIFY] = set(), 0.0, 0.0, 0.0
+    partial[TOPS], partial[ROLLOUT_IDS], partial[TAGS] = [], set(), set()
+    partial[CALL_TOKENS], partial[SEAM_TOKENS], partial[ANY_TOKENS] = [0, 0, 0], [0, 0, 0], [0, 0, 0]
+    return partial
+
+
+def _add_usage(total: list, found: dict) -> None:
+    total[0] += _whole(found.get(outcome.INPUT_TOKENS))
+    total[1] += _whole(found.get(outcome.OUTPUT_TOKENS))
+    total[2] += 1
+
+
+def _whole(value: object) -> int:
+    return outcome.whole(value) or 0
+
+
+def _resource(attributes: dict) -> tuple[str, object, list[str]]:
+    """A resource's service name, Gym server type and the tags ``--attr`` answers."""
+    tags = [tag(key, value) for key, value in attributes.items() if key in TAG_KEYS]
+    return str(attributes.get("service.name", "?")), attributes.get(SERVER_TYPE), tags
+
+
+def add_request(partials: dict[str, list], request: dict) -> None:
+    """Every span of one OTLP-JSON ``ExportTraceServiceRequest`` into ``partials`` (by trace id)."""
+    for resource_spans in request.get("resourceSpans", ()):
+        resource = {}
+        for kv in resource_spans.get("resource", {}).get("attributes", ()):
+            key = kv.get("key")
+            if key in _WANTED:
+                resource[key] = _value(kv.get("value") or {})
+        service, server_type, tags = _resource(resource)
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                found = {}
+                for kv in span.get("attributes", ()):
+                    key = kv.get("key")
+                    if key in _WANTED or key.startswith(TOP_PREFIXES):
+                        found[key] = _value(kv.get("value") or {})
+                links = span.get("links")
+                _add(
+                    partials,
+                    span.get("traceId", ""),
+                    span.get("spanId", ""),
+                    not span.get("parentSpanId"),
+                    span.get("name", ""),
+                    span.get("kind", 0),
+                    int(span.get("startTimeUnixNano", 0)),
+                    int(span.get("endTimeUnixNano", 0)),
+                    (span.get("status") or {}).get("code") in _ERROR,
+                    found,
+                    [(link.get("traceId", ""), link.get("spanId", "")) for link in links] if links else (),
+                    service,
+                    server_type,
+                    tags,
+                )
+
+
+def add_facts_line(partials: dict[str, list], record: dict) -> None:
+    """One line of a segment's facts file (``fastpath/span_facts.py``) into ``partials``."""
+    for group in record.get("groups", ()):
+        service, server_type, tags = _resource(group.get("resource") or {})
+        for trace_id, span_id, parent, name, kind, start, end, error, kept, links in group.get("spans", ()):
+            _add(
+                partials,
+                trace_id,
+                span_id,
+                not parent,
+                name,
+                kind,
+                start,
+                end,
+                bool(error),
+                {kv["key"]: _value(kv.get("value") or {}) for kv in kept} if kept else {},
+                [tuple(link) for link in links] if links else (),
+                service,
+                server_type,
+                tags,
+            )
+
+
+def _add(
+    partials: dict[str, list],
+    trace_id: str,
+    span_id: str,
+    top: bool,
+    name: str,
+    kind: object,
+    start: int,
+    end: int,
+    error: bool,
+    found: dict,
+    links,
+    service: str,
+    server_type: object,
+    resource_tags: list,
+) -> None:
+    partial = partials.get(trace_id)
+    if partial is None:
+        partial = partials[trace_id] = _new(start, end)
+    else:
+        if start < partial[START]:
+            partial[START] = start
+        if end > partial[END]:
+            partial[END] = end
+    partial[COUNT] += 1
+    if error:
+        partial[ERRORS] += 1
+    partial[SERVICES].add(service)
+    if resource_tags:
+        partial[TAGS].update(resource_tags)
+    if top or partial[EARLIEST] is None or start < partial[EARLIEST][0]:
+        attributes = {
+            k: v for k, v in found.items() if k in TOP_KEYS or (name == JOB_SPAN and k.startswith(TOP_PREFIXES))
+        }
+        entry = (start, span_id, name, _kind(kind), end, attributes, tuple(links), service, error)
+        if top:
+            partial[TOPS].append(entry)
+        if partial[EARLIEST] is None or start < partial[EARLIEST][0]:
+            partial[EARLIEST] = entry
+    if kind in _SERVER and server_type is not None:
+        took = max(0, end - start) / 1e6
+        if server_type == "responses_api_models":
+            partial[MODEL] += took
+        elif server_type == "resources_servers":
+            route = str(found.get("http.route") or name.partition(" ")[2])
+            if route.endswith("/verify"):
+                partial[VERIFY] += took
+            elif not route.endswith(("/seed_session", "/aggregate_metrics")):
+                partial[TOOLS] += took
+    if not found:
+        return
+    for key in found.keys() & TAG_KEYS:
+        partial[TAGS].add(tag(key, found[key]))
+    if ROLLOUT_ID in found:
+        partial[ROLLOUT_IDS].add(str(found[ROLLOUT_ID]))
+    rank = 0 if top else 1 if name == "gym.rollout" else 2 if name == "gym.verify" else 3
+    if rank < 3:
+        for field, key in ((REWARD, outcome.REWARD), (MASK, outcome.MASK_SAMPLE)):
+            if key in found and _better(partial[field], (rank, start)):
+                partial[field] = (rank, start, found[key])
+    for field, key in ((TASK, outcome.TASK_INDEX), (REPEAT, outcome.ROLLOUT_INDEX)):
+        if key in found and _better(partial[field], (0 if top else 1, start)):
+            partial[field] = (0 if top else 1, start, found[key])
+    for field, key in (("error.type", ERROR_TYPE), (outcome.FAILURE_STAGE, STAGE)):
+        if field in found and _better(partial[key], (start,)):
+            partial[key] = (start, str(found[field]))
+    if outcome.ROLLOUT_INPUT_TOKENS in found or outcome.ROLLOUT_OUTPUT_TOKENS in found:
+        candidate = (0 if top else 1, start, _whole(found.get(outcome.ROLLOUT_INPUT_TOKENS)))
+        candidate += (_whole(found.get(outcome.ROLLOUT_OUTPUT_TOKENS)),)
+        if _better(partial[ROLLOUT_TOKENS], candidate):
+            partial[ROLLOUT_TOKENS] = candidate
+    if outcome.INPUT_TOKENS in found or outcome.OUTPUT_TOKENS in found:
+        operation = found.get(outcome.OPERATION)
+        if operation == "invoke_agent":
+            candidate = (0 if top else 1, start, _whole(found.get(outcome.INPUT_TOKENS)))
+            candidate += (_whole(found.get(outcome.OUTPUT_TOKENS)),)
+            if _better(partial[AGENT_TOKENS], candidate):
+                partial[AGENT_TOKENS] = candidate
+        elif operation == "chat":
+            _add_usage(partial[CALL_TOKENS] if kind in _CLIENT else partial[SEAM_TOKENS], found)
+        _add_usage(partial[ANY_TOKENS], found)
+
+
+def _first(a, b):
+    """The better of two candidates (rank and start first; values are not compared)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if b[:-1] < a[:-1] else a
+
+
+def merge(into: list, other: list) -> None:
+    """``other`` (the same trace's partial from another file) into ``into``."""
+    into[START] = min(into[START], other[START])
+    into[END] = max(into[END], other[END])
+    into[COUNT] += other[COUNT]
+    into[ERRORS] += other[ERRORS]
+    into[SERVICES] |= set(other[SERVICES])
+    for field in (MODEL, TOOLS, VERIFY):
+        into[field] += other[field]
+    into[TOPS] = list(into[TOPS]) + list(other[TOPS])
+    for field in (EARLIEST, REWARD, MASK, TASK, REPEAT, ROLLOUT_TOKENS, AGENT_TOKENS, ERROR_TYPE, STAGE):
+        into[field] = _first(into[field], other[field])
+    for field in (CALL_TOKENS, SEAM_TOKENS, ANY_TOKENS):
+        into[field] = [a + b for a, b in zip(into[field], other[field])]
+    into[ROLLOUT_IDS] = set(into[ROLLOUT_IDS]) | set(other[ROLLOUT_IDS])
+    into[TAGS] = set(into[TAGS]) | set(other[TAGS])
+
+
+def partials_of(lines: Iterable[str], source: str = "") -> dict[str, list]:
+    """The partials of one file's lines (OTLP-JSON requests, one per line); a line that is
+    not JSON (a write cut short) is skipped, as ``setup.files`` skips it."""
+    from gym_autoinstr.setup.files import json_lines
+
+    partials: dict[str, list] = {}
+    for request in json_lines(lines, source):
+        add_request(partials, request)
+    return partials
+
+
+# Row fields (a tuple: what the table keeps of a trace once its files are merged)
+(
+    R_TRACE,
+    R_START,
+    R_END,
+    R_COUNT,
+    R_ERROR,
+    R_SERVICES,
+    R_SEAMS,
+    R_ROOT,
+    R_TOPS,
+    R_REWARD,
+    R_MASK,
+    R_TASK,
+    R_REPEAT,
+    R_TOKENS,
+    R_FAILURE,
+    R_ROLLOUT_IDS,
+    R_TAGS,
+    R_FILES,
+) = range(18)
+
+
+def _mask(value: object) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() == "true"
+    return bool(value)
+
+
+def _tokens(partial: list) -> tuple[int, int] | None:
+    for field in (ROLLOUT_TOKENS, AGENT_TOKENS):
+        if partial[field] is not None:
+            return partial[field][2], partial[field][3]
+    for field in (CALL_TOKENS, SEAM_TOKENS, ANY_TOKENS):
+        tokens_in, tokens_out, found = partial[field]
+        if found:
+            return tokens_in, tokens_out
+    return None
+
+
+def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
+    """A trace's merged partial as its row (``R_*`` fields)."""
+    tops = sorted(partial[TOPS]) or [partial[EARLIEST]]
+    failure = {}
+    if partial[ERROR_TYPE] is not None:
+        failure["error_type"] = partial[ERROR_TYPE][1]
+    if partial[STAGE] is not None:
+        failure["stage"] = partial[STAGE][1]
+    reward = outcome.number(partial[REWARD][2]) if partial[REWARD] else None
+    task = outcome.whole(partial[TASK][2]) if partial[TASK] else None
+    repeat = outcome.whole(partial[REPEAT][2]) if partial[REPEAT] else None
+    seams = (partial[MODEL], partial[TOOLS], partial[VERIFY])
+    return (
+        trace_id,
+        partial[START],
+        partial[END],
+        partial[COUNT],
+        partial[ERRORS] > 0,
+        tuple(sorted(partial[SERVICES])),
+        seams,
+        tops[0],
+        tuple(tops),
+        reward,
+        _mask(partial[MASK][2]) if partial[MASK] else None,
+        task,
+        repeat,
+        _tokens(partial),
+        failure,
+        tuple(sorted(partial[ROLLOUT_IDS])),
+        tuple(sorted(partial[TAGS])),
+        files,
+    )
+
+
+def trace_spans(lines: Iterable[str], trace_ids: set[str]) -> Iterator[dict]:
+    """The spans (``setup.files`` dicts) of ``trace_ids`` among one file's lines: a line is
+    parsed only when it names one of them."""
+    from gym_autoinstr.setup.files import spans_from_request
+
+    for line in lines:
+        if not any(trace_id in line for trace_id in trace_ids):
+            continue
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        for span in spans_from_request(request):
+            if span["trace_id"] in trace_ids:
+                yield span
