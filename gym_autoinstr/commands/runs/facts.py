@@ -298,12 +298,12 @@ def _add(
 
 
 def _first(a, b):
-    """The better of two candidates (rank and start first; values are not compared)."""
+    """The better of two candidates: by rank and start (a top span: start and span id)."""
     if a is None:
         return b
     if b is None:
         return a
-    return b if b[:-1] < a[:-1] else a
+    return b if b[:2] < a[:2] else a
 
 
 def merge(into: list, other: list) -> None:
@@ -355,7 +355,10 @@ def partials_of(lines: Iterable[str], source: str = "") -> dict[str, list]:
     R_ROLLOUT_IDS,
     R_TAGS,
     R_FILES,
-) = range(18)
+    R_KIND,
+    R_JOB,
+) = range(20)
+ROLLOUT, STARTUP, JOB = 0, 1, 2  # R_KIND: what a trace is
 
 
 def _mask(value: object) -> bool | None:
@@ -379,12 +382,14 @@ def _tokens(partial: list) -> tuple[int, int] | None:
 
 def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
     """A trace's merged partial as its row (``R_*`` fields)."""
-    tops = sorted(partial[TOPS]) or [partial[EARLIEST]]
-    failure = {}
+    # a span read twice (a run copied beside itself) is one top span
+    unique = {entry[1]: entry for entry in partial[TOPS]}.values()
+    tops = sorted((_shared_entry(e) for e in unique), key=lambda e: e[:2]) or [_shared_entry(partial[EARLIEST])]
+    failure = []
     if partial[ERROR_TYPE] is not None:
-        failure["error_type"] = partial[ERROR_TYPE][1]
+        failure.append(("error_type", partial[ERROR_TYPE][1]))
     if partial[STAGE] is not None:
-        failure["stage"] = partial[STAGE][1]
+        failure.append(("stage", partial[STAGE][1]))
     reward = outcome.number(partial[REWARD][2]) if partial[REWARD] else None
     task = outcome.whole(partial[TASK][2]) if partial[TASK] else None
     repeat = outcome.whole(partial[REPEAT][2]) if partial[REPEAT] else None
@@ -395,7 +400,7 @@ def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
         partial[END],
         partial[COUNT],
         partial[ERRORS] > 0,
-        tuple(sorted(partial[SERVICES])),
+        _same(tuple(sorted(partial[SERVICES]))),
         seams,
         tops[0],
         tuple(tops),
@@ -404,11 +409,34 @@ def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
         task,
         repeat,
         _tokens(partial),
-        failure,
+        _same(tuple(failure)),
         tuple(sorted(partial[ROLLOUT_IDS])),
-        tuple(sorted(partial[TAGS])),
+        _same(tuple(_same(t) for t in sorted(partial[TAGS]))),
         files,
+        STARTUP
+        if any(e[2].startswith(STARTUP_SPANS) for e in tops)
+        else JOB
+        if any(e[2] == JOB_SPAN for e in tops)
+        else ROLLOUT,
+        next((_same(str(e[5][JOB_ID])) for e in tops if JOB_ID in e[5]), None),
     )
+
+
+# Values many rows hold alike (service lists, tags, names, job ids), one object each: a
+# million rows stay about a kilobyte each, and marshal writes each once.
+_SHARED: dict = {}
+
+
+def _same(value):
+    if len(_SHARED) > 1_000_000:
+        _SHARED.clear()
+    return _SHARED.setdefault(value, value)
+
+
+def _shared_entry(entry: tuple) -> tuple:
+    start, span_id, name, kind, end, attributes, links, service, error = entry
+    attributes = {_same(k): _same(v) if isinstance(v, str) else v for k, v in attributes.items()}
+    return (start, span_id, _same(name), _same(kind), end, attributes, tuple(links), _same(service), error)
 
 
 def trace_spans(lines: Iterable[str], trace_ids: set[str]) -> Iterator[dict]:

@@ -84,25 +84,21 @@ class Rollout:
 
     @property
     def is_startup(self) -> bool:
-        return any(entry[_T_NAME].startswith(f.STARTUP_SPANS) for entry in self.row[f.R_TOPS])
+        return self.row[f.R_KIND] == f.STARTUP
 
     @property
     def is_job(self) -> bool:
-        return any(entry[_T_NAME] == f.JOB_SPAN for entry in self.row[f.R_TOPS])
+        return self.row[f.R_KIND] == f.JOB
 
     @property
     def is_rollout(self) -> bool:
-        return not self.is_startup and not self.is_job
+        return self.row[f.R_KIND] == f.ROLLOUT
 
     @property
     def job_id(self) -> str | None:
         """The collection job the rollout belongs to (its root's ``nemo.gym.job.id``), or the
         job whose own trace this is."""
-        for entry in self.row[f.R_TOPS]:
-            value = entry[_T_ATTRIBUTES].get(f.JOB_ID)
-            if value is not None:
-                return str(value)
-        return self.linked_job
+        return self.row[f.R_JOB] or self.linked_job
 
     def seams_ms(self) -> dict[str, float]:
         model, tools, verify = self.row[f.R_SEAMS]

@@ -32,7 +32,8 @@ from gym_autoinstr.commands.runs import facts
 from gym_autoinstr.commands.runs.rollout import Rollout, link_jobs
 from gym_autoinstr.setup.segments import FACTS_SUFFIX, GZ
 
-FORMAT = 1  # bumped whenever what a partial or a row holds changes: older caches are read again
+FORMAT = 3  # bumped whenever what a row holds changes: older tables are merged again
+PARTIAL_FORMAT = 1  # bumped whenever what a partial holds changes: older files' caches are read again
 PARALLEL_BYTES = 8 << 20  # below this much unread, one process reads it all (workers cost more)
 
 
@@ -184,7 +185,7 @@ def read_file(path: str, cache: str) -> dict[str, list]:
     """One file's partials, read and kept in ``cache`` (a worker's task: module level)."""
     stamp = _stamp(Path(path))
     partials = segment_partials(Path(path))
-    _save(Path(cache), (FORMAT, stamp, partials))
+    _save(Path(cache), (PARTIAL_FORMAT, stamp, partials))
     return partials
 
 
@@ -194,7 +195,7 @@ def _read_file_marshalled(path: str, cache: str) -> bytes:
 
 def _cached_partials(file: Path, cache: Path) -> dict[str, list] | None:
     found = _load(cache)
-    if isinstance(found, tuple) and len(found) == 3 and found[0] == FORMAT and tuple(found[1]) == _stamp(file):
+    if isinstance(found, tuple) and len(found) == 3 and found[0] == PARTIAL_FORMAT and tuple(found[1]) == _stamp(file):
         return found[2]
     return None
 
@@ -231,24 +232,14 @@ class _Pool:
             self.executor.shutdown()
 
 
-def _read_source(source: Source, pool: _Pool) -> list[tuple]:
-    """The rows of a path given: its table from the cache when no file changed, else its
-    files' partials (each file's cached, or read) merged by trace."""
-    root = cache_root()
-    table_path = root / "tables" / (_key(source.key) + ".m")
-    stamps = [(str(file), *_stamp(file)) for file in source.files]
-    table = _load(table_path)
-    if isinstance(table, tuple) and len(table) == 3 and table[0] == FORMAT and table[1] == stamps:
-        return table[2]
-    caches = [root / "files" / (_key(file) + ".m") for file in source.files]
-    partials: list[dict[str, list] | None] = [_cached_partials(f, c) for f, c in zip(source.files, caches)]
-    missing = [i for i, found in enumerate(partials) if found is None]
-    for i, found in zip(missing, pool.map([(str(source.files[i]), str(caches[i])) for i in missing])):
-        partials[i] = found
+def _merge(parts: Iterable[tuple[int, dict[str, list]]], only: set[str] | None = None) -> list[tuple]:
+    """Files' partials (with each file's index) merged by trace, as rows; ``only``: those traces."""
     merged: dict[str, list] = {}
     files: dict[str, list[int]] = {}
-    for index, partial in enumerate(partials):
-        for trace_id, part in (partial or {}).items():
+    for index, partial in parts:
+        for trace_id, part in partial.items():
+            if only is not None and trace_id not in only:
+                continue
             into = merged.get(trace_id)
             if into is None:
                 merged[trace_id] = part
@@ -256,8 +247,48 @@ def _read_source(source: Source, pool: _Pool) -> list[tuple]:
             else:
                 facts.merge(into, part)
                 files[trace_id].append(index)
-        partials[index] = None  # merged: let it go
-    rows = [facts.resolve(trace_id, part, tuple(files[trace_id])) for trace_id, part in merged.items()]
+    return [facts.resolve(trace_id, part, tuple(files[trace_id])) for trace_id, part in merged.items()]
+
+
+def _read_source(source: Source, pool: _Pool) -> list[tuple]:
+    """The rows of the paths given: their table from the cache when no file changed, else
+    their files' partials (each file's cached, or read) merged by trace, a run at a time
+    (a campaign's partials are never all in memory at once); a trace whose files are in
+    two runs (a submission's and its Slurm job's) is merged again from those files."""
+    root = cache_root()
+    table_path = root / "tables" / (_key(source.key) + ".m")
+    stamps = [(str(file), *_stamp(file)) for file in source.files]
+    table = _load(table_path)
+    if isinstance(table, tuple) and len(table) == 3 and table[0] == FORMAT and table[1] == stamps:
+        return table[2]
+    caches = [root / "files" / (_key(file) + ".m") for file in source.files]
+
+    def partials(indexes: list[int]) -> list[tuple[int, dict[str, list]]]:
+        found = {i: _cached_partials(source.files[i], caches[i]) for i in indexes}
+        missing = [i for i in indexes if found[i] is None]
+        for i, read in zip(missing, pool.map([(str(source.files[i]), str(caches[i])) for i in missing])):
+            found[i] = read
+        return [(i, found[i] or {}) for i in indexes]
+
+    by_run: dict[str, list[int]] = {}
+    for index, label in enumerate(source.labels):
+        by_run.setdefault(label, []).append(index)
+    rows: list[tuple] = []
+    seen: dict[str, int] = {}  # trace id -> its row
+    again: set[str] = set()
+    for indexes in by_run.values():
+        for row in _merge(partials(indexes)):
+            trace_id = row[facts.R_TRACE]
+            if trace_id in seen:
+                again.add(trace_id)
+            else:
+                seen[trace_id] = len(rows)
+                rows.append(row)
+    if again:  # rare: read those traces' files again, all of them together
+        holding = sorted({i for row in rows if row[facts.R_TRACE] in again for i in row[facts.R_FILES]})
+        others = sorted(set(range(len(source.files))) - set(holding))
+        for row in _merge(partials(holding + others), only=again):
+            rows[seen[row[facts.R_TRACE]]] = row
     rows.sort(key=lambda row: row[facts.R_START])
     _save(table_path, (FORMAT, stamps, rows))
     return rows
