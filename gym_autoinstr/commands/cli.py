@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gym_autoinstr.commands.compare import command as compare_command
+from gym_autoinstr.commands.export import command as export_command
 from gym_autoinstr.commands.view import command as view_command
 
 
@@ -39,8 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also print the notes and every section in full: each pointcut, process-wide patch and fast-path part",
     )
     view_command.add_parser(commands)
+    export_command.add_parser(commands)
+    compare_command.add_parser(commands)
     args = parser.parse_args(argv)
 
+    if args.command == "compare":
+        return compare_command.run(args)
+    if args.command == "export":
+        return export_command.run(args)
     if args.command == "view":
         return view_command.run(args)
 
