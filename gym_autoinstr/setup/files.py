@@ -35,7 +35,7 @@ from gym_autoinstr._log import warn_once
 from gym_autoinstr.setup import segments
 
 OUTPUT_DIR_VARIABLE = settings.OUTPUT_DIR.name
-DEFAULT_PARENT = "gym-autoinstr-runs"
+DEFAULT_PARENT = segments.DEFAULT_PARENT
 SPANS_SUFFIX = ".jsonl"
 METRICS_SUFFIX = ".metrics.jsonl"
 LOGS_SUFFIX = ".logs.jsonl"

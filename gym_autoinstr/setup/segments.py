@@ -30,6 +30,7 @@ from pathlib import Path
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 
+DEFAULT_PARENT = "gym-autoinstr-runs"  # where the run directories go by default (``files.resolve_output_dir``)
 FACTS_SUFFIX = ".facts"  # a span segment's facts file (``fastpath/span_facts.py``), beside it
 GZ = ".gz"
 PARTIAL = ".partial"

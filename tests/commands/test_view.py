@@ -342,6 +342,33 @@ def test_exit_codes(tmp_path, handbuilt_run):
         assert refused.returncode == 2 and "--slowest" in refused.stderr and refused.stdout == ""
     refused = _cli("view", str(handbuilt_run["dir"]), "--attr", "no-equals-sign")
     assert refused.returncode == 2 and "KEY=VALUE" in refused.stderr and refused.stdout == ""
+    # two orders at once: refused, naming both and the fix
+    both = _cli("view", str(handbuilt_run["dir"]), "--slowest", "2", "--sort", "reward")
+    assert both.returncode == 2 and both.stdout == ""
+    assert "--slowest ranks by duration, --sort reward orders by reward: give one of them" in both.stderr
+    # nothing found: what was read, and why
+    assert f"no span files (*.jsonl, *.jsonl.gz) in {tmp_path / 'empty'}" in empty.stderr
+    assert "OTLP endpoint configured" in empty.stderr
+    none = _cli("view", str(handbuilt_run["dir"]), "--where", "reward>5")
+    assert none.returncode == 1 and "no traces found matching the filters, of the 3 read in" in none.stderr
+
+
+def test_no_path_is_the_newest_run_here(tmp_path, handbuilt_run):
+    import shutil
+
+    nothing = subprocess.run(_command() + ["view"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert nothing.returncode == 2 and "no run here (no ./gym-autoinstr-runs/<run id>/)" in nothing.stderr
+    runs = tmp_path / "gym-autoinstr-runs"
+    shutil.copytree(handbuilt_run["dir"], runs / "older")
+    (runs / "newer").mkdir()
+    (runs / "newer" / "x-1.jsonl").write_text(sorted(handbuilt_run["dir"].glob("*.jsonl"))[0].read_text())
+    for file in (runs / "older").iterdir():
+        os.utime(file, (1, 1))
+    newest = subprocess.run(_command() + ["view"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert newest.returncode == 0, newest.stderr
+    assert "the newest run, gym-autoinstr-runs/newer (another: gym-autoinstr view PATH)" in newest.stderr
+    spans = lambda output: sum(r["spans"] for r in _listed(output))  # noqa: E731
+    assert 0 < spans(newest.stdout) < spans(_cli("view", str(runs / "older")).stdout)  # one process's file of three
 
 
 def test_stdin_reads_a_single_file_the_same_as_the_directory(handbuilt_run):

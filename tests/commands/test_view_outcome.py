@@ -426,6 +426,14 @@ def test_where_every_operator_on_every_field(run, view, field):
         assert 0 < len(expected) < len(written), (field, op)  # the threshold splits the run
 
 
+def test_where_masked_leaves_masked_samples_out_or_in(run, view):
+    rewarded = [r for r in run["rollouts"] if r["reward"] is not None]
+    for condition, masked in (("masked==0", False), ("masked==1", True)):
+        got = {r["trace_id"] for r in _records(view, "--where", condition)}
+        assert got == {r["trace_id"] for r in rewarded if bool(r["masked"]) is masked}, condition
+        assert got
+
+
 def test_where_duration_units_spaces_and_and(run, view):
     ids = lambda *args: {r["trace_id"] for r in _records(view, *args)}  # noqa: E731
     in_ms = ids("--where", "duration>=200")
@@ -446,7 +454,7 @@ def test_where_duration_units_spaces_and_and(run, view):
 BAD = {
     "rewrd<0.5": "--where 'rewrd<0.5': unknown field 'rewrd'; the fields: reward (the verifier's reward), "
     "tokens (model tokens, in + out), duration (ms; or with a unit: 2s, 150ms), task (task index), "
-    "repeat (the task's repeat index)",
+    "repeat (the task's repeat index), masked (1 for a masked sample, 0 for a valid reward)",
     "reward=0.5": "--where 'reward=0.5': unknown operator '='"
     " (== compares for equality); the operators: <= >= == != < >",
     "reward=>0.5": "--where 'reward=>0.5': unknown operator '=>'; the operators: <= >= == != < >",
@@ -459,7 +467,7 @@ BAD = {
     "unit (150ms, 2s)",
     "<0.5": "--where '<0.5': no field; write FIELD OPERATOR NUMBER (--where 'reward<0.5'), a field among: "
     "reward (the verifier's reward), tokens (model tokens, in + out), duration (ms; or with a unit: 2s, 150ms), "
-    "task (task index), repeat (the task's repeat index)",
+    "task (task index), repeat (the task's repeat index), masked (1 for a masked sample, 0 for a valid reward)",
 }
 
 

@@ -6,6 +6,7 @@ import argparse
 import gc
 import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from gym_autoinstr.commands.view.filters import SORTS, AmbiguousTrace, Unmatched, parse_attribute_filter, select
 from gym_autoinstr.commands.view.model import Job, Trace, build_traces, display_name, group_by_job
@@ -23,6 +24,7 @@ from gym_autoinstr.commands.view.text import (
     trace_record,
 )
 from gym_autoinstr.commands.view.where import WhereError, fields_text, parse_where
+from gym_autoinstr.setup.segments import DEFAULT_PARENT
 
 NO_TASKS = (
     "no rollout trace here carries a task index (nemo.gym.task.index: set on the rollouts Gym's collection "
@@ -50,7 +52,12 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "traces apart); --trace or --rollout draws that trace as a waterfall. Lines fit the terminal. The "
         "directory of a gym eval submit brings its Slurm jobs' traces too, where this machine has them.",
     )
-    view.add_argument("paths", nargs="*", metavar="PATH", help="run directory, file, or - (default: .)")
+    view.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help=f"run directory, a folder of runs, a file, or - (default: the newest run under ./{DEFAULT_PARENT})",
+    )
     view.add_argument("--trace", metavar="ID", help="draw the trace whose id starts with ID (any unique prefix)")
     view.add_argument("--rollout", metavar="ID", help="draw the trace of this rollout id")
     view.add_argument(
@@ -279,7 +286,18 @@ def main(
     from gym_autoinstr.commands.runs import store
     from gym_autoinstr.commands.runs.facts import TAG_KEYS
 
-    paths = list(paths or ["."])
+    if not paths:
+        newest = newest_run()
+        if newest is None:
+            print(
+                f"gym-autoinstr view: no run here (no ./{DEFAULT_PARENT}/<run id>/); give a run directory: "
+                f"gym-autoinstr view {DEFAULT_PARENT}/<run id>, or . for every run below this folder",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"gym-autoinstr view: the newest run, {newest} (another: gym-autoinstr view PATH)", file=sys.stderr)
+        paths = [str(newest)]
+    paths = list(paths)
     if metrics:
         text = slow.render_text(slow.summary_for(with_submitted_jobs(paths)))
         if not text:
@@ -298,6 +316,13 @@ def main(
         conditions = [parse_where(text) for text in where]
     except WhereError as error:
         print(f"gym-autoinstr view: {error}", file=sys.stderr)
+        return 2
+    if sort != "start" and slowest is not None:
+        print(
+            f"gym-autoinstr view: --slowest ranks by duration, --sort {sort} orders by {sort}: give one of them "
+            f"(--sort {sort} --where ... to narrow, or --slowest N alone)",
+            file=sys.stderr,
+        )
         return 2
     for path in paths:
         if str(path) != "-" and not Path(path).exists():
@@ -342,7 +367,7 @@ def main(
     if not traces:
         if lost:
             print(f"gym-autoinstr view: {lost}", file=sys.stderr)
-        print("no traces found" + (" matching the filters" if filtered else ""), file=sys.stderr)
+        print(_nothing_found(paths, campaign, filtered), file=sys.stderr)
         return 1
     if html_file:
         drawn = _with_spans(campaign, detail_for_page(traces, max_detail))
@@ -396,6 +421,43 @@ def main(
     rest = [t for t in traces if not t.is_startup]
     items: Sequence[Job | Trace] = rest if keep_order else group_by_job(rest, everything)
     return _write(([cut(lost, width or UNLIMITED)] if lost else []) + render_list(items, startup, width or UNLIMITED))
+
+
+def newest_run() -> Path | None:
+    """The run directory under ``./gym-autoinstr-runs`` written to last (None: none there)."""
+    try:
+        runs = [p for p in Path(DEFAULT_PARENT).iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return None
+
+    def written(run: Path) -> float:
+        try:
+            return max([f.stat().st_mtime for f in run.iterdir()] + [run.stat().st_mtime])
+        except OSError:
+            return 0.0
+
+    return max(runs, key=written, default=None)
+
+
+def _nothing_found(paths: Sequence[str], campaign, filtered: bool) -> str:
+    """What was read, and the likely reason nothing is listed."""
+    files = sum(len(source.files) for source in campaign.sources)
+    read = ", ".join(str(p) for p in paths)
+    if filtered and campaign.rollouts:
+        return (
+            f"no traces found matching the filters, of the {len(campaign.rollouts)} read in {read}: "
+            "loosen them (--where, --attr, --service, --status), or leave them out to list every trace"
+        )
+    if files:
+        return (
+            f"no traces found: {files} span files in {read} hold no span (an empty or cut-short run, "
+            "or files that are not OTLP-JSON lines)"
+        )
+    return (
+        f"no traces found: no span files (*.jsonl, *.jsonl.gz) in {read}. Is it a run directory "
+        f"(./{DEFAULT_PARENT}/<run id>)? With an OTLP endpoint configured, spans went there, not to files; "
+        "gym-autoinstr doctor says where this environment sends them"
+    )
 
 
 SCREEN = 40  # more traces than this on a terminal: the summary and the rows that matter (``overview``)

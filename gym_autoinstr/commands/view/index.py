@@ -48,6 +48,7 @@ def _index_row(trace: Trace, drawn: set[str]) -> str:
         "tokens": trace.total_tokens,
         "task": trace.task_index,
         "repeat": trace.rollout_index,
+        "masked": None if trace.reward is None else int(bool(trace.mask_sample)),
     }
     data = "".join(f' data-{key}="{value}"' for key, value in values.items() if value is not None)
     masked = trace.reward is not None and trace.mask_sample
@@ -118,7 +119,7 @@ def html_index(listed: Sequence[Trace], drawn: set[str]) -> str:
         f'<select id="service-filter"><option value="">any service</option>{options}</select> '
         '<input id="where" type="search" size="26" placeholder="where: reward&lt;0.5 duration&gt;2s" '
         'title="conditions FIELD OP NUMBER, all must hold: fields reward, tokens, duration (ms, or 2s), task, '
-        'repeat; operators &lt; &lt;= &gt; &gt;= == !="> '
+        'repeat, masked (1 or 0); operators &lt; &lt;= &gt; &gt;= == !="> '
         '<label><input id="startup-filter" type="checkbox" checked> start-up traces</label>'
         f'<span id="shown-count">{len(listed)} of {len(listed)} shown</span></p>'
         f'<div class="charts">{duration_chart(listed)}{reward_chart(listed)}</div>{masked}'
@@ -147,7 +148,7 @@ INDEX_SCRIPT = """
     '>': function (a, b) { return a > b; }, '>=': function (a, b) { return a >= b; },
     '==': function (a, b) { return a === b; }, '!=': function (a, b) { return a !== b; }
   };
-  var FIELDS = ['reward', 'tokens', 'duration', 'task', 'repeat'];
+  var FIELDS = ['reward', 'tokens', 'duration', 'task', 'repeat', 'masked'];
   var CONDITION = /([a-z]+)\\s*(<=|>=|==|!=|<|>)\\s*(-?(?:\\d+\\.?\\d*|\\.\\d+)(?:e[-+]?\\d+)?)\\s*(ms|s)?(?![\\w.])/gi;
   function conditions(text) {
     // what --where takes, FIELD OP NUMBER, spaces or commas between; null when a part is not one

@@ -7,7 +7,9 @@ A condition is ``FIELD OPERATOR NUMBER`` (spaces allowed), the operators
 * ``tokens``: model tokens, in and out together (``Trace.tokens``);
 * ``duration``: the trace's duration in milliseconds; ``2s`` and ``150ms`` say the unit;
 * ``task``: the task index (``nemo.gym.task.index``);
-* ``repeat``: the repeat of that task (``nemo.gym.rollout.index``).
+* ``repeat``: the repeat of that task (``nemo.gym.rollout.index``);
+* ``masked``: 1 for a masked sample (``nemo.gym.mask_sample``: its reward is not a valid
+  measurement), 0 for one with a valid reward: ``masked==0`` leaves masked samples out.
 
 A trace without the field (no reward, no task index) matches no condition on it.  Bad
 input raises ``WhereError``, whose message names the problem and the way to write it."""
@@ -28,6 +30,10 @@ FIELDS: dict[str, tuple[Callable[[Trace], float | None], str]] = {
     "duration": (lambda t: t.duration_ms, "ms; or with a unit: 2s, 150ms"),
     "task": (lambda t: t.task_index, "task index"),
     "repeat": (lambda t: t.rollout_index, "the task's repeat index"),
+    "masked": (
+        lambda t: None if t.reward is None else 1 if t.mask_sample else 0,
+        "1 for a masked sample, 0 for a valid reward",
+    ),
 }
 # Longest first: ``<=`` is not ``<`` followed by ``=``.
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
