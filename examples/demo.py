@@ -252,7 +252,9 @@ def with_backend(args: argparse.Namespace) -> int:
     workdir = _work_directory(args.workdir)
     backend = backend_class(workdir)
     with PolicyModel() as model, backend.server:
-        env = {**backend.open(), "GYM_AUTOINSTR_SPAN_GROUPS": "all"}
+        # otlp,files: the UI, and the run directory's local copy that `gym-autoinstr export
+        # RUN --to phoenix|mlflow` reads to send the rewards as the UI's scores
+        env = {**backend.open(), "GYM_AUTOINSTR_SPAN_GROUPS": "all", "OTEL_TRACES_EXPORTER": "otlp,files"}
         for name, value in env.items():
             print(f"  {name}={value}")
         trio = GymTrio(venv, args.gym_version, workdir, policy_url=model.url, env=env, instrument=True, own_ray=True)

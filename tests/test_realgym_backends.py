@@ -15,6 +15,10 @@ usage MLflow derives from ``gen_ai.usage.*``; the doctor's live check passes aga
 MLflow and names the missing experiment header; headless Chromium renders the trace
 page with the rollout's spans and the trace list with each rollout's tokens and reward
 (``GYM_AUTOINSTR_TRACE_TAGS=mlflow``: tags); PNGs are kept under the tests' tmp_path.
+The demo's Gym also keeps its local copy (``OTEL_TRACES_EXPORTER=otlp,files``), from which
+``gym-autoinstr export RUNS --to mlflow=URL`` sends each rollout's reward as MLflow's own
+score, an assessment ``reward`` on its trace: once however often it is sent, its value
+Gym's reward, shown in the trace list's assessment column.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
+from tests.commands.test_view import _cli
 from tests.harness import browser
 from tests.harness.collector import Collector
 from tests.harness.demo_run import running_demo
@@ -268,3 +274,79 @@ def test_the_trace_list_shows_each_rollouts_reward_and_tokens(demo, mlflow, tmp_
     assert len(re.findall(r'- \{"reward": 1\.0\} \S+ OK \d+', text)) == ROLLOUTS, text
     assert "nemo.gym.reward: 1.0" in text  # a tag (the list shows the first of each row's tags)
     browser.screenshot(url, tmp_path / "mlflow-trace-list.png", window="2400,1200")
+
+
+# ---- the rewards as MLflow's scores: gym-autoinstr export --to mlflow --------------------
+
+
+@pytest.fixture(scope="module")
+def scored(demo):
+    """``gym-autoinstr export <the demo's runs> --to mlflow=URL``, twice: the second must
+    find the assessments there and add none."""
+    runs = demo["workdir"] / "gym-autoinstr-runs"  # the fleet's run and the collection job's
+    return [_cli("export", str(runs), "--to", f"mlflow={demo['url']}", columns=None) for _ in range(2)]
+
+
+def _gym_rewards(demo, traces) -> tuple[dict[str, float], list[float], list[str]]:
+    """Gym's own rewards: the collected rollouts' by trace id (their output rows joined by
+    task and repeat), the direct rollouts' as the demo printed them, and those traces."""
+    rows = [json.loads(line) for line in (demo["workdir"] / "collected-rollouts.jsonl").read_text().splitlines()]
+    by_row = {(r["_ng_task_index"], r["_ng_rollout_index"]): r["reward"] for r in rows}
+    collected, direct = {}, []
+    for trace in traces:
+        attributes = _rollout_root(trace)["attributes"]
+        key = (attributes.get("nemo.gym.task.index"), attributes.get("nemo.gym.rollout.index"))
+        if key == (None, None):
+            direct.append(trace["trace_id"])
+        else:
+            collected[trace["trace_id"]] = by_row[key]
+    printed = re.search(r"rewards: \[([^\]]*)\]", demo["output"]).group(1)
+    return collected, [float(x) for x in printed.split(",")], direct
+
+
+def test_export_sends_each_rollouts_reward_as_an_mlflow_assessment_once(demo, mlflow, scored):
+    first, second = scored
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    total = ROLLOUTS + COLLECTED
+    assert f"on {total} rollout traces: {total} created, 0 updated, 0 unchanged" in first.stdout, first.stdout
+    assert f"on {total} rollout traces: 0 created, 0 updated, {total} unchanged" in second.stdout, second.stdout
+    traces = mlflow.search_rollouts(demo["experiment"])
+    collected, printed, direct = _gym_rewards(demo, traces)
+    assert len(collected) == COLLECTED and len(direct) == len(printed) == ROLLOUTS
+    values = {}
+    for trace in traces:
+        url = f"{mlflow.url}/api/3.0/mlflow/traces/{trace['trace_id']}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            info = json.loads(response.read())["trace"]["trace_info"]
+        (assessment,) = [a for a in info.get("assessments", []) if a["assessment_name"] == "reward"]
+        assert assessment["source"] == {"source_type": "CODE", "source_id": "gym-autoinstr"}
+        assert assessment["metadata"]["trace_id"] == trace["trace_id"].removeprefix("tr-")
+        values[trace["trace_id"]] = assessment["feedback"]["value"]
+    assert {t: values[t] for t in collected} == collected
+    assert sorted(values[t] for t in direct) == sorted(printed)
+
+
+def test_the_trace_list_in_headless_chromium_shows_the_reward_assessments(demo, mlflow, scored, tmp_path):
+    """MLflow's trace list after the export: a "reward" assessment column, each rollout's
+    row showing Gym's reward there, the start-up and job rows nothing."""
+    _chromium()
+    assert all(result.returncode == 0 for result in scored)
+    traces = mlflow.search_rollouts(demo["experiment"])
+    collected, printed, direct = _gym_rewards(demo, traces)
+    url = mlflow.traces_url(demo["experiment"])
+    dom = browser.page_dom(url, tmp_path, window="2400,1200")
+    assert 'data-testid="trace-assessment-column-icon"' in dom
+    assert re.search(r'data-testid="trace-assessment-column-icon".*?</svg></span>reward<', dom), "no reward column"
+    shown = {}
+    for row in dom.split('role="row"')[1:]:
+        trace_id = re.search(r'aria-label="Select trace (tr-[0-9a-f]{32})"', row)
+        if trace_id is None:
+            continue  # the header
+        tags = re.findall(r'assesment-value-tag".*?<span class="[^"]*">([^<]+)</span>', row)
+        shown[trace_id.group(1)] = [float(v) for v in tags]
+    others = set(shown) - {t["trace_id"] for t in traces}
+    assert len(shown) == len(traces) + len(others) and len(others) == 2, shown  # the start-up trace, the job's
+    assert all(shown[t] == [] for t in others), shown
+    assert {t: shown[t] for t in collected} == {t: [reward] for t, reward in collected.items()}
+    assert sorted(shown[t][0] for t in direct) == sorted(printed) and all(len(shown[t]) == 1 for t in direct)
+    browser.screenshot(url, tmp_path / "mlflow-trace-list-scores.png", window="2400,1200")
