@@ -120,3 +120,48 @@ def test_the_readme_names_the_test_command_ci_runs():
     quick_start = (REPO / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
     first_block = quick_start.split("```", 2)[1]
     assert [line.split("#")[0].strip() for line in first_block.strip().splitlines()] == ["./run-demo", "./run-tests"]
+
+
+VARIABLE = re.compile(r"\b((?:GYM_AUTOINSTR|OTEL)_[A-Z0-9_]*[A-Z0-9])\b(?!\[)")
+COMMAND_LINE = re.compile(r"gym-autoinstr (view|compare|export|doctor)\b([^`\n#]*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def _known_variables() -> set[str]:
+    """Ours (settings.py) and OpenTelemetry's (the SDK's and the API's declared names)."""
+    import opentelemetry.environment_variables as api
+    import opentelemetry.sdk.environment_variables as sdk
+
+    known = set(settings.ALL)
+    # and those the scripts and the test harness read (which Python to build venvs with, ...)
+    for script in [REPO / "run-demo", REPO / "run-tests", *(REPO / "tools").iterdir(), *(REPO / "tests" / "harness").glob("*.py")]:
+        if script.is_file():
+            known |= set(VARIABLE.findall(script.read_text(errors="replace")))
+    for module in (api, sdk):
+        known |= {value for name, value in vars(module).items() if name.startswith("OTEL_") and isinstance(value, str)}
+    return known
+
+
+def test_every_variable_named_in_the_readme_and_docs_exists():
+    known = _known_variables()
+    # OpenTelemetry's per-signal and instrumentation names that its modules build at run time
+    built = re.compile(r"OTEL_(EXPORTER_OTLP_(TRACES|METRICS|LOGS)_\w+|PYTHON_\w+|SEMCONV_\w+|INSTRUMENTATION_\w+)")
+    unknown = {
+        f"{document.relative_to(REPO)}: {name}"
+        for document in _documents()
+        for name in VARIABLE.findall(document.read_text())
+        if name not in known and not built.fullmatch(name)
+    }
+    assert sorted(unknown) == []
+
+
+def test_every_flag_named_in_the_readme_and_docs_exists():
+    from gym_autoinstr.commands.cli import build_parser
+
+    subcommands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 (argparse keeps them there)
+    unknown = set()
+    for document in _documents():
+        for command, rest in COMMAND_LINE.findall(document.read_text()):
+            options = subcommands[command]._option_string_actions  # noqa: SLF001
+            unknown |= {f"{document.relative_to(REPO)}: {command} {flag}" for flag in FLAG.findall(rest) if flag not in options}
+    assert sorted(unknown) == []

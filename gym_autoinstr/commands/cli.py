@@ -10,7 +10,8 @@ from gym_autoinstr.commands.export import command as export_command
 from gym_autoinstr.commands.view import command as view_command
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand and its options (tests check the docs against it)."""
     parser = argparse.ArgumentParser(
         prog="gym-autoinstr",
         description="OpenTelemetry tracing for NeMo Gym. Tracing itself needs no command: run Gym under\n"
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     view_command.add_parser(commands)
     export_command.add_parser(commands)
     compare_command.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     if args.command == "compare":
