@@ -67,7 +67,7 @@ def run_parser() -> argparse.ArgumentParser:
         "other modes (each has its own --help): --attribution (where the CPU of a rollout goes), "
         "--instructions (instructions per call of our hot paths), --trio-instructions (instructions per "
         "rollout of real trios under valgrind), --memory-over-time (each trio's processes' memory under "
-        "one long load)"
+        "one long load), --campaign (the query commands' time and memory over 10^4-10^6 traces)"
     )
     add_output_options(ap)
     return ap
@@ -200,12 +200,49 @@ def memory_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def campaign_parser() -> argparse.ArgumentParser:
+    """``./run-benchmarks --campaign`` (``benchmarks/campaign.py``)."""
+    ap = argparse.ArgumentParser(prog="run-benchmarks --campaign", description=_summary("campaign"))
+    ap.add_argument(
+        "--traces",
+        default="10000,100000,1000000",
+        help="comma-separated campaign sizes, in traces (default 10000,100000,1000000)",
+    )
+    ap.add_argument(
+        "--runs",
+        type=int,
+        help="run directories per campaign (default by size: 3 for 10^4, 10 for 10^5, 30 for 10^6; "
+        "one per 33,000 traces otherwise)",
+    )
+    ap.add_argument("--reps", type=int, default=1, help="times each later read is timed (the median shown; default 1)")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="also time every command with an empty cache (by default only the first view reads with one)",
+    )
+    ap.add_argument("--generate-only", action="store_true", help="build and check the campaigns (cached), time nothing")
+    ap.add_argument("--gzip-level", type=int, default=6, help="of the generated segments (default 6, as the writer)")
+    ap.add_argument("--workers", type=int, help="processes generating a campaign (default: one per CPU)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a command may take (default 3600)")
+    ap.add_argument(
+        "--max-memory-gb",
+        type=float,
+        help="stop a command whose process tree holds more than this (default 3/4 of the machine's memory)",
+    )
+    ap.add_argument(
+        "--output", type=pathlib.Path, help="the JSON results (default .cache/benchmarks/campaign-<time>.json)"
+    )
+    ap.add_argument("--report-from", type=pathlib.Path, help="print the report of a saved --output file and exit")
+    return ap
+
+
 PARSERS = {
     "run": run_parser,
     "attribution": attribution_parser,
     "instructions": instructions_parser,
     "trio_instructions": trio_instructions_parser,
     "memory": memory_parser,
+    "campaign": campaign_parser,
 }
 
 

@@ -24,6 +24,7 @@ MODES = {
     "instructions": "--instructions",
     "trio_instructions": "--trio-instructions",
     "memory": "--memory-over-time",
+    "campaign": "--campaign",
 }
 
 
@@ -41,17 +42,18 @@ def test_every_modes_options_are_declared_with_the_standard_library_alone(mode):
     assert result.stdout.startswith(f"usage: run-benchmarks {MODES[mode]}".rstrip() + " [-h]")
 
 
-def test_run_benchmarks_help_builds_nothing(tmp_path):
-    cache = tmp_path / "cache"  # where tools/runner-venv would build the runner venv
-    for arguments in (["--help"], ["--quick", "-h"], ["--attribution", "--help"], ["--memory-over-time", "-h"]):
+def test_run_benchmarks_and_run_demo_help_build_nothing(tmp_path):
+    cache = tmp_path / "cache"  # where tools/runner-venv and ./run-demo would build their venvs
+    benchmarks = (["--help"], ["--quick", "-h"], ["--attribution", "--help"], ["--memory-over-time", "-h"])
+    for script, *arguments in [("run-benchmarks", *a) for a in benchmarks] + [("run-demo", "--rollouts", "2", "-h")]:
         result = subprocess.run(
-            [str(REPO / "run-benchmarks"), *arguments],
+            [str(REPO / script), *arguments],
             env={**os.environ, "GYM_AUTOINSTR_TEST_CACHE": str(cache)},
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert result.returncode == 0 and result.stdout.startswith("usage: run-benchmarks"), result.stderr
+        assert result.returncode == 0 and result.stdout.startswith(f"usage: {script}"), result.stderr
     assert not cache.exists()
 
 

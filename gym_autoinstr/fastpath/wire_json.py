@@ -22,9 +22,10 @@ from typing import Any
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from gym_autoinstr.fastpath.propagation import SPAN_CONTEXT_IS_TUPLE
-from gym_autoinstr.fastpath.span_facts import JOB_PREFIX as _FACT_PREFIX
+from gym_autoinstr.attributes import JOB_PREFIX as _FACT_PREFIX
+from gym_autoinstr.fastpath.context_ops import SPAN_CONTEXT_IS_TUPLE
 from gym_autoinstr.fastpath.span_facts import KEYS as _FACT_KEYS
+from gym_autoinstr.fastpath.span_facts import ROOT_KEYS as _ROOT_FACT_KEYS
 
 _text = json.encoder.encode_basestring_ascii  # (C) a JSON string, quotes included
 _TUPLE_LAYOUT = SPAN_CONTEXT_IS_TUPLE
@@ -75,7 +76,12 @@ _KV_CACHE: dict[tuple[str, Any, type], str] = {}
 _KV_CACHE_MAX = 4096
 
 
-def attributes(attrs: Mapping[str, Any] | None, skipped: list[str] | None = None, kept: list[str] | None = None) -> str:
+def attributes(
+    attrs: Mapping[str, Any] | None,
+    skipped: list[str] | None = None,
+    kept: list[str] | None = None,
+    kept_keys: frozenset[str] = _FACT_KEYS,
+) -> str:
     """The pairs of a KeyValue list, comma-joined (no brackets); values that cannot be
     encoded are left out, as the SDK's encoder does.  ``kept``: the pairs of the keys
     ``span_facts`` keeps are appended to it too (the same text, one walk)."""
@@ -85,7 +91,7 @@ def attributes(attrs: Mapping[str, Any] | None, skipped: list[str] | None = None
     append = parts.append
     cache = _KV_CACHE
     for key, value in attrs.items():
-        if kept is not None and (key in _FACT_KEYS or key.startswith(_FACT_PREFIX)):
+        if kept is not None and (key in kept_keys or key.startswith(_FACT_PREFIX)):
             start = len(parts)
             _append_pair(parts, cache, key, value, skipped)
             if len(parts) > start:
@@ -224,7 +230,7 @@ def span(sdk_span: Any, skipped: list[str] | None = None, kept: list[str] | None
         out.append(f',"startTimeUnixNano":"{start}"')
     if end:
         out.append(f',"endTimeUnixNano":"{end}"')
-    pairs = attributes(sdk_span.attributes, skipped, kept)
+    pairs = attributes(sdk_span.attributes, skipped, kept, _FACT_KEYS if parent is not None else _ROOT_FACT_KEYS)
     if pairs:
         out.append(',"attributes":[' + pairs + "]")
     if sdk_span.dropped_attributes:

@@ -206,18 +206,22 @@ class SegmentWriter:
     def _write_facts(self, start: int, end: int, groups: str) -> None:
         """A facts line (``fastpath/span_facts.py``); none when it cannot be written (a
         reader then reads the segment's spans themselves)."""
-        path = self.directory / f"{self.stem}.{self.number:04d}{FACTS_SUFFIX}"
         try:
-            with open(path, "ab") as handle:
+            with open(self._facts_path(), "ab") as handle:
                 handle.write(f'{{"from":{start},"at":{end},"groups":[{groups}]}}\n'.encode())
         except OSError:
             pass
 
+    def _facts_path(self) -> Path:
+        return self.directory / f"{self.stem}.{self.number:04d}{FACTS_SUFFIX}"
+
     def _rotate(self) -> None:
-        closed = self.path
+        closed, facts = self.path, self._facts_path()
         self.number += 1
         self.in_segment = 0
         COMPRESSOR.submit(closed)
+        if facts.exists():  # a span segment's facts close (and are gzipped) with it
+            COMPRESSOR.submit(facts)
         self._since_check = _CHECK_EVERY  # measure again: the closed segment will shrink
 
     def _within_budget(self, size: int) -> bool:
@@ -265,12 +269,15 @@ class SegmentWriter:
         readable.  A line written after this starts the next segment."""
         with self._lock:
             path = self.path if self.in_segment else None
+            facts = self._facts_path() if path is not None else None
             if path is not None:
                 self.number += 1
                 self.in_segment = 0
         COMPRESSOR.drain(deadline)
         if path is not None and time.monotonic() < deadline:
             compress(path, deadline)
+            if facts is not None and facts.exists() and time.monotonic() < deadline:
+                compress(facts, deadline)
 
 
 # -- reading ---------------------------------------------------------------------------------

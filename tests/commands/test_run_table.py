@@ -246,3 +246,30 @@ def test_bad_gzip_sizes_and_cut_facts_lines_fall_back_to_the_spans(tmp_path):
     zipped.write_bytes(gzip.compress(segment.read_bytes() + b"\n"))  # a gzip longer than its facts say
     segment.unlink()
     assert _resolved(store.segment_partials(zipped)) == expected
+
+
+def test_a_closed_segments_facts_are_gzipped_with_it_and_still_read(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("GYM_AUTOINSTR_SEGMENT_MB", "0.07")  # (the smallest: 64 KiB) several segments
+    _writer_run(tmp_path, rollouts=400, batch=50)
+    segments.COMPRESSOR.drain(time.monotonic() + 30)
+    found = files.span_segments(tmp_path)
+    closed = [s for s in found if s.name.endswith(".gz")]
+    assert len(found) >= 3 and len(closed) == len(found) - 1  # all but the open one
+    for segment in found:
+        facts_file = store._facts_file(segment)
+        assert facts_file.name.endswith(".facts.gz") is segment.name.endswith(".gz"), facts_file
+        assert store._facts_records(facts_file)
+    # read from the facts (gzipped or not) and from the spans: the same rows (a trace cut by a
+    # rotation is whole once its segments are merged)
+    original, read = facts.partials_of, []
+    monkeypatch.setattr(facts, "partials_of", lambda lines, source="": read.append(source) or original(lines, source))
+    rows = {r.trace_id: r.row[: facts.R_FILES] for r in store.load([str(tmp_path)]).rollouts}
+    assert read == []  # every segment's facts taken, none of its spans parsed
+    monkeypatch.setattr(facts, "partials_of", original)
+    merged: dict = {}
+    for segment in found:
+        for trace_id, part in facts.partials_of(segment_lines(segment)).items():
+            facts.merge(merged[trace_id], part) if trace_id in merged else merged.__setitem__(trace_id, part)
+    assert rows == {t: facts.resolve(t, p, ())[: facts.R_FILES] for t, p in merged.items()} and len(rows) == 401

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.commands.runs import outcome
 from gym_autoinstr.fastpath import span_facts
 
@@ -53,51 +54,47 @@ from gym_autoinstr.fastpath import span_facts
 ) = range(23)
 WIDTH = 23
 
-ROLLOUT_ID = "nemo.gym.rollout.id"
-JOB_ID = "nemo.gym.job.id"
-SERVER_TYPE = "nemo.gym.server.type"
 # Attributes kept on a top span (a trace's root candidates), to name it as the list does
 # (``model.display_name``) and, for a job's own ``gym.job`` span, its counts.
 TOP_KEYS = frozenset(
     {
-        "nemo.gym.http.destination.server.name",
-        "nemo.gym.http.destination.route",
-        "url.full",
-        "server.address",
-        "http.request.method",
-        JOB_ID,
-        ROLLOUT_ID,
+        attr.DESTINATION,
+        attr.DESTINATION_ROUTE,
+        attr.URL_FULL,
+        attr.SERVER_ADDRESS,
+        attr.HTTP_REQUEST_METHOD,
+        attr.JOB_ID,
+        attr.ROLLOUT_ID,
     }
 )
-TOP_PREFIXES = (span_facts.JOB_PREFIX,)
+TOP_PREFIXES = (attr.JOB_PREFIX,)
 # Attributes ``--attr KEY=VALUE`` answers from the table (span or resource attributes);
 # any other key makes ``view`` read the spans themselves.
 TAG_KEYS = frozenset(
     {
-        JOB_ID,
-        ROLLOUT_ID,
-        SERVER_TYPE,
-        "nemo.gym.server.name",
-        "nemo.gym.run.id",
-        "service.name",
-        "host.name",
-        "error.type",
-        outcome.FAILURE_STAGE,
-        "gen_ai.request.model",
-        "gen_ai.response.model",
-        "gen_ai.agent.name",
-        "gen_ai.tool.name",
-        "gen_ai.operation.name",
-        "http.route",
-        "http.response.status_code",
+        attr.JOB_ID,
+        attr.ROLLOUT_ID,
+        attr.SERVER_TYPE,
+        attr.SERVER_NAME,
+        attr.RUN_ID,
+        attr.SERVICE_NAME,
+        attr.HOST_NAME,
+        attr.ERROR_TYPE,
+        attr.FAILURE_STAGE,
+        attr.REQUEST_MODEL,
+        attr.RESPONSE_MODEL,
+        attr.AGENT_NAME,
+        attr.TOOL_NAME,
+        attr.OPERATION,
+        attr.HTTP_ROUTE,
     }
 )
 # What the reader looks at: the attributes the writer keeps in the facts files, no more
-_WANTED = span_facts.KEYS
+_WANTED = span_facts.ROOT_KEYS
 assert TOP_KEYS <= _WANTED and TAG_KEYS <= _WANTED
-_SERVER = (2, "SPAN_KIND_SERVER")
-_CLIENT = (3, "SPAN_KIND_CLIENT")
 _KIND_NAMES = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+_KIND_NUMBERS = {name: number for number, name in _KIND_NAMES.items()}
+_SEAM_FIELDS = {span_facts.MODEL: MODEL, span_facts.TOOLS: TOOLS, span_facts.VERIFY: VERIFY}
 _ERROR = (2, "STATUS_CODE_ERROR")
 STARTUP_SPANS = ("gym.startup", "gym.server.startup")
 JOB_SPAN = "gym.job"
@@ -121,12 +118,6 @@ def tag(key: str, value: object) -> str:
     return f"{key}={value}"
 
 
-def _kind(kind: object) -> str:
-    if isinstance(kind, int):
-        return _KIND_NAMES.get(kind, str(kind))
-    return str(kind).removeprefix("SPAN_KIND_")
-
-
 def _better(current, candidate) -> bool:
     return current is None or candidate < current
 
@@ -141,8 +132,8 @@ def _new(start: int, end: int) -> list:
 
 
 def _add_usage(total: list, found: dict) -> None:
-    total[0] += _whole(found.get(outcome.INPUT_TOKENS))
-    total[1] += _whole(found.get(outcome.OUTPUT_TOKENS))
+    total[0] += _whole(found.get(attr.INPUT_TOKENS))
+    total[1] += _whole(found.get(attr.OUTPUT_TOKENS))
     total[2] += 1
 
 
@@ -153,7 +144,7 @@ def _whole(value: object) -> int:
 def _resource(attributes: dict) -> tuple[str, object, list[str]]:
     """A resource's service name, Gym server type and the tags ``--attr`` answers."""
     tags = [tag(key, value) for key, value in attributes.items() if key in TAG_KEYS]
-    return str(attributes.get("service.name", "?")), attributes.get(SERVER_TYPE), tags
+    return str(attributes.get(attr.SERVICE_NAME, "?")), attributes.get(attr.SERVER_TYPE), tags
 
 
 def add_request(partials: dict[str, list], request: dict) -> None:
@@ -167,26 +158,32 @@ def add_request(partials: dict[str, list], request: dict) -> None:
         service, server_type, tags = _resource(resource)
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):
+                top = not span.get("parentSpanId")
                 found = {}
+                wanted = _WANTED if top else span_facts.KEYS  # what the writer's facts keep
                 for kv in span.get("attributes", ()):
                     key = kv.get("key")
-                    if key in _WANTED or key.startswith(TOP_PREFIXES):
+                    if key in wanted or key.startswith(TOP_PREFIXES):
                         found[key] = _value(kv.get("value") or {})
+                name = span.get("name", "")
+                kind = span.get("kind", 0)
+                kind = kind if isinstance(kind, int) else _KIND_NUMBERS.get(str(kind).removeprefix("SPAN_KIND_"), 0)
+                start, end = int(span.get("startTimeUnixNano", 0)), int(span.get("endTimeUnixNano", 0))
                 links = span.get("links")
                 _add(
                     partials,
                     span.get("traceId", ""),
                     span.get("spanId", ""),
-                    not span.get("parentSpanId"),
-                    span.get("name", ""),
-                    span.get("kind", 0),
-                    int(span.get("startTimeUnixNano", 0)),
-                    int(span.get("endTimeUnixNano", 0)),
+                    top,
+                    name,
+                    kind,
+                    start,
+                    end,
                     (span.get("status") or {}).get("code") in _ERROR,
                     found,
                     [(link.get("traceId", ""), link.get("spanId", "")) for link in links] if links else (),
                     service,
-                    server_type,
+                    span_facts.seam(kind, server_type, str(found.get(attr.HTTP_ROUTE) or name.partition(" ")[2])),
                     tags,
                 )
 
@@ -194,22 +191,33 @@ def add_request(partials: dict[str, list], request: dict) -> None:
 def add_facts_line(partials: dict[str, list], record: dict) -> None:
     """One line of a segment's facts file (``fastpath/span_facts.py``) into ``partials``."""
     for group in record.get("groups", ()):
-        service, server_type, tags = _resource(group.get("resource") or {})
-        for trace_id, span_id, parent, name, kind, start, end, error, kept, links in group.get("spans", ()):
+        service, _server_type, tags = _resource(group.get("resource") or {})
+        for trace_id, start, end, flags, seam, name, span_id, kept, links in group.get("spans", ()):
+            partial = partials.get(trace_id)
+            if partial is not None and not (kept or name or links or flags & 1) and service in partial[SERVICES]:
+                # the usual span: no outcome, no name to rank, not a root: its times and seam alone
+                if start < partial[START]:
+                    partial[START] = start
+                if end > partial[END]:
+                    partial[END] = end
+                partial[COUNT] += 1
+                if seam:
+                    partial[_SEAM_FIELDS[seam]] += max(0, end - start) / 1e6
+                continue
             _add(
                 partials,
                 trace_id,
-                span_id,
-                not parent,
-                name,
-                kind,
+                span_id or "",
+                bool(flags & 2),
+                name or "",
+                flags >> 2,
                 start,
                 end,
-                bool(error),
+                bool(flags & 1),
                 {kv["key"]: _value(kv.get("value") or {}) for kv in kept} if kept else {},
                 [tuple(link) for link in links] if links else (),
                 service,
-                server_type,
+                seam,
                 tags,
             )
 
@@ -220,14 +228,14 @@ def _add(
     span_id: str,
     top: bool,
     name: str,
-    kind: object,
+    kind: int,
     start: int,
     end: int,
     error: bool,
     found: dict,
     links,
     service: str,
-    server_type: object,
+    seam: int,
     resource_tags: list,
 ) -> None:
     partial = partials.get(trace_id)
@@ -241,59 +249,49 @@ def _add(
     partial[COUNT] += 1
     if error:
         partial[ERRORS] += 1
-    partial[SERVICES].add(service)
-    if resource_tags:
+    if service not in partial[SERVICES]:
+        partial[SERVICES].add(service)
         partial[TAGS].update(resource_tags)
     if top or partial[EARLIEST] is None or start < partial[EARLIEST][0]:
-        attributes = {
-            k: v for k, v in found.items() if k in TOP_KEYS or (name == JOB_SPAN and k.startswith(TOP_PREFIXES))
-        }
-        entry = (start, span_id, name, _kind(kind), end, attributes, tuple(links), service, error)
+        # (attributes as found: ``resolve`` keeps those a top span shows)
+        entry = (start, span_id, name, _KIND_NAMES.get(kind, str(kind)), end, found, tuple(links), service, error)
         if top:
             partial[TOPS].append(entry)
         if partial[EARLIEST] is None or start < partial[EARLIEST][0]:
             partial[EARLIEST] = entry
-    if kind in _SERVER and server_type is not None:
-        took = max(0, end - start) / 1e6
-        if server_type == "responses_api_models":
-            partial[MODEL] += took
-        elif server_type == "resources_servers":
-            route = str(found.get("http.route") or name.partition(" ")[2])
-            if route.endswith("/verify"):
-                partial[VERIFY] += took
-            elif not route.endswith(("/seed_session", "/aggregate_metrics")):
-                partial[TOOLS] += took
+    if seam:
+        partial[_SEAM_FIELDS[seam]] += max(0, end - start) / 1e6
     if not found:
         return
     for key in found.keys() & TAG_KEYS:
         partial[TAGS].add(tag(key, found[key]))
-    if ROLLOUT_ID in found:
-        partial[ROLLOUT_IDS].add(str(found[ROLLOUT_ID]))
+    if attr.ROLLOUT_ID in found:
+        partial[ROLLOUT_IDS].add(str(found[attr.ROLLOUT_ID]))
     rank = 0 if top else 1 if name == "gym.rollout" else 2 if name == "gym.verify" else 3
     if rank < 3:
-        for field, key in ((REWARD, outcome.REWARD), (MASK, outcome.MASK_SAMPLE)):
+        for field, key in ((REWARD, attr.REWARD), (MASK, attr.MASK_SAMPLE)):
             if key in found and _better(partial[field], (rank, start)):
                 partial[field] = (rank, start, found[key])
-    for field, key in ((TASK, outcome.TASK_INDEX), (REPEAT, outcome.ROLLOUT_INDEX)):
+    for field, key in ((TASK, attr.TASK_INDEX), (REPEAT, attr.ROLLOUT_INDEX)):
         if key in found and _better(partial[field], (0 if top else 1, start)):
             partial[field] = (0 if top else 1, start, found[key])
-    for field, key in (("error.type", ERROR_TYPE), (outcome.FAILURE_STAGE, STAGE)):
+    for field, key in ((attr.ERROR_TYPE, ERROR_TYPE), (attr.FAILURE_STAGE, STAGE)):
         if field in found and _better(partial[key], (start,)):
             partial[key] = (start, str(found[field]))
-    if outcome.ROLLOUT_INPUT_TOKENS in found or outcome.ROLLOUT_OUTPUT_TOKENS in found:
-        candidate = (0 if top else 1, start, _whole(found.get(outcome.ROLLOUT_INPUT_TOKENS)))
-        candidate += (_whole(found.get(outcome.ROLLOUT_OUTPUT_TOKENS)),)
+    if attr.ROLLOUT_INPUT_TOKENS in found or attr.ROLLOUT_OUTPUT_TOKENS in found:
+        candidate = (0 if top else 1, start, _whole(found.get(attr.ROLLOUT_INPUT_TOKENS)))
+        candidate += (_whole(found.get(attr.ROLLOUT_OUTPUT_TOKENS)),)
         if _better(partial[ROLLOUT_TOKENS], candidate):
             partial[ROLLOUT_TOKENS] = candidate
-    if outcome.INPUT_TOKENS in found or outcome.OUTPUT_TOKENS in found:
-        operation = found.get(outcome.OPERATION)
+    if attr.INPUT_TOKENS in found or attr.OUTPUT_TOKENS in found:
+        operation = found.get(attr.OPERATION)
         if operation == "invoke_agent":
-            candidate = (0 if top else 1, start, _whole(found.get(outcome.INPUT_TOKENS)))
-            candidate += (_whole(found.get(outcome.OUTPUT_TOKENS)),)
+            candidate = (0 if top else 1, start, _whole(found.get(attr.INPUT_TOKENS)))
+            candidate += (_whole(found.get(attr.OUTPUT_TOKENS)),)
             if _better(partial[AGENT_TOKENS], candidate):
                 partial[AGENT_TOKENS] = candidate
         elif operation == "chat":
-            _add_usage(partial[CALL_TOKENS] if kind in _CLIENT else partial[SEAM_TOKENS], found)
+            _add_usage(partial[CALL_TOKENS] if kind == 3 else partial[SEAM_TOKENS], found)
         _add_usage(partial[ANY_TOKENS], found)
 
 
@@ -418,7 +416,7 @@ def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
         else JOB
         if any(e[2] == JOB_SPAN for e in tops)
         else ROLLOUT,
-        next((_same(str(e[5][JOB_ID])) for e in tops if JOB_ID in e[5]), None),
+        next((_same(str(e[5][attr.JOB_ID])) for e in tops if attr.JOB_ID in e[5]), None),
     )
 
 
@@ -434,8 +432,12 @@ def _same(value):
 
 
 def _shared_entry(entry: tuple) -> tuple:
-    start, span_id, name, kind, end, attributes, links, service, error = entry
-    attributes = {_same(k): _same(v) if isinstance(v, str) else v for k, v in attributes.items()}
+    start, span_id, name, kind, end, found, links, service, error = entry
+    attributes = {
+        _same(k): _same(v) if isinstance(v, str) else v
+        for k, v in found.items()
+        if k in TOP_KEYS or (name == JOB_SPAN and k.startswith(TOP_PREFIXES))
+    }
     return (start, span_id, _same(name), _same(kind), end, attributes, tuple(links), _same(service), error)
 
 

@@ -1,8 +1,7 @@
 """How a rollout ended, read from its trace's spans: its reward (and whether it is masked),
 its task and repeat indexes in Gym's output file, its model tokens.
 
-The attributes (set by the advice on the rollout's spans; not imported: the view reads
-files and needs none of the runtime):
+The attributes (set by the advice on the rollout's spans, named in ``gym_autoinstr/attributes.py``):
 
 * ``nemo.gym.reward`` (double), ``nemo.gym.mask_sample`` (bool, Gym 0.7: the reward is
   not a valid measurement): on the rollout's root (the collection driver's CLIENT
@@ -33,17 +32,8 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-REWARD = "nemo.gym.reward"
-MASK_SAMPLE = "nemo.gym.mask_sample"
-TASK_INDEX = "nemo.gym.task.index"
-ROLLOUT_INDEX = "nemo.gym.rollout.index"
-FAILURE_STAGE = "nemo.gym.failure.stage"
-OPERATION = "gen_ai.operation.name"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-# The rollout's own total (not gen_ai.usage.*, which GenAI UIs add up over a trace's spans)
-ROLLOUT_INPUT_TOKENS = "nemo.gym.rollout.usage.input_tokens"
-ROLLOUT_OUTPUT_TOKENS = "nemo.gym.rollout.usage.output_tokens"
+from gym_autoinstr import attributes as attr
+
 # The spans a trace's reward is looked for on after its root, in this order.
 REWARD_SPANS = ("gym.rollout", "gym.verify")
 
@@ -92,11 +82,11 @@ def _in_order(rows: Sequence[SpanRow], key: str) -> object:
 
 
 def reward(rows: Sequence[SpanRow]) -> float | None:
-    return number(_in_order(rows, REWARD))
+    return number(_in_order(rows, attr.REWARD))
 
 
 def mask_sample(rows: Sequence[SpanRow]) -> bool | None:
-    value = _in_order(rows, MASK_SAMPLE)
+    value = _in_order(rows, attr.MASK_SAMPLE)
     if isinstance(value, str):
         return value.strip().lower() == "true"
     return None if value is None else bool(value)
@@ -111,7 +101,7 @@ def index(rows: Sequence[SpanRow], key: str) -> int | None:
     return None
 
 
-def _usage(attributes: dict, keys: tuple[str, str] = (INPUT_TOKENS, OUTPUT_TOKENS)) -> tuple[int, int] | None:
+def _usage(attributes: dict, keys: tuple[str, str] = (attr.INPUT_TOKENS, attr.OUTPUT_TOKENS)) -> tuple[int, int] | None:
     if keys[0] not in attributes and keys[1] not in attributes:
         return None
     return whole(attributes.get(keys[0])) or 0, whole(attributes.get(keys[1])) or 0
@@ -127,9 +117,13 @@ def _outermost(rows: Sequence[SpanRow], found) -> tuple[int, int] | None:
 def tokens(rows: Sequence[SpanRow]) -> tuple[int, int] | None:
     """Tokens in and out, each model call counted once (the module's docstring says how);
     None when no span has them.  ``rows``: depth-first, parents before their subtree."""
-    total = _outermost(rows, lambda attributes: _usage(attributes, (ROLLOUT_INPUT_TOKENS, ROLLOUT_OUTPUT_TOKENS)))
+    total = _outermost(
+        rows, lambda attributes: _usage(attributes, (attr.ROLLOUT_INPUT_TOKENS, attr.ROLLOUT_OUTPUT_TOKENS))
+    )
     if total is None:
-        total = _outermost(rows, lambda attributes: attributes.get(OPERATION) == "invoke_agent" and _usage(attributes))
+        total = _outermost(
+            rows, lambda attributes: attributes.get(attr.OPERATION) == "invoke_agent" and _usage(attributes)
+        )
     if total is not None:
         return total
     tokens_in = tokens_out = 0
@@ -139,7 +133,7 @@ def tokens(rows: Sequence[SpanRow]) -> tuple[int, int] | None:
         if covered >= 0 and row.depth <= covered:
             covered = -1
         attributes = _attributes(row.span)
-        if covered < 0 and attributes.get(OPERATION) == "chat" and (usage := _usage(attributes)):
+        if covered < 0 and attributes.get(attr.OPERATION) == "chat" and (usage := _usage(attributes)):
             tokens_in, tokens_out, found, covered = tokens_in + usage[0], tokens_out + usage[1], True, row.depth
     if found:
         return tokens_in, tokens_out
@@ -156,7 +150,7 @@ def failure(rows: Sequence[SpanRow]) -> dict[str, str]:
     found: dict[str, str] = {}
     for row in rows:
         attributes = _attributes(row.span)
-        for key, name in (("error.type", "error_type"), (FAILURE_STAGE, "stage")):
+        for key, name in ((attr.ERROR_TYPE, "error_type"), (attr.FAILURE_STAGE, "stage")):
             if name not in found and key in attributes:
                 found[name] = str(attributes[key])
         if len(found) == 2:

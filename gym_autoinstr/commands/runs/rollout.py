@@ -4,6 +4,7 @@ either), without its spans."""
 
 from __future__ import annotations
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.commands.runs import facts as f
 
 # Where the fields of a top span's entry (``facts._top_entry``) are
@@ -25,7 +26,7 @@ def _span(trace_id: str, entry: tuple) -> dict:
         "end_ns": entry[_T_END],
         "status": "ERROR" if entry[_T_ERROR] else "UNSET",
         "attributes": dict(entry[_T_ATTRIBUTES]),
-        "resource": {"service.name": entry[_T_SERVICE]},
+        "resource": {attr.SERVICE_NAME: entry[_T_SERVICE]},
         "links": [{"trace_id": t, "span_id": s} for t, s in entry[_T_LINKS]],
     }
 
@@ -117,7 +118,7 @@ def link_jobs(rollouts: list[Rollout]) -> None:
     for rollout in rollouts:
         for entry in rollout.row[f.R_TOPS]:
             if entry[_T_NAME] == f.JOB_SPAN:
-                jobs[(rollout.trace_id, entry[_T_SPAN])] = str(entry[_T_ATTRIBUTES].get(f.JOB_ID, entry[_T_SPAN]))
+                jobs[(rollout.trace_id, entry[_T_SPAN])] = str(entry[_T_ATTRIBUTES].get(attr.JOB_ID, entry[_T_SPAN]))
     if not jobs:
         return
     for rollout in rollouts:

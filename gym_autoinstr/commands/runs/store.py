@@ -18,6 +18,7 @@ kept: every command then reads every file."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import marshal
@@ -122,9 +123,12 @@ def _save(path: Path, value: object) -> None:
 
 
 def _facts_file(path: Path) -> Path:
+    """A segment's facts file: gzipped once its segment closed (``<stem>.facts.gz``), else plain."""
     from gym_autoinstr.setup.files import SPANS_SUFFIX
 
-    return path.with_name(path.name.removesuffix(GZ).removesuffix(SPANS_SUFFIX) + FACTS_SUFFIX)
+    plain = path.with_name(path.name.removesuffix(GZ).removesuffix(SPANS_SUFFIX) + FACTS_SUFFIX)
+    zipped = plain.with_name(plain.name + GZ)
+    return zipped if zipped.exists() else plain
 
 
 def _plain_size(path: Path) -> int | None:
@@ -140,9 +144,12 @@ def _plain_size(path: Path) -> int | None:
 
 
 def _facts_records(path: Path) -> list[dict]:
+    from gym_autoinstr.setup.segments import open_text
+
     records = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        handle = open_text(path)  # plain or gzipped (a gzip cut short: read up to the cut)
+        with handle if hasattr(handle, "__enter__") else contextlib.nullcontext(handle):
             for line in handle:
                 try:
                     records.append(json.loads(line))
