@@ -32,6 +32,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="run-demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=5)
+    parser.add_argument("--gym-version", default="0.4.0")
+    parser.add_argument(
+        "--workdir", help="where Gym runs and the traces are written (default: a new .cache/demo/<time>)"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("mlflow", "phoenix"),
+        help="send the traces to this UI, started locally, and print its URL",
+    )
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    options()  # before the imports below (Gym's venv): --help, and a wrong option, need only python3
+
 from gym_autoinstr.commands.view.model import build_traces  # noqa: E402
 from gym_autoinstr.setup.files import (  # noqa: E402
     embedded_default_applies,
@@ -95,18 +114,7 @@ def _collect(trio: GymTrio, venv: Path, env: dict[str, str]) -> subprocess.Compl
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=5)
-    parser.add_argument("--gym-version", default="0.4.0")
-    parser.add_argument(
-        "--workdir", help="where Gym runs and the traces are written (default: a new .cache/demo/<time>)"
-    )
-    parser.add_argument(
-        "--backend",
-        choices=sorted(BACKENDS),
-        help="send the traces to this UI, started locally, and print its URL",
-    )
-    args = parser.parse_args()
+    args = options()
     if args.backend:
         return with_backend(args)
 

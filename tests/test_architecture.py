@@ -1,5 +1,6 @@
 """The package's import structure: the layers of ``gym_autoinstr/README.md`` ("The map"),
-and no import cycles, imports inside functions included.
+and no import cycles, imports inside functions included; and every attribute name declared
+once, in ``gym_autoinstr/attributes.py``.
 
 The rules live in ``pyproject.toml`` (``[tool.importlinter]``), where ``lint-imports``
 reads them; here they run in-process with the suite, beside a plain check that lists
@@ -9,6 +10,7 @@ the test environment.
 
 from __future__ import annotations
 
+import ast
 import pathlib
 
 import grimp
@@ -16,6 +18,7 @@ from importlinter import configuration
 from importlinter.application import use_cases
 
 import gym_autoinstr
+from gym_autoinstr import attributes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -87,3 +90,28 @@ def test_no_module_of_ours_is_part_of_an_import_cycle():
                 at = sorted(d["line_number"] for d in graph.get_import_details(importer=importer, imported=imported))
                 lines.append(f"    {importer} -> {imported} (line {', '.join(map(str, at))})")
     assert not lines, "import cycles:\n" + "\n".join(lines)
+
+
+def test_attribute_names_are_declared_once_and_documented():
+    """No ``nemo.gym.*`` string literal in the package outside ``attributes.py`` (docstrings
+    aside): writers and readers use its names, so a typo is a NameError; and each name there
+    is in docs/spans-and-metrics.md unless its line says ``# internal``."""
+    table = pathlib.Path(attributes.__file__)
+    stray = []
+    for path in sorted(set((ROOT / "gym_autoinstr").rglob("*.py")) - {table}):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        stray += [
+            f"{path.relative_to(ROOT)}:{n.lineno}: {n.value!r}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and str(n.value).startswith("nemo.gym.") and id(n) not in docs
+        ]
+    assert not stray, "use gym_autoinstr/attributes.py's names:\n" + "\n".join(stray)
+    lines = table.read_text().splitlines()
+    declared = {
+        n.value.value: lines[n.lineno - 1] for n in ast.parse("\n".join(lines)).body if isinstance(n, ast.Assign)
+    }
+    assert len(declared) == len([k for k in vars(attributes) if k.isupper()]) > 50
+    documented = (ROOT / "docs" / "spans-and-metrics.md").read_text()
+    missing = [v for v, line in declared.items() if f"`{v}" not in documented and "# internal" not in line]
+    assert not missing, f"not in docs/spans-and-metrics.md: {missing}"

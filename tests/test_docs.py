@@ -134,7 +134,12 @@ def _known_variables() -> set[str]:
 
     known = set(settings.ALL)
     # and those the scripts and the test harness read (which Python to build venvs with, ...)
-    for script in [REPO / "run-demo", REPO / "run-tests", *(REPO / "tools").iterdir(), *(REPO / "tests" / "harness").glob("*.py")]:
+    for script in [
+        REPO / "run-demo",
+        REPO / "run-tests",
+        *(REPO / "tools").iterdir(),
+        *(REPO / "tests" / "harness").glob("*.py"),
+    ]:
         if script.is_file():
             known |= set(VARIABLE.findall(script.read_text(errors="replace")))
     for module in (api, sdk):
@@ -163,5 +168,7 @@ def test_every_flag_named_in_the_readme_and_docs_exists():
     for document in _documents():
         for command, rest in COMMAND_LINE.findall(document.read_text()):
             options = subcommands[command]._option_string_actions  # noqa: SLF001
-            unknown |= {f"{document.relative_to(REPO)}: {command} {flag}" for flag in FLAG.findall(rest) if flag not in options}
+            unknown |= {
+                f"{document.relative_to(REPO)}: {command} {flag}" for flag in FLAG.findall(rest) if flag not in options
+            }
     assert sorted(unknown) == []

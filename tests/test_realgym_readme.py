@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -23,9 +24,23 @@ from tests.harness.trio import AGENT, GymTrio
 pytestmark = pytest.mark.realgym
 
 ROWS, REPEATS = 2, 2
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _readme_steps() -> list[str]:
+    """The commands of the README's "Your own Gym, traced" block, comments and arguments aside."""
+    block = (REPO / "README.md").read_text().split("## Your own Gym, traced", 1)[1].split("```", 2)[1]
+    return [" ".join(line.split("#")[0].split()[:2]) for line in block.strip().splitlines()]
 
 
 def test_the_readme_steps_join_a_collection_job_to_its_rollouts_in_one_run_directory(tmp_path, policy_model):
+    # what this test runs is what the README says, in its order
+    assert _readme_steps() == [
+        "gym-autoinstr doctor",
+        "opentelemetry-instrument gym",
+        "opentelemetry-instrument ng_collect_rollouts",
+        "gym-autoinstr view",
+    ]
     venv = gym_venv("0.4.0")  # what ./run-demo runs
     trio = GymTrio(venv, "0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True)
     rows = tmp_path / "rows.jsonl"
@@ -79,13 +94,16 @@ def test_the_readme_steps_join_a_collection_job_to_its_rollouts_in_one_run_direc
     late = [(s["name"], s["end_ns"] - c["end_ns"]) for s, c in served if s["end_ns"] > c["end_ns"]]
     assert not late, late
 
-    # step 4: the list shows the job with its rollouts, joined
+    # step 4, as the README writes it (no path): the newest run, the job with its rollouts, joined
+    assert _readme_steps()[-1] == "gym-autoinstr view"
     view = subprocess.run(
-        [str(venv / "bin" / "gym-autoinstr"), "view", str(run_dir)],
+        [str(venv / "bin" / "gym-autoinstr"), "view"],
+        cwd=trio.workdir,
         capture_output=True,
         text=True,
         timeout=120,
         env={k: v for k, v in os.environ.items() if k != "COLUMNS"},  # pytest's 80 columns would cut the job line
     )
     assert view.returncode == 0, view.stderr
+    assert f"the newest run, gym-autoinstr-runs/{run_dir.name}" in view.stderr
     assert f"{ROWS * REPEATS} linked rollout traces" in view.stdout, view.stdout[:3000]

@@ -55,9 +55,9 @@ from opentelemetry import metrics as otel_metrics
 
 from gym_autoinstr import _footprint
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.attributes import CONCURRENCY_SITE, SERVER_NAME
 from gym_autoinstr.telemetry import metrics
 
-SITE = "nemo.gym.concurrency.site"
 WAIT_BOUNDARIES_MS = (
     0.1,
     0.5,
@@ -257,7 +257,7 @@ def _observe(server: Any, server_name: str) -> int:
         for attribute, semaphore in found:
             if _BASE in type(semaphore).__dict__:  # another thread was first
                 continue
-            attributes = {SITE: f"{type(server).__name__}.{attribute}", metrics.SERVER_NAME: server_name}
+            attributes = {CONCURRENCY_SITE: f"{type(server).__name__}.{attribute}", SERVER_NAME: server_name}
             # a semaphore that replaces another at the same site takes its place
             _sites[:] = [site for site in _sites if site[1] != attributes]
             setattr(semaphore, _ATTRIBUTES, attributes)

@@ -37,10 +37,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanKind
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence, job, outcome, pool
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath import context_ops, w3c
 from gym_autoinstr.fastpath.contract import SUPPRESS_HTTP_INSTRUMENTATION_KEY as _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.telemetry.redaction import redact_url
@@ -128,7 +129,7 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     if groups.HTTP_CLIENT not in groups.ENABLED or coexistence.NATIVE_LIVE:
         return wrapped(*args, **kwargs)
     try:
-        context = propagation.current_context()
+        context = context_ops.current_context()
         dropped = sampling.dropped_call(context)
         if dropped is not None:
             # job.dispatching(), with the current span at hand: a /run sent under a
@@ -239,11 +240,11 @@ def _start_client_span(
     answer says (``outcome.RUN``, ``VERIFY``, ``MODEL``: read when Gym parses it; or None)."""
     method, url = _bind(args, kwargs)
     full, host, port = _redacted(url)
-    attributes: dict[str, Any] = {"http.request.method": method, "url.full": full}
+    attributes: dict[str, Any] = {attr.HTTP_REQUEST_METHOD: method, attr.URL_FULL: full}
     if host:
-        attributes["server.address"] = host
+        attributes[attr.SERVER_ADDRESS] = host
     if port is not None:
-        attributes["server.port"] = port
+        attributes[attr.SERVER_PORT] = port
     # Named `{method} {url.template}` (HTTP semantic conventions) where the template is
     # known: a call to a server of this fleet, whose routes are Gym's own; any other URL
     # (the model server's upstream, say) may carry ids in its path: `{method}` alone.
@@ -251,12 +252,12 @@ def _start_client_span(
     answer = None
     callee = pool.server_name_for(host, port)
     if callee:
-        attributes[pool.DESTINATION] = callee
+        attributes[attr.DESTINATION] = callee
         routed = _route(full)
         if routed:
             route, template = routed
-            attributes[pool.DESTINATION_ROUTE] = route
-            attributes["url.template"] = template
+            attributes[attr.DESTINATION_ROUTE] = route
+            attributes[attr.URL_TEMPLATE] = template
             name = f"{method} {template}"
             # the call in GenAI terms (an agent invocation, a tool, a model call), and
             # whether its answer says how a rollout went (advice/outcome.py)
@@ -265,14 +266,14 @@ def _start_client_span(
                 attributes.update(genai)
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)
     if rollout_id:
-        attributes["nemo.gym.rollout.id"] = rollout_id
+        attributes[attr.ROLLOUT_ID] = rollout_id
     # A rollout dispatched by the collection driver under our gym.job: its own root trace,
     # linked to the job (advice/job.py).
     dispatch = job.rollout_dispatch(full)
     if dispatch is None:
         span = tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time)
         return span, None, answer
-    attributes[job.JOB_ID] = dispatch.job_id
+    attributes[attr.JOB_ID] = dispatch.job_id
     options = job.rollout_span_options(dispatch)
     return tracer().start_span(name, kind=SpanKind.CLIENT, attributes=attributes, **options), dispatch, answer
 
@@ -307,9 +308,9 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         # silenced when one is loaded (one attach instead of two).
         suppress = _suppress_http_key()
         if suppress is None:
-            entered = propagation.enter(span)
+            entered = context_ops.enter(span)
         else:
-            entered = propagation.swap(otel_context.set_value(suppress, True, trace.set_span_in_context(span)))
+            entered = context_ops.swap(otel_context.set_value(suppress, True, trace.set_span_in_context(span)))
     except Exception as error:
         # Our half failed before the request: make it untraced, exactly as Gym would.
         if span is not None:
@@ -333,7 +334,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
         try:
             status = response.status
             if type(status) is int:
-                span.set_attribute("http.response.status_code", status)
+                span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
                 if dispatch is not None and status >= 400:
                     job.rollout_failed(dispatch)
         except Exception as error:
@@ -357,7 +358,7 @@ async def _traced_request(wrapped: Any, args: tuple, kwargs: dict) -> Any:
                 span.end()
         except Exception as error:
             warn_once("egress:end", "egress tracing: ending the span failed (%r); the request is unaffected.", error)
-        _guarded("restoring the context", propagation.leave, entered)
+        _guarded("restoring the context", context_ops.leave, entered)
 
 
 def _end_with_the_body(span: Any, response: Any) -> bool:
@@ -388,7 +389,7 @@ def _with_context(span: Any, kwargs: dict, context: otel_context.Context | None 
     nothing was injected or injecting failed)."""
     try:
         carrier: dict[str, str] = {}
-        propagation.inject_span(span, carrier, context)
+        w3c.inject_span(span, carrier, context)
         if carrier:
             headers = kwargs.get("headers")
             # no headers of the caller's (Gym's usual call): the carrier, ours, is the copy

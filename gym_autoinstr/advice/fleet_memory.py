@@ -15,6 +15,7 @@ from typing import Any
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.attributes import SERVER_NAME
 from gym_autoinstr.telemetry import metrics
 
 FLEET_MEMORY_VARIABLE = settings.FLEET_MEMORY.name
@@ -46,7 +47,7 @@ def watch_server_memory(server_name: str | None, process: Any) -> None:
         import psutil
 
         with _lock:
-            _spawned[server_name] = (psutil.Process(pid), {metrics.SERVER_NAME: server_name})
+            _spawned[server_name] = (psutil.Process(pid), {SERVER_NAME: server_name})
             if not _memory.registered:
                 _memory.registered = True
                 metrics.observable(

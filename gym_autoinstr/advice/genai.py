@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.advice.outcome import field, is_model
 
 OPERATION = "chat"  # all three routes are chat-style generation in GenAI semconv terms
@@ -21,7 +22,7 @@ OPERATION = "chat"  # all three routes are chat-style generation in GenAI semcon
 
 def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]:
     """``gen_ai.operation.name`` and ``gen_ai.request.model`` for an inbound model call."""
-    attributes: dict[str, Any] = {"gen_ai.operation.name": OPERATION}
+    attributes: dict[str, Any] = {attr.OPERATION: OPERATION}
     body = kwargs.get("body")
     if body is None:
         body = next((a for a in args if isinstance(a, dict) or is_model(a)), None)
@@ -35,7 +36,7 @@ def request_attributes(args: tuple, kwargs: dict, server: Any) -> dict[str, Any]
                 model = candidate
                 break
     if isinstance(model, str) and model:
-        attributes["gen_ai.request.model"] = model
+        attributes[attr.REQUEST_MODEL] = model
     return attributes
 
 
@@ -45,4 +46,4 @@ def response_attributes(result: Any) -> dict[str, Any]:
     if not is_model(result) and isinstance(getattr(result, "body", None), (bytes, bytearray)):
         return {}
     model = field(result, "model")
-    return {"gen_ai.response.model": model} if isinstance(model, str) and model else {}
+    return {attr.RESPONSE_MODEL: model} if isinstance(model, str) and model else {}

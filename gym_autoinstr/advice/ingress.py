@@ -27,10 +27,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import concurrency, startup
-from gym_autoinstr.fastpath import contract, propagation
+from gym_autoinstr.fastpath import context_ops, contract, w3c
 from gym_autoinstr.setup import logs, wind_down
 from gym_autoinstr.setup.flush import flush, flush_async
 from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
@@ -65,7 +66,7 @@ class _Propagation:
     # A tuple, not a set: every header of every request is looked up in it, and a few
     # length-first bytes comparisons cost less than hashing each new header name.
     names: tuple[bytes, ...] = ()
-    w3c = False  # the textmap is W3C's (propagation.w3c_default)
+    w3c = False  # the textmap is W3C's (w3c.w3c_default)
 
     @classmethod
     def header_names(cls) -> tuple[bytes, ...]:
@@ -75,7 +76,7 @@ class _Propagation:
             if not accept_inbound_baggage():
                 names.discard(b"baggage")
             cls.names = tuple(sorted(names))
-            cls.w3c = propagation.w3c_default()
+            cls.w3c = w3c.w3c_default()
             cls.textmap = textmap
         return cls.names
 
@@ -84,10 +85,10 @@ def _caller(scope: dict) -> tuple[otel_context.Context, bool]:
     """The caller's context read from the request's headers, and whether the caller's span
     was dropped by the sampler (then this request records no span: telemetry/sampling.py).
 
-    A rollout the sampler dropped sends one unchanged traceparent to every hop: a lone
-    traceparent whose unsampled context ``propagation`` already keeps (read before here,
-    or this server's own dropped root's) skips parsing and the span checks; only the
-    sampler is asked again."""
+    A dropped rollout's request runs under a span id of its own (W3C: the parent-id sent
+    on is the current operation's), kept by the traceparent it came with: a lone
+    traceparent seen before here (or this server's own dropped root's) skips parsing and
+    the span checks; only the sampler is asked again."""
     textmap = propagate.get_global_textmap()  # header_names(), its answer kept
     names = _Propagation.names if textmap is _Propagation.textmap else _Propagation.header_names()
     raw = None
@@ -99,17 +100,15 @@ def _caller(scope: dict) -> tuple[otel_context.Context, bool]:
     if raw is None:
         return _NO_CALLER, False
     header = raw.decode("latin-1")
-    # (header_names above looked at the global textmap: unsampled_context holds while it is W3C's)
+    # (header_names above looked at the global textmap: own_root holds while it is W3C's)
     if _Propagation.w3c:
-        known = propagation.unsampled_context(header)
-        if known is None:  # (a call of this server to itself under its own dropped root)
-            known = propagation.own_root(header)
+        known = w3c.own_root(header)
         if known is not None:
             if sampling.dropping_sampler() is not None:
                 return known, True
         else:  # the first request of a rollout here: read in the SDK's form, or the general way
-            known = propagation.unsampled_lone(header)
-            if known is not None and sampling.forwarded(known, header):
+            known = sampling.forwarded(header)
+            if known is not None:
                 return known, True
     return _caller_from({"traceparent": header})
 
@@ -130,7 +129,7 @@ def _root(scope: dict) -> tuple[otel_context.Context, bool, int | None]:
     trace_id, span = decide(scope.get("method", "HTTP"))
     if span is None:
         return _NO_CALLER, False, trace_id
-    context = propagation.context_of_span(span)
+    context = context_ops.context_of_span(span)
     try:
         sampling.dropped_root(context, span)
     except Exception as error:
@@ -141,10 +140,13 @@ def _root(scope: dict) -> tuple[otel_context.Context, bool, int | None]:
 def _caller_from(carrier: dict) -> tuple[otel_context.Context, bool]:
     if not carrier:
         return otel_context.Context(), False
-    parent = propagation.extract(carrier)
-    if propagation.sampled_caller(parent):  # (dropped_span's answer for it, without the checks)
+    parent = w3c.extract(carrier)
+    if w3c.sampled_caller(parent):  # (dropped_span's answer for it, without the checks)
         return parent, False
-    return parent, sampling.dropped_span(parent) is not None
+    span = sampling.dropped_span(parent)
+    if span is None:
+        return parent, False
+    return context_ops.with_span(sampling.own_operation(span), parent), True
 
 
 def _carrier(scope: dict) -> dict[str, str]:
@@ -157,7 +159,7 @@ def _carrier(scope: dict) -> dict[str, str]:
             # then make an invalid one: the request starts a new trace, as W3C asks).
             carrier[name] = f"{carrier[name]},{value.decode('latin-1')}" if name in carrier else value.decode("latin-1")
     # (a long tracestate is truncated by whole members where it is read, as W3C asks:
-    # propagation.parse_tracestate, which reads no more than 16 KiB of it)
+    # w3c.parse_tracestate, which reads no more than 16 KiB of it)
     return carrier
 
 
@@ -243,20 +245,20 @@ class GymServerMiddleware:
         await self.app(scope, receive, self._flushing_send(send))
 
     async def _dropped(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context) -> None:
-        previous = propagation.current_context()
-        propagation.attach(parent)
+        previous = context_ops.current_context()
+        context_ops.attach(parent)
         try:
             await self.app(scope, receive, send)
         finally:
-            propagation.leave(previous)
+            context_ops.leave(previous)
 
     async def _measured(self, scope: dict, receive: Any, send: Any, parent: otel_context.Context | None) -> None:
         """Metrics without a SERVER span: the ``server`` group off, or the caller's span
         dropped (then ``parent``, its context, is current while the request runs)."""
         previous = None
         if parent is not None:
-            previous = propagation.current_context()
-            propagation.attach(parent)
+            previous = context_ops.current_context()
+            context_ops.attach(parent)
         in_flight = self.in_flight
         in_flight[0] += 1
         started = time.perf_counter()
@@ -270,7 +272,7 @@ class GymServerMiddleware:
             except Exception as error:
                 warn_once("ingress:metrics", "request metrics skipped (%r); the response is unaffected.", error)
             if previous is not None:
-                propagation.leave(previous)
+                context_ops.leave(previous)
 
     def _flushing_send(self, send: Any) -> Any:
         async def lifespan_send(message: dict) -> None:
@@ -327,21 +329,21 @@ class GymServerMiddleware:
                     "ingress:finish", "ingress tracing: ending a span failed (%r); the response is unaffected.", error
                 )
             finally:
-                propagation.leave(previous)
+                context_ops.leave(previous)
 
     @staticmethod
     def _start(scope: dict, parent: otel_context.Context, root_id: int | None = None) -> tuple[Any, object]:
         method = scope.get("method", "HTTP")
         attributes: dict[str, Any] = {
-            "http.request.method": method,
+            attr.HTTP_REQUEST_METHOD: method,
             "url.path": scope.get("path", ""),
             "url.scheme": scope.get("scheme", "http"),
         }
         server = scope.get("server")
         if server:
-            attributes["server.address"] = server[0]
+            attributes[attr.SERVER_ADDRESS] = server[0]
             if server[1] is not None:
-                attributes["server.port"] = server[1]
+                attributes[attr.SERVER_PORT] = server[1]
         version = scope.get("http_version")
         if version:
             attributes["network.protocol.version"] = version
@@ -349,7 +351,7 @@ class GymServerMiddleware:
         if root_id is not None:  # a root _root drew the trace id of (the lean tracer's)
             start = functools.partial(start, root_id=root_id)
         span = start(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        context = propagation.with_span(span, parent)
+        context = context_ops.with_span(span, parent)
         if type(span) is NonRecordingSpan:  # a root the sampler dropped: every call under it says so
             try:
                 sampling.dropped_root(context, span)
@@ -359,8 +361,8 @@ class GymServerMiddleware:
                     "ingress: keeping a dropped root failed (%r); its calls ask as usual.",
                     error,
                 )
-        previous = propagation.current_context()
-        propagation.attach(context)
+        previous = context_ops.current_context()
+        context_ops.attach(context)
         return span, previous
 
     @staticmethod
@@ -368,9 +370,9 @@ class GymServerMiddleware:
         method = scope.get("method", "HTTP")
         if route:
             span.update_name(f"{method} {route}")
-            span.set_attribute("http.route", route)
+            span.set_attribute(attr.HTTP_ROUTE, route)
         if status:
-            span.set_attribute("http.response.status_code", status)
+            span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
             if status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
         span.end(end_ns)

@@ -65,10 +65,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
-from gym_autoinstr.fastpath.propagation import parse_traceparent
+from gym_autoinstr.fastpath.w3c import parse_traceparent
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
 
@@ -89,14 +90,7 @@ class JobTrace(str, enum.Enum):
 # What GYM_AUTOINSTR_JOB_TRACE may name, the default first.
 JOB_TRACE_MODES = (JobTrace.PER_ROLLOUT.value, JobTrace.SINGLE.value)
 
-JOB_ID = "nemo.gym.job.id"
-JOB_TRACE = "nemo.gym.job.trace"
-ROLLOUTS_SENT = "nemo.gym.job.rollouts.sent"
-ROLLOUTS_FAILED = "nemo.gym.job.rollouts.failed"
-NUM_REPEATS = "nemo.gym.job.num_repeats"
-ROLLOUTS_EXPECTED = "nemo.gym.job.rollouts.expected"  # the job's size, when the driver makes it known
 JOB_NOTE_PREFIX = "job-"  # job-<job id>.json in the run directory
-JOB_ENTRY = "nemo.gym.job.entry"  # run_from_config (Gym's driver) or run_examples (an embedder's)
 
 
 def job_trace_mode(environ: dict[str, str] | os._Environ[str] | None = None) -> JobTrace:
@@ -145,9 +139,9 @@ def _open_job(repeats: int | None, entry: str) -> JobState:
     embedded = actor_call is None and trace.get_current_span().get_span_context().is_valid
     mode = JobTrace.EMBEDDED if embedded else job_trace_mode()
     job_id = uuid.uuid4().hex
-    attributes: dict[str, Any] = {JOB_ID: job_id, JOB_TRACE: mode.value, JOB_ENTRY: entry}
+    attributes: dict[str, Any] = {attr.JOB_ID: job_id, attr.JOB_TRACE: mode.value, attr.JOB_ENTRY: entry}
     if repeats is not None:
-        attributes[NUM_REPEATS] = repeats
+        attributes[attr.JOB_NUM_REPEATS] = repeats
     options: dict[str, Any] = {}
     if actor_call is not None:
         options = {"context": _EMPTY, "links": [Link(actor_call.get_span_context())]}
@@ -333,8 +327,8 @@ class _ExamplesJob:
 def _record_counts(state: JobState) -> None:
     if not state.span.is_recording():  # sampled out, or already ended
         return
-    state.span.set_attribute(ROLLOUTS_SENT, state.sent)
-    state.span.set_attribute(ROLLOUTS_FAILED, state.failed)
+    state.span.set_attribute(attr.JOB_ROLLOUTS_SENT, state.sent)
+    state.span.set_attribute(attr.JOB_ROLLOUTS_FAILED, state.failed)
 
 
 # The job whose gym.job span this task runs under, if any (a bound ContextVar.get: no frame).
@@ -395,7 +389,7 @@ def learn_size(state: JobState, expected: int | None) -> None:
     state.expected = expected
     try:
         if state.span.is_recording():
-            state.span.set_attribute(ROLLOUTS_EXPECTED, expected)
+            state.span.set_attribute(attr.JOB_ROLLOUTS_EXPECTED, expected)
     except Exception as error:
         logger.debug("gym.job: size not set on the span: %r", error)
     note_job(state)

@@ -34,29 +34,11 @@ from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath import contract
 from gym_autoinstr.setup import flush, logs
-
-REWARD = "nemo.gym.reward"
-MASK_SAMPLE = "nemo.gym.mask_sample"
-TASK_INDEX = "nemo.gym.task.index"
-ROLLOUT_INDEX = "nemo.gym.rollout.index"
-FAILURE_STAGE = "nemo.gym.failure.stage"
-ERROR_TYPE = "error.type"
-
-OPERATION = "gen_ai.operation.name"
-AGENT_NAME = "gen_ai.agent.name"
-TOOL_NAME = "gen_ai.tool.name"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-# A rollout's total, on its agent invocation spans.  Not gen_ai.usage.*: the GenAI UIs add a
-# trace's gen_ai.usage up over its spans, so a total there would count every call twice.
-ROLLOUT_INPUT_TOKENS = "nemo.gym.rollout.usage.input_tokens"
-ROLLOUT_OUTPUT_TOKENS = "nemo.gym.rollout.usage.output_tokens"
 
 INVOKE_AGENT, EXECUTE_TOOL, CHAT = "invoke_agent", "execute_tool", "chat"
 
@@ -83,25 +65,25 @@ def call_attributes(callee: str, kind: str | None, route: str, body: Any) -> tup
     if kind in _RUNNERS:
         if route != "/run":
             return None, {}
-        attributes: dict[str, Any] = {OPERATION: INVOKE_AGENT, AGENT_NAME: callee}
+        attributes: dict[str, Any] = {attr.OPERATION: INVOKE_AGENT, attr.AGENT_NAME: callee}
         if type(body) is dict:
-            _index(attributes, TASK_INDEX, body.get(_TASK_KEY))
-            _index(attributes, ROLLOUT_INDEX, body.get(_ROLLOUT_KEY))
+            _index(attributes, attr.TASK_INDEX, body.get(_TASK_KEY))
+            _index(attributes, attr.ROLLOUT_INDEX, body.get(_ROLLOUT_KEY))
         backend_tags(attributes)
         return RUN, attributes
     if kind == _MODELS:
         if route not in _MODEL_ROUTES:
             return None, {}
-        attributes = {OPERATION: CHAT}
+        attributes = {attr.OPERATION: CHAT}
         model = body.get("model") if type(body) is dict else None
         if type(model) is str and model:
-            attributes[REQUEST_MODEL] = model
+            attributes[attr.REQUEST_MODEL] = model
         return MODEL, attributes
     if kind == _RESOURCES:
         if route == "/verify":
             return VERIFY, {}
         if route not in _NOT_TOOLS:
-            return None, {OPERATION: EXECUTE_TOOL, TOOL_NAME: route.lstrip("/")}
+            return None, {attr.OPERATION: EXECUTE_TOOL, attr.TOOL_NAME: route.lstrip("/")}
     return None, {}
 
 
@@ -117,9 +99,9 @@ def _index(attributes: dict[str, Any], key: str, value: Any) -> None:
 # receiver takes from the root's ``mlflow.traceTag.<key>`` attributes (strings), filterable:
 # GYM_AUTOINSTR_TRACE_TAGS=mlflow.  No content: the numbers below only.
 _MLFLOW_TAG = "mlflow.traceTag."
-_TAGGED = (REWARD, MASK_SAMPLE, TASK_INDEX, ROLLOUT_INDEX, ERROR_TYPE)
-_SHOWN_IN = {TASK_INDEX: "task", ROLLOUT_INDEX: "repeat"}
-_SHOWN_OUT = {REWARD: "reward", MASK_SAMPLE: "mask_sample", ERROR_TYPE: "error.type"}
+_TAGGED = (attr.REWARD, attr.MASK_SAMPLE, attr.TASK_INDEX, attr.ROLLOUT_INDEX, attr.ERROR_TYPE)
+_SHOWN_IN = {attr.TASK_INDEX: "task", attr.ROLLOUT_INDEX: "repeat"}
+_SHOWN_OUT = {attr.REWARD: "reward", attr.MASK_SAMPLE: "mask_sample", attr.ERROR_TYPE: "error.type"}
 MLFLOW_TAGS = settings.TRACE_TAGS.read() == "mlflow"
 
 
@@ -183,15 +165,15 @@ def verdict_attributes(verdict: Any, attributes: dict[str, Any]) -> None:
     """A verify response's reward and (0.7) mask_sample, from the dict or the object."""
     reward = _number(field(verdict, "reward"))
     if reward is not None:
-        attributes[REWARD] = reward
+        attributes[attr.REWARD] = reward
     masked = field(verdict, "mask_sample")
     if type(masked) is bool:
-        attributes[MASK_SAMPLE] = masked
+        attributes[attr.MASK_SAMPLE] = masked
 
 
 _INPUT_KEYS, _OUTPUT_KEYS = ("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")
-_CALL_USAGE = ((INPUT_TOKENS, _INPUT_KEYS), (OUTPUT_TOKENS, _OUTPUT_KEYS))
-_ROLLOUT_USAGE = ((ROLLOUT_INPUT_TOKENS, _INPUT_KEYS), (ROLLOUT_OUTPUT_TOKENS, _OUTPUT_KEYS))
+_CALL_USAGE = ((attr.INPUT_TOKENS, _INPUT_KEYS), (attr.OUTPUT_TOKENS, _OUTPUT_KEYS))
+_ROLLOUT_USAGE = ((attr.ROLLOUT_INPUT_TOKENS, _INPUT_KEYS), (attr.ROLLOUT_OUTPUT_TOKENS, _OUTPUT_KEYS))
 
 
 def usage_attributes(usage: Any, attributes: dict[str, Any], names: tuple = _CALL_USAGE) -> None:
@@ -217,7 +199,7 @@ def rollout_attributes(answer: Any, attributes: dict[str, Any]) -> str | None:
         kind = field(failure, "failure_kind")
         stage = field(failure, "stage")
         if type(stage) is str and stage:
-            attributes[FAILURE_STAGE] = stage
+            attributes[attr.FAILURE_STAGE] = stage
         return kind if type(kind) is str and kind else "episode_failure"
     if result is not None and field(answer, "episode_id") is not None:
         answer = result
@@ -229,7 +211,7 @@ def rollout_attributes(answer: Any, attributes: dict[str, Any]) -> str | None:
 def model_attributes(answer: Any, attributes: dict[str, Any]) -> None:
     model = field(answer, "model")
     if type(model) is str and model:
-        attributes[RESPONSE_MODEL] = model
+        attributes[attr.RESPONSE_MODEL] = model
     usage_attributes(field(answer, "usage"), attributes)
 
 
@@ -243,11 +225,11 @@ def evaluation(span: Any, attributes: dict[str, Any], evaluator: str | None) -> 
     (``gym.rollout``), named after the ``evaluator`` (the agent's resources server): an
     event through the Logs API, parented to the span, where this process exports logs;
     else an event on the span itself."""
-    reward = attributes.get(REWARD)
+    reward = attributes.get(attr.REWARD)
     if reward is None:
         return
     event: dict[str, Any] = {"gen_ai.evaluation.name": evaluator or "reward", "gen_ai.evaluation.score.value": reward}
-    if attributes.get(MASK_SAMPLE) is True:
+    if attributes.get(attr.MASK_SAMPLE) is True:
         event["gen_ai.evaluation.score.label"] = "masked"
     if logs.exported():
         try:
@@ -315,7 +297,7 @@ class _Held(weakref.ref):
         if self.what == RUN:
             failure = rollout_attributes(answer, attributes)
             if failure is not None:
-                attributes[ERROR_TYPE] = failure
+                attributes[attr.ERROR_TYPE] = failure
             backend_tags(attributes)
         elif self.what == VERIFY:
             verdict_attributes(answer, attributes)

@@ -42,17 +42,10 @@ from typing import Any
 
 from gym_autoinstr import _footprint, settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.attributes import DESTINATION, HTTP_INTERNAL, QUEUE_OUTCOME, RETRY_REASON
 from gym_autoinstr.telemetry import metrics
 
-DESTINATION = "nemo.gym.http.destination.server.name"
-# The route called on that Gym server (on CLIENT spans only, and only for a Gym server of
-# the fleet: a handful of fixed routes), without the ``/ng-rollout/<id>`` prefix of 0.5+.
-DESTINATION_ROUTE = "nemo.gym.http.destination.route"
-QUEUE_OUTCOME = "nemo.gym.http.connection_pool.queue_outcome"
 BOUNDARIES_MS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 5_000, 30_000)
-
-INTERNAL = "nemo.gym.http.internal"
-RETRY_REASON = "nemo.gym.http.retry_reason"
 
 
 @dataclass(slots=True)
@@ -76,7 +69,7 @@ _connects: dict[str, list[int]] = {}
 _failed: contextvars.ContextVar[tuple[str, Any, str] | None] = contextvars.ContextVar(
     "gym_autoinstr_failed", default=None
 )
-_TIMEOUTS = ({INTERNAL: False}, {INTERNAL: True})
+_TIMEOUTS = ({HTTP_INTERNAL: False}, {HTTP_INTERNAL: True})
 _RETRIES: dict[tuple[str, bool], dict[str, Any]] = {}
 # host:port -> pre-built attribute dict (bounded: destinations are a handful of servers)
 _attributes: dict[str, dict[str, str]] = {}
@@ -167,7 +160,7 @@ def _count_retry_of(failed: tuple[str, Any, str], method: Any, url: Any) -> None
         key = (reason, _internal(url))
         attributes = _RETRIES.get(key)
         if attributes is None:
-            attributes = _RETRIES[key] = {RETRY_REASON: key[0], INTERNAL: key[1]}
+            attributes = _RETRIES[key] = {RETRY_REASON: key[0], HTTP_INTERNAL: key[1]}
         _state.retries.add(1, attributes)
     except Exception as error:
         warn_once("pool:retry", "HTTP retry not counted: %r", error)
@@ -362,10 +355,10 @@ def count_attempts(session: Any) -> None:
     set's token, that lived as long as the call.)"""
     if getattr(session, "__dict__", {}).get("request") is not None:
         return  # counted already
-    from gym_autoinstr.fastpath import contract, propagation
+    from gym_autoinstr.fastpath import context_ops, contract
 
     request = session.request
-    current, key = propagation.current_context, contract.SPAN_KEY  # (an API without the key: nothing counted)
+    current, key = context_ops.current_context, contract.SPAN_KEY  # (an API without the key: nothing counted)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         span = current().get(key)

@@ -34,6 +34,7 @@ from opentelemetry import propagate, trace
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
+from gym_autoinstr.attributes import HOST_NAME, PROCESS_PID, SHARD
 
 _lock = threading.Lock()
 _callbacks: list[Callable[[], None]] = []
@@ -92,11 +93,11 @@ def _promote() -> bool:
 def ray_actor_attributes() -> dict[str, Any]:
     """Which actor, shard and node this worker is: resource attributes (no argument,
     config or environment value of Gym's)."""
-    attributes: dict[str, Any] = {"process.pid": os.getpid()}
+    attributes: dict[str, Any] = {PROCESS_PID: os.getpid()}
     try:
         import socket
 
-        attributes["host.name"] = socket.gethostname()
+        attributes[HOST_NAME] = socket.gethostname()
     except Exception:
         pass
     actor_id = actor_name = None
@@ -125,7 +126,7 @@ def ray_actor_attributes() -> dict[str, Any]:
 
     shard = settings.SHARD.raw() or actor_name or actor_id
     if shard:
-        attributes["nemo.gym.shard"] = str(shard)
+        attributes[SHARD] = str(shard)
     return attributes
 
 

@@ -63,7 +63,7 @@ from opentelemetry.trace import SpanKind
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath import context_ops
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
@@ -307,11 +307,11 @@ def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dic
 
 def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        entered = propagation.enter(span)
+        entered = context_ops.enter(span)
         try:
             result = wrapped(*args, **kwargs)
         finally:
-            propagation.leave(entered)
+            context_ops.leave(entered)
     except BaseException as error:
         if isinstance(error, Exception):
             mark_error(span, error)

@@ -50,11 +50,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence, concurrency, genai, outcome
 from gym_autoinstr.advice.egress import current_rollout_id
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath import context_ops
 from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
@@ -69,8 +70,6 @@ _KIND_MARKERS: tuple[tuple[str, str, str], ...] = (
     ("nemo_gym.base_responses_api_model", "BaseResponsesAPIModel", MODEL),
 )
 
-ROLLOUT_ID = "nemo.gym.rollout.id"
-SERVER_NAME = "nemo.gym.server.name"
 _ROLLOUT_PREFIX = "/ng-rollout/"
 _MODEL_ROUTES = {
     "/v1/chat/completions": "gym.model.chat_completions",
@@ -202,19 +201,19 @@ def _start(seam: Seam, args: tuple, kwargs: dict) -> trace.Span | None:
     try:
         if sampling.dropped_span() is not None:
             return None
-        attributes: dict[str, Any] = {SERVER_NAME: seam.server_name}
+        attributes: dict[str, Any] = {attr.SERVER_NAME: seam.server_name}
         rollout_id = current_rollout_id()
         if not rollout_id:
             rollout_id = _rollout_id_from_path(args, kwargs)
         if not rollout_id and seam.group == groups.ROLLOUT:
             rollout_id = _rollout_id_from_run_body(args, kwargs)
         if rollout_id:
-            attributes[ROLLOUT_ID] = rollout_id
+            attributes[attr.ROLLOUT_ID] = rollout_id
         if seam.model_call:
             attributes.update(genai.request_attributes(args, kwargs, seam.server))
         elif seam.group == groups.ROLLOUT:
-            attributes[outcome.OPERATION] = outcome.INVOKE_AGENT
-            attributes[outcome.AGENT_NAME] = seam.server_name
+            attributes[attr.OPERATION] = outcome.INVOKE_AGENT
+            attributes[attr.AGENT_NAME] = seam.server_name
             _row_identity(args, kwargs, attributes)
         return tracer().start_span(seam.span_name, kind=SpanKind.INTERNAL, attributes=attributes)
     except Exception as error:
@@ -266,7 +265,7 @@ def _row_identity(args: tuple, kwargs: dict, attributes: dict[str, Any]) -> None
     extra = getattr(_run_body(args, kwargs), "__pydantic_extra__", None)
     if type(extra) is dict:
         found = outcome.call_attributes("", AGENT, "/run", extra)[1]  # read as egress reads the row
-        for key in (outcome.TASK_INDEX, outcome.ROLLOUT_INDEX):
+        for key in (attr.TASK_INDEX, attr.ROLLOUT_INDEX):
             if key in found:
                 attributes[key] = found[key]
 
@@ -316,7 +315,7 @@ def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
             and server_span.is_recording()
         ):
             # the rollout's root when its caller is not traced: what a GenAI UI lists it as
-            root = {outcome.OPERATION: outcome.INVOKE_AGENT, outcome.AGENT_NAME: seam.server_name, **attributes}
+            root = {attr.OPERATION: outcome.INVOKE_AGENT, attr.AGENT_NAME: seam.server_name, **attributes}
             outcome.backend_tags(root)
             server_span.set_attributes(root)
     if attributes:
@@ -324,9 +323,9 @@ def _verdict(span: trace.Span, seam: Seam, result: Any) -> None:
 
 
 def _record_reward(seam: Seam, attributes: dict[str, Any]) -> None:
-    reward = attributes.get(outcome.REWARD)
+    reward = attributes.get(attr.REWARD)
     if reward is not None and seam.reward is not None and metrics.LIVE:
-        metrics.record_reward(reward, attributes.get(outcome.MASK_SAMPLE) is True, seam.reward)
+        metrics.record_reward(reward, attributes.get(attr.MASK_SAMPLE) is True, seam.reward)
 
 
 async def _rewarded(running: Any, seam: Seam) -> Any:
@@ -415,12 +414,12 @@ def _function_wrapper(handler: Callable, seam: Seam) -> Callable:
 
 
 async def _in_seam(handler: Callable, seam: Seam, span: trace.Span, args: tuple, kwargs: dict) -> Any:
-    entered = propagation.enter_seam(span)
+    entered = context_ops.enter_seam(span)
     try:
         try:
             result = await handler(*args, **kwargs)
         finally:
-            propagation.leave(entered)
+            context_ops.leave(entered)
     except BaseException as error:
         _fail(span, error)
         raise
@@ -428,12 +427,12 @@ async def _in_seam(handler: Callable, seam: Seam, span: trace.Span, args: tuple,
 
 
 def _in_seam_now(handler: Callable, seam: Seam, span: trace.Span, args: tuple, kwargs: dict) -> Any:
-    entered = propagation.enter_seam(span)
+    entered = context_ops.enter_seam(span)
     try:
         try:
             result = handler(*args, **kwargs)
         finally:
-            propagation.leave(entered)
+            context_ops.leave(entered)
     except BaseException as error:
         _fail(span, error)
         raise
@@ -485,12 +484,12 @@ def _generator_wrapper(handler: Callable, seam: Seam) -> Callable:
 
 def rollout_context_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Around ``nemo_gym.rollout_correlation.rollout_context``: tag the open seam span."""
-    span = propagation.current_context().get(propagation.SEAM_KEY)
+    span = context_ops.current_context().get(context_ops.SEAM_KEY)
     if span is not None:
         try:
             rollout_id = args[0] if args else kwargs.get("rollout_id")
             if rollout_id:
-                span.set_attribute(ROLLOUT_ID, str(rollout_id))
+                span.set_attribute(attr.ROLLOUT_ID, str(rollout_id))
         except Exception as error:
             warn_once("routes:rollout-id", "rollout id not recorded: %r", error)
     return wrapped(*args, **kwargs)

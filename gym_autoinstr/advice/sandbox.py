@@ -38,13 +38,9 @@ from opentelemetry.trace import SpanKind
 
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence
+from gym_autoinstr.attributes import SANDBOX_ERROR_TYPE, SANDBOX_ID, SANDBOX_PROVIDER, SANDBOX_RETURN_CODE
 from gym_autoinstr.telemetry import groups, metrics
 from gym_autoinstr.telemetry.spans import run_in_span, tracer
-
-PROVIDER = "nemo.gym.sandbox.provider"
-SANDBOX_ID = "nemo.gym.sandbox.id"
-RETURN_CODE = "nemo.gym.sandbox.return_code"
-ERROR_TYPE = "nemo.gym.sandbox.error_type"
 
 
 def _provider_name(sandbox: Any) -> str:
@@ -68,7 +64,7 @@ def _metrics_live() -> bool:
 
 def _open(name: str, sandbox: Any) -> trace.Span | None:
     try:
-        attributes: dict[str, Any] = {PROVIDER: _provider_name(sandbox)}
+        attributes: dict[str, Any] = {SANDBOX_PROVIDER: _provider_name(sandbox)}
         sandbox_id = _sandbox_id(sandbox)
         if sandbox_id:
             attributes[SANDBOX_ID] = sandbox_id
@@ -131,10 +127,10 @@ async def _exec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     def after(span: Any, result: Any) -> None:
         return_code = getattr(result, "return_code", None)
         if isinstance(return_code, int) and not isinstance(return_code, bool):
-            span.set_attribute(RETURN_CODE, return_code)
+            span.set_attribute(SANDBOX_RETURN_CODE, return_code)
         error_type = getattr(result, "error_type", None)
         if error_type is not None:
-            span.set_attribute(ERROR_TYPE, str(error_type))
+            span.set_attribute(SANDBOX_ERROR_TYPE, str(error_type))
 
     return await _traced("gym.sandbox.exec", instance, lambda: wrapped(*args, **kwargs), after)
 

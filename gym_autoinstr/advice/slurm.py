@@ -40,21 +40,15 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.fastpath.propagation import traceparent
+from gym_autoinstr.fastpath.w3c import traceparent
 from gym_autoinstr.setup import distro, files, runs
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 SUBMIT_SPAN = "gym.submit"
-EXECUTOR = "nemo.gym.submit.executor"
-CLUSTER = "nemo.gym.submit.cluster"
-BENCHMARKS = "nemo.gym.submit.benchmarks"
-DRY_RUN = "nemo.gym.submit.dry_run"
-SUBMISSION_ID = "nemo.gym.submit.id"
-JOB_IDS = "nemo.gym.submit.slurm.job_ids"
-FAILED = "nemo.gym.submit.failed"
 
 # Where the embedded file default writes inside a job: under the job directory, which the
 # driver step mounts at the same path.
@@ -204,11 +198,14 @@ def executor_run_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
 
 
 def _submit_attributes(args: tuple, kwargs: dict) -> dict[str, Any]:
-    attributes: dict[str, Any] = {EXECUTOR: "slurm", DRY_RUN: bool(kwargs.get("dry_run", False))}
+    attributes: dict[str, Any] = {
+        attr.SUBMIT_EXECUTOR: "slurm",
+        attr.SUBMIT_DRY_RUN: bool(kwargs.get("dry_run", False)),
+    }
     config = _config_arg(args, kwargs)
     try:
-        attributes[CLUSTER] = str(next(iter(config.compute)))
-        attributes[BENCHMARKS] = len(config.driver.benchmarks)
+        attributes[attr.SUBMIT_CLUSTER] = str(next(iter(config.compute)))
+        attributes[attr.SUBMIT_BENCHMARKS] = len(config.driver.benchmarks)
     except Exception:
         pass
     return attributes
@@ -218,14 +215,14 @@ def _record_jobs(span: Any, record: Any) -> None:
     if record is None or not span.is_recording():  # a dry run returns no record
         return
     try:
-        span.set_attribute(SUBMISSION_ID, str(record.gym_job_id))
+        span.set_attribute(attr.SUBMIT_ID, str(record.gym_job_id))
         jobs = list(record.benchmarks)
-        span.set_attribute(JOB_IDS, [str(job.job_id) for job in jobs if job.job_id])
+        span.set_attribute(attr.SUBMIT_SLURM_JOB_IDS, [str(job.job_id) for job in jobs if job.job_id])
         failed = [job for job in jobs if not job.job_id]
-        span.set_attribute(FAILED, len(failed))
+        span.set_attribute(attr.SUBMIT_FAILED, len(failed))
         if failed:
             span.set_status(Status(StatusCode.ERROR, f"{len(failed)} of {len(jobs)} sbatch submissions failed"))
-            span.set_attribute("error.type", "sbatch")
+            span.set_attribute(attr.ERROR_TYPE, "sbatch")
     except Exception as error:
         warn_once("slurm:record", "gym.submit: could not read the submission record (%r)", error)
 

@@ -33,6 +33,7 @@ from opentelemetry.trace import SpanKind
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.attributes import PROCESS_PID, SERVER_NAME, SERVER_WORKER
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import STARTUP_MARKS as MARKS
 from gym_autoinstr.telemetry.spans import mark_error, tracer
@@ -40,7 +41,6 @@ from gym_autoinstr.telemetry.spans import mark_startup as mark
 
 TRACEPARENT_VARIABLE = settings.STARTUP_TRACEPARENT.name
 SPAWN_VARIABLE = settings.SPAWN_NS.name
-SERVER_NAME = "nemo.gym.server.name"
 
 
 # Orchestrator state: the open gym.startup span and one child per spawned server.
@@ -192,10 +192,10 @@ def report_server_startup(server_name: str) -> None:
         instrumented = MARKS.get("instrumented")
         webserver = MARKS.get("run_webserver")
         worker = _is_worker()
-        attributes: dict[str, Any] = {SERVER_NAME: server_name, "process.pid": os.getpid()}
+        attributes: dict[str, Any] = {SERVER_NAME: server_name, PROCESS_PID: os.getpid()}
         name = "gym.server.startup.worker" if worker else "gym.server.startup"
         if worker:
-            attributes["nemo.gym.server.worker"] = os.getpid()
+            attributes[SERVER_WORKER] = os.getpid()
         # Stage boundaries in order, clamped so that they never run backwards.  The OS's
         # process creation time is no boundary: Gym's shell execs Python in the process it
         # spawned, so that time is the shell's (before the venv is built).

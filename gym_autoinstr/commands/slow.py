@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.setup.files import METRICS_SUFFIX, _attributes, json_lines, segment_files, segment_lines
 from gym_autoinstr.setup.segments import segment_key
 
@@ -34,7 +35,7 @@ def latest_points(lines: Iterable[str], source: str = "") -> dict[tuple, dict]:
     for request in json_lines(lines, source):
         for resource_metrics in request.get("resourceMetrics", ()):
             resource = _attributes(resource_metrics.get("resource", {}).get("attributes"))
-            service = str(resource.get("service.name", "?"))
+            service = str(resource.get(attr.SERVICE_NAME, "?"))
             for scope_metrics in resource_metrics.get("scopeMetrics", ()):
                 for metric in scope_metrics.get("metrics", ()):
                     for kind in ("histogram", "sum", "gauge"):
@@ -124,27 +125,28 @@ SECTIONS = (
         "http.server.request.duration",
         "requests",
         lambda a: (
-            f"{a.get('http.request.method', '')} {a.get('http.route', '?')} {a.get('http.response.status_code', '')}"
+            f"{a.get(attr.HTTP_REQUEST_METHOD, '')} {a.get(attr.HTTP_ROUTE, '?')} "
+            f"{a.get(attr.HTTP_RESPONSE_STATUS_CODE, '')}"
         ).strip(),
     ),
-    ("gym.rollout.duration_ms", "rollouts", lambda a: a.get("nemo.gym.rollout.outcome", "")),
-    ("gym.verify.duration_ms", "verify", lambda a: a.get("nemo.gym.verify.outcome", "")),
-    ("gym.model.call_duration_ms", "model calls", lambda a: a.get("nemo.gym.model.dialect", "")),
-    ("gym.model.time_to_first_byte_ms", "model first byte", lambda a: a.get("nemo.gym.model.dialect", "")),
+    ("gym.rollout.duration_ms", "rollouts", lambda a: a.get(attr.ROLLOUT_OUTCOME, "")),
+    ("gym.verify.duration_ms", "verify", lambda a: a.get(attr.VERIFY_OUTCOME, "")),
+    ("gym.model.call_duration_ms", "model calls", lambda a: a.get(attr.MODEL_DIALECT, "")),
+    ("gym.model.time_to_first_byte_ms", "model first byte", lambda a: a.get(attr.MODEL_DIALECT, "")),
     (
         "gym.http.connection_pool.queue_duration_ms",
         "waits for a connection",
-        lambda a: f"to {a.get('nemo.gym.http.destination.server.name', '?')}",
+        lambda a: f"to {a.get(attr.DESTINATION, '?')}",
     ),
     (
         "gym.concurrency.queue_wait_duration_ms",
         "waits for a Gym limit",
-        lambda a: a.get("nemo.gym.concurrency.site", "?"),
+        lambda a: a.get(attr.CONCURRENCY_SITE, "?"),
     ),
-    ("gym.sandbox.startup_duration_ms", "sandbox starts", lambda a: a.get("nemo.gym.sandbox.provider", "")),
-    ("gym.sandbox.exec_duration_ms", "sandbox execs", lambda a: a.get("nemo.gym.sandbox.provider", "")),
+    ("gym.sandbox.startup_duration_ms", "sandbox starts", lambda a: a.get(attr.SANDBOX_PROVIDER, "")),
+    ("gym.sandbox.exec_duration_ms", "sandbox execs", lambda a: a.get(attr.SANDBOX_PROVIDER, "")),
     ("gym.event_loop.lag_ms", "event-loop lag", lambda a: ""),
-    ("gym.gc.pause_duration_ms", "GC pauses", lambda a: f"gen {a.get('nemo.gym.gc.generation', '?')}"),
+    ("gym.gc.pause_duration_ms", "GC pauses", lambda a: f"gen {a.get(attr.GC_GENERATION, '?')}"),
 )
 
 

@@ -1,7 +1,7 @@
 """Every private OpenTelemetry name this package touches, in one table.
 
 The fast parts (``lean.py``, ``wire.py``, ``batching.py``, ``histograms.py``,
-``propagation.py``, ``samplers.py``) and a few set-up paths replace SDK machinery, and
+``context_ops.py``, ``w3c.py``, ``samplers.py``) and a few set-up paths replace SDK machinery, and
 to do so they read names OpenTelemetry keeps private: context keys, attributes of the
 SDK's tracer, provider, samplers and exporters, modules with a leading underscore.  A
 release may rename or drop any of them without notice.  So each one is a row here: the
@@ -32,8 +32,8 @@ from gym_autoinstr import settings
 
 # -- the parts ---------------------------------------------------------------------------
 
-CONTEXT = "context"  # propagation.py: current context, attach and spans set in a context, on its ContextVar
-W3C = "w3c_propagation"  # propagation.py: traceparent/tracestate written and read directly
+CONTEXT = "context"  # context_ops.py: current context, attach and spans set in a context, on its ContextVar
+W3C = "w3c_propagation"  # w3c.py: traceparent/tracestate written and read directly
 LEAN = "lean_spans"  # lean.py: LeanSpan/LeanTracer behind our own pipeline
 WIRE = "wire_encoder"  # wire.py: spans written as OTLP protobuf bytes
 ENCODE_ON_END = "encode_on_end"  # batching.py: spans encoded when they end, bytes through the OTLP exporter

@@ -30,22 +30,22 @@ from opentelemetry.util import types
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger
 from gym_autoinstr.fastpath import contract, wire
+from gym_autoinstr.fastpath.context_ops import _SPAN_KEY, TRACE_FLAGS, current_context, span_context
 from gym_autoinstr.fastpath.contract import CLEAN_ATTRIBUTE as _clean_key_value  # older APIs (None when absent)
 from gym_autoinstr.fastpath.contract import CLEAN_ATTRIBUTE_VALUE as _clean_attribute_value  # None when absent
-from gym_autoinstr.fastpath.propagation import _SPAN_KEY, _TRACE_FLAGS, current_context, span_context
 
 _CLEANS_BY_KEY = contract.ATTRIBUTES_CLEANED_BY_KEY
 # An invalid key: counted as a dropped attribute by newer APIs, left out uncounted by older ones.
 _INVALID_KEY_DROPS = 0 if _CLEANS_BY_KEY else 1
 
-# The flags a span is started with, each the instance propagation shares for its value
+# The flags a span is started with, each the instance context_ops shares for its value
 # (a TraceFlags is an int with an instance dict, an object the GC tracks, and every span
 # holds one as long as it lives).
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", None)
-_SAMPLED = _TRACE_FLAGS[TraceFlags.SAMPLED]
-_DEFAULT = _TRACE_FLAGS[TraceFlags.DEFAULT]
-_DEFAULT_RANDOM = _TRACE_FLAGS[TraceFlags.DEFAULT | _RANDOM] if _RANDOM is not None else _DEFAULT
-_SAMPLED_RANDOM = _TRACE_FLAGS[TraceFlags.SAMPLED | _RANDOM] if _RANDOM is not None else _SAMPLED
+_SAMPLED = TRACE_FLAGS[TraceFlags.SAMPLED]
+_DEFAULT = TRACE_FLAGS[TraceFlags.DEFAULT]
+_DEFAULT_RANDOM = TRACE_FLAGS[TraceFlags.DEFAULT | _RANDOM] if _RANDOM is not None else _DEFAULT
+_SAMPLED_RANDOM = TRACE_FLAGS[TraceFlags.SAMPLED | _RANDOM] if _RANDOM is not None else _SAMPLED
 _UNCHECKED = object()
 _UNSET = Status(StatusCode.UNSET)
 wire.known_unset(_UNSET)

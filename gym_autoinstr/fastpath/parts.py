@@ -14,9 +14,9 @@ probing anything.
 and meter providers (the probes cost about a millisecond together); ``gym-autoinstr
 doctor`` shows the result (``report()``).
 
-The context part (``propagation.py``'s direct ContextVar access) binds its functions when
-``propagation`` is imported, which is before any pipeline is built: its rows and its
-layout check run then (``propagation._span_layout``), and here its result is reported.
+The context part (``context_ops.py``'s direct ContextVar access) binds its functions when
+``context_ops`` is imported, which is before any pipeline is built: its rows and its
+layout check run then (``context_ops._span_layout``), and here its result is reported.
 """
 
 from __future__ import annotations
@@ -160,20 +160,20 @@ def _probe_context() -> str | None:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
 
-    from gym_autoinstr.fastpath import propagation
+    from gym_autoinstr.fastpath import context_ops
 
-    if propagation._RUNTIME_VAR is None or not propagation._span_layout():
+    if context_ops._RUNTIME_VAR is None or not context_ops._span_layout():
         return "the API's context is not laid out as the fast functions assume (checked at import)"
     span = trace.NonRecordingSpan(trace.SpanContext(0x1F, 0x2F, is_remote=False))
     base = otel_context.Context({"k": 1})
-    if propagation.with_span(span, base) != trace.set_span_in_context(span, base):
+    if context_ops.with_span(span, base) != trace.set_span_in_context(span, base):
         return "a span set in a context differs from the API's"
-    previous = propagation.enter(span)
+    previous = context_ops.enter(span)
     try:
         if trace.get_current_span() is not span:
             return "the span entered is not the API's current span"
     finally:
-        propagation.leave(previous)
+        context_ops.leave(previous)
     return None
 
 
@@ -182,7 +182,7 @@ def _probe_w3c() -> str | None:
     from opentelemetry.trace import SpanContext, TraceFlags, TraceState
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from gym_autoinstr.fastpath import propagation
+    from gym_autoinstr.fastpath import w3c
 
     context = SpanContext(
         _TRACE_ID, _SPAN_ID, is_remote=False, trace_flags=TraceFlags(1), trace_state=TraceState([("k", "v")])
@@ -190,10 +190,10 @@ def _probe_w3c() -> str | None:
     carrier: dict = {}
     sdk = TraceContextTextMapPropagator()
     sdk.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(context)))
-    if propagation.traceparent(context) != carrier.get("traceparent"):
-        return f"traceparent {propagation.traceparent(context)!r} != the SDK's {carrier.get('traceparent')!r}"
-    if propagation.w3c_default():
-        read = trace.get_current_span(propagation.extract(dict(carrier))).get_span_context()
+    if w3c.traceparent(context) != carrier.get("traceparent"):
+        return f"traceparent {w3c.traceparent(context)!r} != the SDK's {carrier.get('traceparent')!r}"
+    if w3c.w3c_default():
+        read = trace.get_current_span(w3c.extract(dict(carrier))).get_span_context()
         expected = trace.get_current_span(sdk.extract(dict(carrier))).get_span_context()
         if (read.trace_id, read.span_id, read.trace_flags, read.is_remote, read.trace_state.to_header()) != (
             expected.trace_id,
@@ -406,9 +406,9 @@ def check(*, warn: bool = True, everything: bool = False) -> dict[str, PartStatu
 
 def _forget_decisions() -> None:
     """What the parts worked out before their status was known is worked out again."""
-    from gym_autoinstr.fastpath import propagation
+    from gym_autoinstr.fastpath import w3c
 
-    propagation._known.textmap = None
+    w3c._known.textmap = None
 
 
 def reset() -> None:

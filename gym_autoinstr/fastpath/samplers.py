@@ -14,13 +14,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
 from gym_autoinstr import settings
+from gym_autoinstr.attributes import JOB_ID, TASK_INDEX
 from gym_autoinstr.fastpath import contract
 
 JOB_SPAN_NAME = "gym.job"
-
-
-# A collection job's rollout roots carry these (advice/job.py, advice/outcome.py)
-_JOB_ID, _TASK_INDEX = "nemo.gym.job.id", "nemo.gym.task.index"
 
 
 def _task_trace_id(job_id: Any, task_index: Any) -> int:
@@ -53,8 +50,8 @@ class JobKeepingSampler(Sampler):
         if name == JOB_SPAN_NAME and not trace.get_current_span(parent_context).get_span_context().is_valid:
             return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
         if self.by_task and attributes:
-            task_index = attributes.get(_TASK_INDEX)
-            job_id = attributes.get(_JOB_ID)
+            task_index = attributes.get(TASK_INDEX)
+            job_id = attributes.get(JOB_ID)
             if (
                 task_index is not None
                 and job_id is not None

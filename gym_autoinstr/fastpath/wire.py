@@ -24,7 +24,7 @@ from typing import Any
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from gym_autoinstr.fastpath.propagation import SPAN_CONTEXT_IS_TUPLE
+from gym_autoinstr.fastpath.context_ops import SPAN_CONTEXT_IS_TUPLE
 
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack

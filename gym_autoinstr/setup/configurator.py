@@ -31,6 +31,7 @@ import enum
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.attributes import SERVICE_NAME, SHARD
 from gym_autoinstr.fastpath import batching, contract, parts
 from gym_autoinstr.setup import files, identity, notes, runs, wind_down
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
@@ -57,7 +59,7 @@ BATCH_DEFAULTS = {
 
 PROTOCOL_HTTP = "http/protobuf"
 PROTOCOL_GRPC = "grpc"
-_OTLP_EXPORTERS = {
+OTLP_EXPORTERS = {
     PROTOCOL_HTTP: ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry-exporter-otlp-proto-http"),
     PROTOCOL_GRPC: ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
 }
@@ -102,9 +104,9 @@ def _otlp_protocol() -> str:
 
 
 def _otlp_exporter(protocol: str) -> SpanExporter | None:
-    order = [protocol] + [p for p in _OTLP_EXPORTERS if p != protocol]
+    order = [protocol] + [p for p in OTLP_EXPORTERS if p != protocol]
     for candidate in order:
-        module_name, package = _OTLP_EXPORTERS[candidate]
+        module_name, package = OTLP_EXPORTERS[candidate]
         try:
             module = __import__(module_name, fromlist=["OTLPSpanExporter"])
         except ImportError as error:
@@ -125,7 +127,7 @@ def _otlp_exporter(protocol: str) -> SpanExporter | None:
                 candidate,
                 protocol,
                 candidate,
-                _OTLP_EXPORTERS[protocol][1],
+                OTLP_EXPORTERS[protocol][1],
             )
         return module.OTLPSpanExporter()
     warn_once(
@@ -138,12 +140,15 @@ def _otlp_exporter(protocol: str) -> SpanExporter | None:
 def _entry_point_exporter(name: str) -> SpanExporter | None:
     from importlib.metadata import entry_points
 
-    for entry_point in entry_points(group="opentelemetry_traces_exporter"):
-        if entry_point.name == name:
-            return entry_point.load()()
+    installed = {entry_point.name: entry_point for entry_point in entry_points(group="opentelemetry_traces_exporter")}
+    if name in installed:
+        return installed[name].load()()
     warn_once(
         f"exporter-unknown:{name}",
-        "OTEL_TRACES_EXPORTER names %r, which no installed package provides; known here: otlp, console, none.",
+        "OTEL_TRACES_EXPORTER names %r, which no installed package provides; known here: %s. "
+        "Name those (comma-separated) in OTEL_TRACES_EXPORTER, or install the package that provides %r.",
+        name,
+        ", ".join(dict.fromkeys([*_BUILT_HERE, "files", *sorted(installed)])),
         name,
     )
     return None
@@ -163,6 +168,16 @@ def _files_exporter(who: identity.ProcessIdentity | None) -> tuple[str, SpanExpo
     return f"files:{directory}", exporter
 
 
+# OTEL_TRACES_EXPORTER's names built here, besides files (others: installed entry points)
+_BUILT_HERE: dict[str, Callable[[], SpanExporter | None]] = {
+    "otlp": lambda: _otlp_exporter(_otlp_protocol()),
+    "otlp_proto_http": lambda: _otlp_exporter(PROTOCOL_HTTP),
+    "otlp_proto_grpc": lambda: _otlp_exporter(PROTOCOL_GRPC),
+    "console": ConsoleSpanExporter,
+    "none": lambda: None,
+}
+
+
 def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[str, SpanExporter]]:
     if files.embedded_default_applies():
         return [_files_exporter(who)]
@@ -171,27 +186,18 @@ def span_exporters(who: identity.ProcessIdentity | None = None) -> list[tuple[st
     exporters: list[tuple[str, SpanExporter]] = []
     for raw in names.split(","):
         name = raw.strip().lower()
-        if not name or name == "none":
+        if not name:
             continue
         try:
-            if name == "otlp":
-                exporter = _otlp_exporter(_otlp_protocol())
-                label = "otlp"
-            elif name in ("otlp_proto_http", "otlp_proto_grpc"):
-                exporter = _otlp_exporter(PROTOCOL_HTTP if name.endswith("http") else PROTOCOL_GRPC)
-                label = name
-            elif name == "console":
-                exporter, label = ConsoleSpanExporter(), "console"
-            elif name == "files":
+            if name == "files":
                 exporters.append(_files_exporter(who))
                 continue
-            else:
-                exporter, label = _entry_point_exporter(name), name
+            exporter = _BUILT_HERE.get(name, lambda: _entry_point_exporter(name))()
         except Exception as error:
             warn_once(f"exporter-error:{name}", "trace exporter %r could not be created: %r", name, error)
             continue
         if exporter is not None:
-            exporters.append((f"{label}:{type(exporter).__module__}", exporter))
+            exporters.append((f"{name}:{type(exporter).__module__}", exporter))
     return exporters
 
 
@@ -224,25 +230,33 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] |
 METRIC_EXPORT_INTERVAL_MS = env.METRIC_EXPORT_INTERVAL.default  # 10000
 
 
+def _otlp_metric_exporter() -> Any:
+    protocol = (env.OTLP_METRICS_PROTOCOL.raw() or _otlp_protocol()).strip().lower()
+    if protocol == PROTOCOL_GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    return OTLPMetricExporter()
+
+
 def _metric_exporter(name: str, who: identity.ProcessIdentity | None) -> Any:
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
-    if name == "files":
-        who = who or identity.detect()
-        return files.metric_exporter(files.resolve_output_dir(identity.run_id()), identity.service_name(who))
-    if name == "console":
-        return ConsoleMetricExporter()
-    if name == "otlp":
-        protocol = (env.OTLP_METRICS_PROTOCOL.raw() or _otlp_protocol()).strip().lower()
-        if protocol == PROTOCOL_GRPC:
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        return OTLPMetricExporter()
+    built = {
+        "otlp": _otlp_metric_exporter,
+        "console": ConsoleMetricExporter,
+        "files": lambda: files.metric_exporter(
+            files.resolve_output_dir(identity.run_id()), identity.service_name(who or identity.detect())
+        ),
+        "none": lambda: None,
+    }
+    if name in built:
+        return built[name]()
     warn_once(
         f"metrics-exporter:{name}",
-        "OTEL_METRICS_EXPORTER=%r is not supported here (otlp, console, none); no metrics from it.",
+        "OTEL_METRICS_EXPORTER names %r, which is not supported here: no metrics go to it; known here: %s.",
         name,
+        ", ".join(built),
     )
     return None
 
@@ -259,7 +273,7 @@ def metric_readers(who: identity.ProcessIdentity | None = None) -> list[Any]:
     configured = env.METRICS_EXPORTER.raw()
     for raw in (default if configured is None else configured).split(","):
         name = raw.strip().lower()
-        if not name or name == "none":
+        if not name:
             continue
         try:
             exporter = _metric_exporter(name, who)
@@ -463,7 +477,7 @@ def configure_ray_orchestrator(extra: dict[str, Any]) -> bool:
         if env.SDK_DISABLED.read():
             STATE.configured_by = ConfiguredBy.DISABLED
             return False
-        shard = extra.get("nemo.gym.shard")
+        shard = extra.get(SHARD)
         if shard and not env.SHARD.raw():
             os.environ[identity.SHARD_VARIABLE] = str(shard)
         who = identity.ray_orchestrator()
@@ -496,7 +510,7 @@ def _ray_worker_becomes_orchestrator(extra: dict[str, Any]) -> bool:
     """An actor that ran a traced method call first (our provider, built for a Ray worker
     doing a Gym server's work) and then starts Gym: the provider stays (it is the global
     one), its resource becomes the orchestrator's, for the tracers it handed out too."""
-    shard = extra.get("nemo.gym.shard")
+    shard = extra.get(SHARD)
     if shard and not env.SHARD.raw():
         os.environ[identity.SHARD_VARIABLE] = str(shard)
     who = identity.ray_orchestrator()
@@ -581,9 +595,9 @@ def adopt_foreign_provider() -> None:
 def _add_identity(provider: Any, resource: Resource, attributes: dict[str, Any]) -> None:
     """Merge our identity into another's provider resource; its own service.name stays
     unless OTEL_SERVICE_NAME says otherwise."""
-    current = resource.attributes.get("service.name")
+    current = resource.attributes.get(SERVICE_NAME)
     if current and not str(current).startswith("unknown_service") and not env.SERVICE_NAME.raw():
-        attributes = {k: v for k, v in attributes.items() if k != "service.name"}
+        attributes = {k: v for k, v in attributes.items() if k != SERVICE_NAME}
     try:
         setattr(provider, contract.PROVIDER_RESOURCE, resource.merge(Resource(attributes)))
     except Exception as error:

@@ -14,6 +14,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 
 # What the orchestrator sets so that every process it starts shares one run id.
@@ -156,36 +157,36 @@ def resource_attributes(
 ) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     attributes = {
-        "service.name": service_name(identity, environ),
+        attr.SERVICE_NAME: service_name(identity, environ),
         "service.instance.id": uuid.uuid4().hex,
-        "nemo.gym.process.role": identity.role.value,
+        attr.PROCESS_ROLE: identity.role.value,
         # Which venv this process reports from (Gym gives each server its own).
         "process.executable.path": sys.executable,
     }
     if identity.role is Role.SERVER:
-        attributes["nemo.gym.server.name"] = identity.name
-        attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
+        attributes[attr.SERVER_NAME] = identity.name
+        attributes[attr.SERVICE_GROUP] = _unsuffixed(identity.name)
         server_type = _server_type_from_directory()
         if server_type:
-            attributes["nemo.gym.server.type"] = server_type
+            attributes[attr.SERVER_TYPE] = server_type
     elif identity.role is Role.ORCHESTRATOR:
-        attributes["nemo.gym.server.name"] = "orchestrator"
-        attributes["nemo.gym.server.type"] = "orchestrator"
+        attributes[attr.SERVER_NAME] = "orchestrator"
+        attributes[attr.SERVER_TYPE] = "orchestrator"
     elif identity.role is Role.RAY_WORKER:
         # Whose work it does, and where: the Ray node id is added by the configurator.
-        attributes["nemo.gym.server.name"] = identity.name
-        attributes["nemo.gym.service_group"] = _unsuffixed(identity.name)
-        attributes["host.name"] = _host_name()
-        attributes["process.pid"] = os.getpid()  # type: ignore[assignment]
+        attributes[attr.SERVER_NAME] = identity.name
+        attributes[attr.SERVICE_GROUP] = _unsuffixed(identity.name)
+        attributes[attr.HOST_NAME] = _host_name()
+        attributes[attr.PROCESS_PID] = os.getpid()  # type: ignore[assignment]
     shard = settings.SHARD.raw(environ)
     if shard:
-        attributes["nemo.gym.shard"] = shard
+        attributes[attr.SHARD] = shard
     rid = run_id(environ, mint=identity.role is Role.ORCHESTRATOR)
     if rid:
-        attributes["nemo.gym.run.id"] = rid
+        attributes[attr.RUN_ID] = rid
     version = gym_version()
     if version:
-        attributes["nemo.gym.version"] = version
+        attributes[attr.GYM_VERSION] = version
     attributes.update(slurm_attributes(environ))
     return attributes
 
@@ -209,7 +210,7 @@ def slurm_attributes(environ: dict[str, str] | os._Environ[str] | None = None) -
     if not settings.SLURM_JOB_ID.raw(environ):
         return {}
     attributes = {key: value for setting, key in _SLURM if (value := setting.raw(environ))}
-    attributes["host.name"] = settings.SLURMD_NODENAME.raw(environ) or _host_name()
+    attributes[attr.HOST_NAME] = settings.SLURMD_NODENAME.raw(environ) or _host_name()
     return attributes
 
 

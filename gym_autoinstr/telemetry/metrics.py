@@ -34,6 +34,7 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.fastpath import histograms
 from gym_autoinstr.version import __version__
@@ -41,10 +42,6 @@ from gym_autoinstr.version import __version__
 # True once `activate()` ran with a real meter provider: every recorder checks it first.
 LIVE = False
 
-SERVER_NAME = "nemo.gym.server.name"
-ROLLOUT_OUTCOME = "nemo.gym.rollout.outcome"
-VERIFY_OUTCOME = "nemo.gym.verify.outcome"
-MODEL_DIALECT = "nemo.gym.model.dialect"
 SUCCESS, FAILURE = "success", "failure"
 
 # Milliseconds.  The SDK's default boundaries stop at 10 s; a rollout or a reasoning
@@ -70,14 +67,10 @@ DURATION_BOUNDARIES_MS = (
 )
 # Gym's sandbox buckets: 250 ms to 30 min.
 SANDBOX_BOUNDARIES_MS = (250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000)
-SANDBOX_PROVIDER = "nemo.gym.sandbox.provider"
 TTFB_BOUNDARIES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000)
 
 # A reward is usually in [0, 1]; the sum and count are exact whatever it is.
 REWARD_BOUNDARIES = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1)
-AGENT_NAME = "gen_ai.agent.name"
-RESOURCES_SERVER = "nemo.gym.resources_server.name"
-MASK_SAMPLE = "nemo.gym.mask_sample"
 
 # The semantic conventions' advice for http.server.request.duration, extended to Gym's minutes.
 HTTP_BOUNDARIES_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 120, 300, 600)
@@ -182,7 +175,6 @@ def activate() -> bool:
 # -- the pipeline's own health: OpenTelemetry's SDK self-observability names -----------
 COMPONENT_TYPE = "otel.component.type"
 COMPONENT_NAME = "otel.component.name"
-ERROR_TYPE = "error.type"
 
 
 def _span_health(m: Any) -> None:
@@ -203,7 +195,7 @@ def _span_health(m: Any) -> None:
             base = component(exporter, "batching_span_processor")
             dropped = {r: n for r, n in counts["lost"].items() if r in PROCESSOR_REASONS}
             found.append(metrics.Observation(max(counts["ended"] - sum(dropped.values()), 0), base))
-            found.extend(metrics.Observation(n, {**base, ERROR_TYPE: r}) for r, n in dropped.items())
+            found.extend(metrics.Observation(n, {**base, attr.ERROR_TYPE: r}) for r, n in dropped.items())
         return found
 
     def queued(_options: Any) -> list[Any]:
@@ -218,7 +210,7 @@ def _span_health(m: Any) -> None:
             base = component(exporter, f"{exporter}_span_exporter")
             found.append(metrics.Observation(counts["written"], base))
             found.extend(
-                metrics.Observation(n, {**base, ERROR_TYPE: r})
+                metrics.Observation(n, {**base, attr.ERROR_TYPE: r})
                 for r, n in counts["lost"].items()
                 if r not in PROCESSOR_REASONS and r != "exit_unflushed"
             )
@@ -245,7 +237,7 @@ def _span_health(m: Any) -> None:
 
 
 def _observe_in_flight(_options: Any) -> list[Any]:
-    return [metrics.Observation(cell[0], {SERVER_NAME: name}) for name, cell in list(_in_flight.items())]
+    return [metrics.Observation(cell[0], {attr.SERVER_NAME: name}) for name, cell in list(_in_flight.items())]
 
 
 def in_flight_cell(server_name: str) -> list[int]:
@@ -270,11 +262,11 @@ class SeamMetric:
     def __init__(self, kind: str, server_name: str, dialect: str | None = None) -> None:
         self.kind = kind
         if kind == "rollout":
-            self.ok, self.failed = {ROLLOUT_OUTCOME: SUCCESS}, {ROLLOUT_OUTCOME: FAILURE}
+            self.ok, self.failed = {attr.ROLLOUT_OUTCOME: SUCCESS}, {attr.ROLLOUT_OUTCOME: FAILURE}
         elif kind == "verify":
-            self.ok, self.failed = {VERIFY_OUTCOME: SUCCESS}, {VERIFY_OUTCOME: FAILURE}
+            self.ok, self.failed = {attr.VERIFY_OUTCOME: SUCCESS}, {attr.VERIFY_OUTCOME: FAILURE}
         else:
-            self.ok = self.failed = {MODEL_DIALECT: dialect or "unknown", SERVER_NAME: server_name}
+            self.ok = self.failed = {attr.MODEL_DIALECT: dialect or "unknown", attr.SERVER_NAME: server_name}
         self.identity = self.ok
 
 
@@ -285,11 +277,11 @@ _REQUEST_ATTRIBUTE_SETS = 1024  # routes are templates, statuses a few: never ne
 
 
 def _request_attributes_of(method: str, route: str | None, status: int | None) -> dict[str, Any]:
-    attributes: dict[str, Any] = {"http.request.method": method}
+    attributes: dict[str, Any] = {attr.HTTP_REQUEST_METHOD: method}
     if route:
-        attributes["http.route"] = route
+        attributes[attr.HTTP_ROUTE] = route
     if status:
-        attributes["http.response.status_code"] = status
+        attributes[attr.HTTP_RESPONSE_STATUS_CODE] = status
     if len(_request_attributes) >= _REQUEST_ATTRIBUTE_SETS:
         _request_attributes.clear()
     _request_attributes[(method, route, status)] = attributes
@@ -330,11 +322,11 @@ class RewardMetric:
     __slots__ = ("kept", "masked")
 
     def __init__(self, agent: str, resources_server: str | None) -> None:
-        base: dict[str, Any] = {AGENT_NAME: agent}
+        base: dict[str, Any] = {attr.AGENT_NAME: agent}
         if resources_server:
-            base[RESOURCES_SERVER] = resources_server
-        self.kept = {**base, MASK_SAMPLE: False}
-        self.masked = {**base, MASK_SAMPLE: True}
+            base[attr.RESOURCES_SERVER] = resources_server
+        self.kept = {**base, attr.MASK_SAMPLE: False}
+        self.masked = {**base, attr.MASK_SAMPLE: True}
 
 
 def record_reward(reward: float, masked: bool, metric: RewardMetric) -> None:
@@ -350,7 +342,7 @@ def _sandbox_attributes_of(provider: str) -> dict[str, str]:
     if attributes is None:
         if len(_sandbox_attributes) > 64:  # providers are a handful; never grow without end
             _sandbox_attributes.clear()
-        attributes = _sandbox_attributes[provider] = {SANDBOX_PROVIDER: provider}
+        attributes = _sandbox_attributes[provider] = {attr.SANDBOX_PROVIDER: provider}
     return attributes
 
 

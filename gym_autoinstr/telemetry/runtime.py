@@ -39,13 +39,13 @@ from opentelemetry import metrics as otel_metrics
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.attributes import GC_GENERATION
 from gym_autoinstr.telemetry import metrics
 
 LAG_INTERVAL_S = settings.LOOP_LAG_INTERVAL_MS.default / 1000.0
 # The probe's first sleep; each next one doubles, up to the interval.
 FIRST_SLEEP_S = 0.1
 LAG_INTERVAL_ENV = settings.LOOP_LAG_INTERVAL_MS.name
-GENERATION = "nemo.gym.gc.generation"
 LAG_BOUNDARIES_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
 GC_BOUNDARIES_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000)
 
@@ -61,7 +61,7 @@ class _RuntimeState:
 
 
 _state = _RuntimeState()
-_GENERATIONS = tuple({GENERATION: g} for g in range(3))
+_GENERATIONS = tuple({GC_GENERATION: g} for g in range(3))
 # (pause ms, generation) appended by the GC callback, recorded by `drain_gc_pauses`.
 # Bounded: drained at every probe wake-up and flush; 16384 is far more than a server
 # collects between two of them even with the probe set to seconds.

@@ -11,6 +11,7 @@ counts survive any ratio.  Everything else goes to the configured sampler unchan
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,18 +19,19 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import NonRecordingSpan
 
+from gym_autoinstr.fastpath.context_ops import current_context, span_context
 from gym_autoinstr.fastpath.contract import BAGGAGE_KEY as _BAGGAGE_KEY
 from gym_autoinstr.fastpath.contract import SPAN_KEY as _SPAN_KEY  # None when absent
-from gym_autoinstr.fastpath.propagation import (
-    current_context,
+from gym_autoinstr.fastpath.samplers import JobKeepingSampler, _drops_under_unsampled_parent
+from gym_autoinstr.fastpath.w3c import (
     keep_own_root,
     traceparent,
     unsampled_entry,
     unsampled_headers,
+    unsampled_lone,
     unsampled_spans,
     w3c_default,
 )
-from gym_autoinstr.fastpath.samplers import JobKeepingSampler, _drops_under_unsampled_parent
 from gym_autoinstr.telemetry import spans as _spans
 from gym_autoinstr.telemetry.spans import tracer_in_use
 
@@ -63,7 +65,7 @@ _follows = _SamplerChecked()
 
 # Contexts found holding a dropped span, by id: (the context, the sampler that drops the
 # children of its span, the span, and once a call was sent under it: the global textmap
-# and the headers ``propagation.unsampled_headers`` made for it).  A request of a dropped
+# and the headers ``w3c.unsampled_headers`` made for it).  A request of a dropped
 # rollout runs under one context (its caller's, read from the header once per rollout and
 # server, or its dropped root's), asked about at each seam and call: from the second time
 # on, the answer is one lookup.  Contexts are never changed in place; an entry keeps its
@@ -91,7 +93,7 @@ def dropped_span(context: Any = None) -> Any:
     # and the SDK's sampler decides as usual.
     if type(span) is not NonRecordingSpan:
         return None
-    # a span's context never changes: checked once, kept with its headers (propagation)
+    # a span's context never changes: checked once, kept with its headers (w3c)
     hit = unsampled_spans.get(id(span))
     if (hit is None or hit[0] is not span) and unsampled_entry(span) is None:
         return None
@@ -112,7 +114,7 @@ def _keep(entry: tuple) -> None:
 def dropped_call(context: Any) -> tuple[Any, dict[str, str] | None] | None:
     """For a call sent under ``context``: ``(dropped_span(context), the headers that carry
     its context on)`` when that span is dropped, else None.  The headers are
-    ``propagation.unsampled_headers``' (None: inject the usual way); the same dict for
+    ``w3c.unsampled_headers``' (None: inject the usual way); the same dict for
     every call under ``context``, so not to be changed: copy it."""
     hit = _dropped_contexts.get(id(context))
     if hit is not None and hit[0] is context:
@@ -136,25 +138,42 @@ def dropped_call(context: Any) -> tuple[Any, dict[str, str] | None] | None:
     return span, headers
 
 
-def forwarded(context: Any, header: str) -> bool:
-    """For the context ``propagation.unsampled_lone`` just read from ``header``: whether
-    the tracer's sampler drops every child of its span; when it does, the context is
-    kept as ``dropped_call`` would keep it after its first call, with ``header`` as what
-    carries it on (a lone traceparent in the SDK's form is what ``unsampled_headers``
-    writes for it), so that no hop under it works that out again."""
+def _new_span_id() -> int:
+    ids = getattr(_spans._tracer or tracer_in_use(), "id_generator", None)
+    return ids.generate_span_id() if ids is not None else random.getrandbits(64) or 1
+
+
+def own_operation(parent: Any) -> NonRecordingSpan:
+    """The span a request under the dropped ``parent`` runs in, as the SDK's sampler makes it:
+    ``parent``'s context, local, with a span id of its own (W3C: the current operation's)."""
+    made = parent.get_span_context()
+    return NonRecordingSpan(span_context(made.trace_id, _new_span_id(), False, made.trace_flags, made.trace_state))
+
+
+def forwarded(header: str) -> Any:
+    """For a lone ``traceparent`` first seen here, unsampled in the SDK's form, when the
+    sampler drops every child of such a parent: the context the request runs under
+    (``w3c.unsampled_lone``'s), kept as ``dropped_call`` keeps it after a call, and by
+    ``header`` and the one it sends on (``w3c.own_root``); else None."""
     sampler = dropping_sampler()
-    if sampler is None:
-        return False
-    if _SPAN_KEY is not None:
-        _keep((context, sampler, context[_SPAN_KEY], propagate.get_global_textmap(), {"traceparent": header}))
-    return True
+    if sampler is None or _SPAN_KEY is None:
+        return None
+    span_id = _new_span_id()
+    own = unsampled_lone(header, span_id)
+    if own is None:
+        return None
+    sent = f"{header[:36]}{span_id:016x}{header[52:]}"
+    _keep((own, sampler, own[_SPAN_KEY], propagate.get_global_textmap(), {"traceparent": sent}))
+    keep_own_root(header, own)
+    keep_own_root(sent, own)
+    return own
 
 
 def dropped_root(context: Any, span: Any) -> None:
     """For a context holding ``span``, a span the sampler dropped at its start (a root, as
     the lean tracer makes it): kept as ``dropped_call`` would keep it after its first
     call, with the headers that carry it on, and by that ``traceparent`` for a call of
-    this server to itself (``propagation.own_root``), when the sampler drops the children
+    this server to itself (``w3c.own_root``), when the sampler drops the children
     of such a span (else nothing is kept, and each hop asks as usual)."""
     sampler = dropping_sampler()
     if sampler is None or _SPAN_KEY is None:

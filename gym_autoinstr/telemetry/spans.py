@@ -12,7 +12,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.attributes import ERROR_TYPE
+from gym_autoinstr.fastpath import context_ops
 from gym_autoinstr.fastpath.contract import ACTIVE_SPAN_PROCESSOR, SPAN_PROCESSORS, TRACER_PROVIDER_GLOBAL
 from gym_autoinstr.version import __version__
 
@@ -75,7 +76,7 @@ def error_type(error: BaseException) -> str:
 def mark_error(span: trace.Span, error: BaseException) -> None:
     """Record that ``error`` ended the span's work, without its message."""
     name = error_type(error)
-    span.set_attribute("error.type", name)
+    span.set_attribute(ERROR_TYPE, name)
     span.set_status(Status(StatusCode.ERROR, name))
 
 
@@ -84,11 +85,11 @@ async def run_in_span(span: trace.Span, call: Any, after: Any = None, label: str
     cancellation ends the span without ERROR, and the span always ends.  ``after(span,
     result)`` may add attributes from the result; if it fails, the result is unaffected."""
     try:
-        entered = propagation.enter(span)
+        entered = context_ops.enter(span)
         try:
             result = await call()
         finally:
-            propagation.leave(entered)
+            context_ops.leave(entered)
         if after is not None:
             try:
                 after(span, result)

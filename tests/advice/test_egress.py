@@ -320,7 +320,7 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
     from nemo_gym import server_utils
     from opentelemetry import trace
 
-    from gym_autoinstr.fastpath import lean, propagation
+    from gym_autoinstr.fastpath import context_ops, lean
 
     app = _echo_app()
     with serve(app) as base:
@@ -344,7 +344,7 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
     )
     assert lean_span.gym_attempts is None
     for span in (sdk_span, lean_span):
-        token = propagation.enter(span)
+        token = context_ops.enter(span)
         try:
             never()  # not counting yet: nothing
             assert getattr(span, "gym_attempts", None) is None
@@ -355,14 +355,14 @@ def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
             never()
             assert span.gym_attempts == 2
             child = trace.NonRecordingSpan(span.get_span_context())  # another span current: not this one's
-            inner = propagation.enter(child)
+            inner = context_ops.enter(child)
             try:
                 never()
             finally:
-                propagation.leave(inner)
+                context_ops.leave(inner)
             assert span.gym_attempts == 2
         finally:
-            propagation.leave(token)
+            context_ops.leave(token)
         never()  # no counting span current: nothing counted
         assert span.gym_attempts == 2
     (span,) = _client_spans(spans)
@@ -376,6 +376,7 @@ def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeyp
     """A call to a Gym server of the fleet: the callee's server name and its route (no
     per-rollout prefix) as attributes, and the span named ``{method} {url.template}`` (HTTP
     semantic conventions; the rollout id templated out); any other URL, ``{method}``."""
+    from gym_autoinstr import attributes as attr
     from gym_autoinstr.advice import pool
 
     names: dict[str, str] = {}
@@ -400,11 +401,11 @@ def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeyp
     assert "url.template" not in outside.attributes
     assert echo.attributes["url.template"] == "/echo"
     assert prefixed_call.attributes["url.template"] == "/ng-rollout/{rollout_id}/v1/responses"
-    assert pool.DESTINATION not in outside.attributes and pool.DESTINATION_ROUTE not in outside.attributes
-    assert echo.attributes[pool.DESTINATION] == "my_resources"
-    assert echo.attributes[pool.DESTINATION_ROUTE] == "/echo"
-    assert prefixed_call.attributes[pool.DESTINATION] == "my_resources"
-    assert prefixed_call.attributes[pool.DESTINATION_ROUTE] == "/v1/responses"
+    assert attr.DESTINATION not in outside.attributes and attr.DESTINATION_ROUTE not in outside.attributes
+    assert echo.attributes[attr.DESTINATION] == "my_resources"
+    assert echo.attributes[attr.DESTINATION_ROUTE] == "/echo"
+    assert prefixed_call.attributes[attr.DESTINATION] == "my_resources"
+    assert prefixed_call.attributes[attr.DESTINATION_ROUTE] == "/v1/responses"
     assert prefixed_call.attributes["nemo.gym.rollout.id"] == "4-2"
 
 

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr._log import forget_said
 from gym_autoinstr.advice import job
 from tests.harness.servers import run_async, serve
@@ -77,20 +78,20 @@ def test_each_rollout_is_a_root_linked_to_the_job_which_counts_them(instrumented
     (job_span,) = _by_name(finished, "gym.job")
     assert job_span.parent is None
     attributes = dict(job_span.attributes)
-    assert re.fullmatch(r"[0-9a-f]{32}", attributes.pop(job.JOB_ID))
+    assert re.fullmatch(r"[0-9a-f]{32}", attributes.pop(attr.JOB_ID))
     assert attributes == {
-        job.JOB_TRACE: "per_rollout",
-        job.JOB_ENTRY: "run_from_config",
-        job.NUM_REPEATS: 3,
-        job.ROLLOUTS_SENT: 3,
-        job.ROLLOUTS_FAILED: 1,
+        attr.JOB_TRACE: "per_rollout",
+        attr.JOB_ENTRY: "run_from_config",
+        attr.JOB_NUM_REPEATS: 3,
+        attr.JOB_ROLLOUTS_SENT: 3,
+        attr.JOB_ROLLOUTS_FAILED: 1,
     }
     runs = _runs(finished)
     assert len(runs) == 3 and len({r.context.trace_id for r in runs}) == 3
     for run in runs:
         assert run.parent is None and run.context.trace_id != job_span.context.trace_id
         assert [link.context for link in run.links] == [job_span.context]
-        assert run.attributes[job.JOB_ID] == job_span.attributes[job.JOB_ID]
+        assert run.attributes[attr.JOB_ID] == job_span.attributes[attr.JOB_ID]
     # the servers receive each rollout's own trace id, not the job's
     received = {int(tp.split("-")[1], 16) for tp in app.state.traceparents}
     assert received == {r.context.trace_id for r in runs}
@@ -105,7 +106,7 @@ def test_opt_in_keeps_one_trace_per_job(instrumented, spans, monkeypatch):
         _collect(base, [{}, {}])
     finished = spans.get_finished_spans()
     (job_span,) = _by_name(finished, "gym.job")
-    assert job_span.attributes[job.JOB_TRACE] == "single" and job_span.attributes[job.ROLLOUTS_SENT] == 2
+    assert job_span.attributes[attr.JOB_TRACE] == "single" and job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 2
     runs = _runs(finished)
     assert len(runs) == 2
     assert all(r.parent.span_id == job_span.context.span_id and not r.links for r in runs)
@@ -120,7 +121,7 @@ def test_an_embedders_open_span_parents_the_job_and_its_rollouts(instrumented, s
     finished = spans.get_finished_spans()
     (job_span,) = _by_name(finished, "gym.job")
     assert job_span.parent.span_id == step.get_span_context().span_id
-    assert job_span.attributes[job.JOB_TRACE] == "embedded"
+    assert job_span.attributes[attr.JOB_TRACE] == "embedded"
     runs = _runs(finished)
     assert len(runs) == 2 and all(r.parent.span_id == job_span.context.span_id and not r.links for r in runs)
     assert {s.context.trace_id for s in finished} == {step.get_span_context().trace_id}
@@ -169,8 +170,8 @@ def test_run_examples_opens_one_job_per_call_ending_with_its_last_rollout(instru
         assert run_async(caller()) == [{"reward": 1.0}] * 2
     finished = spans.get_finished_spans()
     (job_span,) = _by_name(finished, "gym.job")
-    assert job_span.parent is None and job_span.attributes[job.JOB_ENTRY] == "run_examples"
-    assert job_span.attributes[job.ROLLOUTS_SENT] == 2 and job.NUM_REPEATS not in job_span.attributes
+    assert job_span.parent is None and job_span.attributes[attr.JOB_ENTRY] == "run_examples"
+    assert job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 2 and attr.JOB_NUM_REPEATS not in job_span.attributes
     runs = _runs(finished)
     assert len(runs) == 2 and all(
         r.parent is None and [link.context for link in r.links] == [job_span.context] for r in runs
@@ -188,7 +189,7 @@ def test_run_examples_inside_run_from_config_opens_no_second_job(instrumented, s
 
         run_async(job.run_from_config_advice(driver, None, (SimpleNamespace(num_repeats=1),), {}))
     (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
-    assert job_span.attributes[job.JOB_ENTRY] == "run_from_config" and job_span.attributes[job.ROLLOUTS_SENT] == 1
+    assert job_span.attributes[attr.JOB_ENTRY] == "run_from_config" and job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 1
 
 
 def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spans, monkeypatch):
@@ -215,12 +216,12 @@ def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spa
     finished = spans.get_finished_spans()
     rooted, nested = sorted(_by_name(finished, "gym.job"), key=lambda s: s.start_time)
     assert rooted.parent is None and [link.context for link in rooted.links] == [execute.get_span_context()]
-    assert rooted.attributes[job.JOB_TRACE] == "per_rollout"
+    assert rooted.attributes[attr.JOB_TRACE] == "per_rollout"
     runs = [r for r in _runs(finished) if r.links]
     assert len(runs) == 2 and all(
         r.parent is None and [link.context for link in r.links] == [rooted.context] for r in runs
     )
-    assert nested.parent.span_id == outer.get_span_context().span_id and nested.attributes[job.JOB_TRACE] == "embedded"
+    assert nested.parent.span_id == outer.get_span_context().span_id and nested.attributes[attr.JOB_TRACE] == "embedded"
     (under,) = [r for r in _runs(finished) if not r.links]
     assert under.parent.span_id == nested.context.span_id
 
@@ -241,7 +242,7 @@ def test_an_iterator_dropped_before_its_first_next_still_ends_its_job(instrument
     del iterator
     gc.collect()
     (job_span,) = _job_spans(spans)
-    assert job_span.attributes[job.ROLLOUTS_SENT] == 0 and job_span.status.is_ok
+    assert job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 0 and job_span.status.is_ok
 
 
 def test_an_error_from_gyms_iterator_marks_and_ends_the_job(instrumented, spans, monkeypatch):
@@ -287,7 +288,7 @@ def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_await
 
         assert run_async(caller()) == {"reward": 1.0}
     (job_span,) = _job_spans(spans)
-    assert job_span.attributes[job.ROLLOUTS_SENT] == 3  # 0.7.0-like: all three tasks started at the first next
+    assert job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 3  # 0.7.0-like: all three tasks started at the first next
     assert all(r.end_time <= job_span.end_time for r in _runs(spans.get_finished_spans()))
 
 
@@ -343,7 +344,7 @@ def test_concurrent_jobs_count_and_link_only_their_own_rollouts(instrumented, sp
 
         assert run_async(caller()) == [{"reward": 1.0}] * 5
     finished = spans.get_finished_spans()
-    jobs = {s.attributes[job.ROLLOUTS_SENT]: s for s in _by_name(finished, "gym.job")}
+    jobs = {s.attributes[attr.JOB_ROLLOUTS_SENT]: s for s in _by_name(finished, "gym.job")}
     assert sorted(jobs) == [2, 3]
     for sent, job_span in jobs.items():
         linked = [r for r in _runs(finished) if [link.context for link in r.links] == [job_span.context]]
@@ -381,8 +382,8 @@ def test_the_rows_gyms_driver_hands_run_examples_are_the_jobs_size_on_its_span_a
         before = time.time()
         run_async(job.run_from_config_advice(driver, None, (SimpleNamespace(num_repeats=3),), {}))
     (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
-    assert job_span.attributes[job.ROLLOUTS_EXPECTED] == 3 and job_span.attributes[job.ROLLOUTS_SENT] == 3
-    job_id = job_span.attributes[job.JOB_ID]
+    assert job_span.attributes[attr.JOB_ROLLOUTS_EXPECTED] == 3 and job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 3
+    job_id = job_span.attributes[attr.JOB_ID]
     (note,) = seen_at_dispatch
     assert note == {"job_id": job_id, "expected": 3, "started": note["started"], "pid": os.getpid()}
     assert before <= note["started"] <= time.time()
@@ -419,9 +420,9 @@ def test_on_gym_0_6_and_later_the_size_is_the_materialized_inputs_line_count(
         run_async(job.run_from_config_advice(driver, None, (config,), {}))
     (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
     assert [n["expected"] for n in at_start] == [None]
-    assert at_start[0]["job_id"] == job_span.attributes[job.JOB_ID]
+    assert at_start[0]["job_id"] == job_span.attributes[attr.JOB_ID]
     (note,) = _job_notes(run_dir)
-    assert note["expected"] == 4 == job_span.attributes[job.ROLLOUTS_EXPECTED]
+    assert note["expected"] == 4 == job_span.attributes[attr.JOB_ROLLOUTS_EXPECTED]
     assert note["started"] == at_start[0]["started"]
 
 
@@ -441,9 +442,9 @@ def test_a_job_resumed_from_gyms_cache_or_with_unknown_rows_has_no_size(instrume
 
         run_async(job.run_from_config_advice(driver, None, (config,), {}))
     jobs = _by_name(spans.get_finished_spans(), "gym.job")
-    assert len(jobs) == 2 and all(job.ROLLOUTS_EXPECTED not in j.attributes for j in jobs)
+    assert len(jobs) == 2 and all(attr.JOB_ROLLOUTS_EXPECTED not in j.attributes for j in jobs)
     notes = _job_notes(tmp_path)
-    assert sorted(n["job_id"] for n in notes) == sorted(j.attributes[job.JOB_ID] for j in jobs)
+    assert sorted(n["job_id"] for n in notes) == sorted(j.attributes[attr.JOB_ID] for j in jobs)
     assert [n["expected"] for n in notes] == [None, None]
 
 
@@ -461,9 +462,9 @@ def test_an_embedders_run_examples_job_has_its_rows_as_its_size(instrumented, sp
 
         run_async(caller())
     (job_span,) = _by_name(spans.get_finished_spans(), "gym.job")
-    assert job_span.attributes[job.ROLLOUTS_EXPECTED] == 2
+    assert job_span.attributes[attr.JOB_ROLLOUTS_EXPECTED] == 2
     (note,) = _job_notes(tmp_path)
-    assert note["job_id"] == job_span.attributes[job.JOB_ID] and note["expected"] == 2
+    assert note["job_id"] == job_span.attributes[attr.JOB_ID] and note["expected"] == 2
 
 
 def test_no_note_without_a_run_directory_and_an_unwritable_one_never_reaches_gym(
@@ -483,5 +484,5 @@ def test_no_note_without_a_run_directory_and_an_unwritable_one_never_reaches_gym
         with caplog.at_level(logging.DEBUG, logger="gym_autoinstr"):
             _collect(base, [{}, {}])
     jobs = _by_name(spans.get_finished_spans(), "gym.job")
-    assert [j.attributes[job.ROLLOUTS_SENT] for j in jobs] == [1, 2]
+    assert [j.attributes[attr.JOB_ROLLOUTS_SENT] for j in jobs] == [1, 2]
     assert any("job-" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)

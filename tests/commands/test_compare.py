@@ -270,7 +270,8 @@ def test_the_text_fits_the_terminal_and_marks_what_changed(two_runs, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert all(len(line) <= 100 for line in lines)
-    assert lines[0].startswith(f"A: {two_runs[0]}: 85 rollouts, 11 tasks")
+    wide = _cli("compare", str(two_runs[0]), str(two_runs[1]), columns=400, env=_env(tmp_path)).stdout
+    assert wide.splitlines()[0] == f"A: {two_runs[0]}: 85 rollouts, 11 tasks"  # (cut to 100 above: a long path)
     verify = next(line for line in lines if line.startswith("verify p50"))
     # A: 25 rollouts of 10 ms, 20 each of 11, 12, 13: the 43rd of 85 is 11; B: 5 of 10 ms, then 30-33
     assert verify.split()[2:6] == ["11.0", "ms", "31.0", "ms"] and "+20.0 ms (+182%)" in verify
@@ -337,4 +338,9 @@ def test_bad_sides_are_refused_saying_what_to_give(two_runs, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     nothing = _cli("compare", str(two_runs[0]), str(empty), env=_env(tmp_path))
-    assert nothing.returncode == 1 and "side B" in nothing.stderr and "has no rollout traces" in nothing.stderr
+    said = f"gym-autoinstr compare: side B ({empty}): no traces found: no span files (*.jsonl, *.jsonl.gz) in {empty}. "
+    assert nothing.returncode == 1 and nothing.stderr.startswith(said + "Is it a run directory")
+    unwritable = [(tmp_path / "no" / "c.html", 2, f"no directory {tmp_path / 'no'} to write it in; create it")]
+    for html, code, why in unwritable + [(empty, 1, "Is a directory; nothing written: give a file you can write")]:
+        unwritten = _cli("compare", *map(str, two_runs), "--html", str(html), env=_env(tmp_path))
+        assert (unwritten.returncode, unwritten.stderr) == (code, f"gym-autoinstr compare: --html {html}: {why}\n")

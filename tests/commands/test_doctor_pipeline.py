@@ -153,10 +153,24 @@ def test_an_ipv6_literal_works_when_bracketed(rotel):
     assert "[::1]:" + str(port) in the_error(problems).problem and "connection refused" in the_error(problems).problem
 
 
-def test_an_unbracketed_ipv6_literal_is_named():
-    section, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://::1:4318"})
+HINT = " (a port is 1-65535; an IPv6 address must be in brackets: http://[::1]:4318)"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [
+        ("http://::1:4318", "Port could not be cast to integer value as ':1:4318'" + HINT),
+        ("http://[::1:4318", "Invalid IPv6 URL" + HINT),
+        ("http://127.0.0.1:99999", "Port out of range 0-65535" + HINT),
+        ("localhost:4318", "it names no host (no scheme: http://localhost:4318?)"),
+        ("http://", "it names no host"),  # not the host "v1" of http://v1/traces
+    ],
+)
+def test_an_endpoint_that_is_no_url_is_named(endpoint, why):
+    section, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
     error = the_error(problems)
-    assert "IPv6 address must be in brackets" in error.problem and "steps" not in section["targets"][0]
+    assert error.problem == f"OTEL_EXPORTER_OTLP_ENDPOINT={endpoint!r} cannot be used: {why}"
+    assert error.fix == "set OTEL_EXPORTER_OTLP_ENDPOINT=http://<host>:4318" and "steps" not in section["targets"][0]
 
 
 # -- spans cannot arrive: each cause named, with its fix ----------------------------------

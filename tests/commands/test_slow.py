@@ -8,6 +8,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from gym_autoinstr.commands import slow
+from gym_autoinstr.commands.view import command as view
 from gym_autoinstr.setup import files
 from gym_autoinstr.telemetry.metrics import DURATION_BOUNDARIES_MS
 
@@ -44,9 +45,11 @@ def test_summary_adds_processes_and_estimates_percentiles(tmp_path):
     assert " 112 " in text and "rollouts" in text
 
 
-def test_no_metrics_files_gives_no_summary(tmp_path):
+def test_no_metrics_files_gives_no_summary(tmp_path, capsys):
     assert slow.render_text(slow.summarise(slow.read_run(tmp_path))) == ""
     assert slow.render_html(slow.summarise(slow.read_run(tmp_path))) == ""
+    assert view.main([str(tmp_path)], metrics=True) == 1
+    assert capsys.readouterr().err.startswith(f"gym-autoinstr view: no metrics (*.metrics.jsonl) in {tmp_path}: they")
 
 
 def test_waits_for_gyms_semaphores_and_sandbox_times_are_summarised(tmp_path):

@@ -736,6 +736,9 @@ def test_html_page_draws_at_most_the_limit_and_says_how_to_see_the_rest(handbuil
     assert len(document.find("table")[0].find("tbody")[0].find("tr")) == 3
     (note,) = document.find("p", "note")
     assert "2 of the 3 traces listed are drawn" in note.all_text() and "--trace" in note.all_text()
+    unwritten = _cli("view", str(handbuilt_run["dir"]), "--html", str(tmp_path / "no" / "x.html"))
+    why = "No such file or directory; nothing written: give a file you can write"
+    assert (unwritten.returncode, unwritten.stderr) == (1, f"gym-autoinstr view: --html {tmp_path}/no/x.html: {why}\n")
 
 
 def test_list_json_filters_and_width(handbuilt_run):

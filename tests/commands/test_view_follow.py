@@ -16,7 +16,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from gym_autoinstr.commands.view.follow import Follower
 from gym_autoinstr.setup.files import encode_otlp_json
 from gym_autoinstr.setup.notes import process_notes
 from gym_autoinstr.setup.runs import _process_start
+from tests.commands.test_view import _cli
 
 BASE = 1_700_000_000.0  # seconds: the spans' time and the follower's clock
 MS = 1_000_000
@@ -520,23 +520,13 @@ def test_in_a_terminal_with_rich_the_block_is_a_live_display(tmp_path):
     assert out.getvalue().endswith("\x1b[2K")  # transient: the block is erased at the end
 
 
-def _command() -> list[str]:
-    script = Path(sys.executable).parent / "gym-autoinstr"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gym_autoinstr.commands.cli"]
-
-
 def test_the_command_follows_until_its_timeout_and_prints_the_summary(tmp_path):
     run = Run(tmp_path / "run")
     run.start_job("beef", expected=4)
     for n in range(3):
         run.rollout(BASE + n, task=n, reward=n / 2)
     run.flush()
-    done = subprocess.run(
-        _command() + ["view", "--follow", str(run.directory), "--timeout", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _cli("view", "--follow", str(run.directory), "--timeout", "1", columns=None)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "rollouts 0 done" in lines[0]  # the first refresh: rooted, within their grace
@@ -547,10 +537,30 @@ def test_the_command_follows_until_its_timeout_and_prints_the_summary(tmp_path):
     assert summary[3].startswith("reward: mean 0.500 over 3 (0 masked apart); worst tasks: 0: 0.000 (1)")
     assert summary[5] == "spans lost: unknown (no process notes in the run directory)"
     assert summary[6] == "failures: none"
-    missing = subprocess.run(
-        _command() + ["view", "--follow", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60
-    )
-    assert missing.returncode == 2 and "--follow takes one run directory" in missing.stderr
+
+
+RUN = "a run directory (./gym-autoinstr-runs/<run id>)"
+EMPTY = "gym-autoinstr view: no span files (*.jsonl, *.jsonl.gz) nor process notes in {tmp}"
+
+
+@pytest.mark.parametrize(
+    ("paths", "code", "said"),
+    [
+        (["{tmp}/nowhere"], 2, [f"gym-autoinstr view: --follow takes {RUN}; {{tmp}}/nowhere is not a directory"]),
+        (["{tmp}", "{tmp}"], 2, [f"gym-autoinstr view: --follow takes {RUN}; 2 paths given"]),
+        (
+            ["{tmp}"],
+            1,
+            [
+                f"{EMPTY} yet: is it {RUN}? Waiting (Ctrl-C to stop)",
+                f"{EMPTY}, and none came while followed: give --follow {RUN}",
+            ],
+        ),
+    ],
+)
+def test_a_path_that_is_no_run_directory_is_said(tmp_path, capsys, paths, code, said):
+    assert live.main([path.format(tmp=tmp_path) for path in paths], interval=0.01, timeout=0.01) == code
+    assert capsys.readouterr().err.splitlines() == [line.format(tmp=tmp_path) for line in said]
 
 
 def test_a_jobs_note_rewritten_with_its_size_is_read_again(tmp_path):

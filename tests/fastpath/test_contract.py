@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 
 from gym_autoinstr._log import forget_said  # noqa: E402
-from gym_autoinstr.fastpath import batching, contract, histograms, lean, parts, propagation, samplers  # noqa: E402
+from gym_autoinstr.fastpath import batching, contract, histograms, lean, parts, samplers, w3c  # noqa: E402
 from gym_autoinstr.setup import configurator, identity  # noqa: E402
 from tests.harness.collector import OtlpSink  # noqa: E402
 
@@ -349,7 +349,7 @@ def test_fast_path_off_exports_the_same_trace_through_stock_sdk_classes(fresh, s
     assert type(processor) is BatchSpanProcessor
     assert type(processor.span_exporter._exporter) is OTLPSpanExporter  # (behind flush.py's WatchedExporter)
     assert type(_our_tracer(provider)) is Tracer
-    assert propagation.w3c_default() is False
+    assert w3c.w3c_default() is False
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     assert samplers.root_decision(ParentBased(TraceIdRatioBased(0.5))) is None

@@ -7,7 +7,7 @@ from opentelemetry import baggage, context, propagate, trace
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from gym_autoinstr.fastpath import propagation
+from gym_autoinstr.fastpath import context_ops, w3c
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CARRIERS = [
@@ -44,8 +44,8 @@ def _seen(ctx):
 
 @pytest.mark.parametrize("carrier", CARRIERS, ids=[str(i) for i in range(len(CARRIERS))])
 def test_extract_matches_the_global_propagator(carrier):
-    assert propagation.w3c_default()
-    assert _seen(propagation.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
+    assert w3c.w3c_default()
+    assert _seen(w3c.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
 
 
 @pytest.mark.parametrize("flags,state", [(1, None), (0, None), (3, TraceState([("v", "1")]))])
@@ -54,7 +54,7 @@ def test_inject_matches_the_global_propagator(flags, state):
         SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state)
     )
     ours: dict = {}
-    propagation.inject_span(span, ours)
+    w3c.inject_span(span, ours)
     theirs: dict = {}
     propagate.inject(theirs, context=trace.set_span_in_context(span))
     assert ours == theirs and ours["traceparent"].startswith("00-")
@@ -65,7 +65,7 @@ def test_baggage_and_other_propagators_take_the_general_path():
     token = context.attach(baggage.set_baggage("tenant", "t1"))
     try:
         carrier: dict = {}
-        propagation.inject_span(span, carrier)
+        w3c.inject_span(span, carrier)
         assert carrier["baggage"] == "tenant=t1" and carrier["traceparent"].endswith("-01")
     finally:
         context.detach(token)
@@ -76,14 +76,14 @@ def test_baggage_and_other_propagators_take_the_general_path():
     before = propagate.get_global_textmap()
     propagate.set_global_textmap(Custom([]))
     try:
-        assert not propagation.w3c_default()
+        assert not w3c.w3c_default()
         carrier = {}
-        propagation.inject_span(span, carrier)
+        w3c.inject_span(span, carrier)
         assert carrier == {}  # the configured (empty) propagator decides
-        assert not trace.get_current_span(propagation.extract({"traceparent": TP})).get_span_context().is_valid
+        assert not trace.get_current_span(w3c.extract({"traceparent": TP})).get_span_context().is_valid
     finally:
         propagate.set_global_textmap(before)
-    assert propagation.w3c_default()
+    assert w3c.w3c_default()
 
 
 def test_an_unsampled_callers_context_is_read_once_and_reused():
@@ -91,11 +91,11 @@ def test_an_unsampled_callers_context_is_read_once_and_reused():
     once and handed out again (the same answer as the SDK's each time); a sampled one, or
     one with tracestate, is parsed every time."""
     unsampled = {"traceparent": TP.replace("-01", "-00")}
-    first, again = propagation.extract(dict(unsampled)), propagation.extract(dict(unsampled))
+    first, again = w3c.extract(dict(unsampled)), w3c.extract(dict(unsampled))
     assert again is first and _seen(again) == _seen(propagate.extract(dict(unsampled)))
     for carrier in ({"traceparent": TP}, {"traceparent": TP.replace("-01", "-00"), "tracestate": "a=1"}):
-        assert propagation.extract(dict(carrier)) is not propagation.extract(dict(carrier))
-        assert _seen(propagation.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
+        assert w3c.extract(dict(carrier)) is not w3c.extract(dict(carrier))
+        assert _seen(w3c.extract(dict(carrier))) == _seen(propagate.extract(dict(carrier)))
 
 
 def test_an_unsampled_parent_is_written_the_same_every_time():
@@ -103,7 +103,7 @@ def test_an_unsampled_parent_is_written_the_same_every_time():
     other = NonRecordingSpan(SpanContext(0xABC, 0x123, is_remote=True, trace_flags=TraceFlags(0)))
     for span in (one, other, one, other):
         ours: dict = {}
-        propagation.inject_span(span, ours)
+        w3c.inject_span(span, ours)
         theirs: dict = {}
         propagate.inject(theirs, context=trace.set_span_in_context(span))
         assert ours == theirs
@@ -121,13 +121,13 @@ def test_an_unsampled_callers_context_is_forwarded_as_the_sdk_would_write_it(hea
     """The dropped path sends its caller's context on: what an extracted unsampled context
     is written as (taken from the header it came in, when that already is the canonical
     form) is what the SDK's propagator writes for it, by inject_span and unsampled_headers."""
-    parent = propagation.extract({"traceparent": header})
+    parent = w3c.extract({"traceparent": header})
     span = trace.get_current_span(parent)
     theirs: dict = {}
     propagate.inject(theirs, context=parent)
     ours: dict = {}
-    propagation.inject_span(span, ours, parent)
-    assert ours == theirs == propagation.unsampled_headers(span, parent)
+    w3c.inject_span(span, ours, parent)
+    assert ours == theirs == w3c.unsampled_headers(span, parent)
     assert theirs["traceparent"] == header.strip()
 
 
@@ -149,16 +149,14 @@ def _random_headers(count: int, flags: str = "00") -> list[str]:
     ],
 )
 def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_it(header):
-    """A dropped rollout's first request at each server: its traceparent, read on the
-    short path, gives the context the SDK's propagator gives, kept for the next request."""
-    propagation._extracted.pop(header, None)
-    read = propagation.unsampled_lone(header)
-    assert read is not None and _seen(read) == _seen(propagate.extract({"traceparent": header}))
+    """A dropped rollout's first request at each server: its traceparent, read on the short
+    path, gives the context the SDK's propagator gives, but for the span id, the request's
+    own (local: the SDK's sampler makes its non-recording span so)."""
+    read = w3c.unsampled_lone(header, 0xABC)
+    theirs = trace.get_current_span(propagate.extract({"traceparent": header})).get_span_context()
     span_context = trace.get_current_span(read).get_span_context()
-    assert span_context.is_valid and span_context.is_remote and type(span_context) is SpanContext
-    assert span_context.trace_flags == int(header[-2:], 16) and type(span_context.trace_flags) is TraceFlags
-    assert propagation.unsampled_context(header) is read  # kept, as extract keeps it
-    assert propagation.extract({"traceparent": header}) is read
+    assert span_context == SpanContext(theirs.trace_id, 0xABC, False, theirs.trace_flags, theirs.trace_state)
+    assert span_context.is_valid and type(span_context) is SpanContext and type(span_context.trace_flags) is TraceFlags
 
 
 @pytest.mark.parametrize(
@@ -180,8 +178,8 @@ def test_a_lone_unsampled_traceparent_in_the_sdks_form_is_read_as_the_sdk_reads_
     ],
 )
 def test_any_other_traceparent_is_left_to_the_general_path(header):
-    assert propagation.unsampled_lone(header) is None
-    assert _seen(propagation.extract({"traceparent": header})) == _seen(propagate.extract({"traceparent": header}))
+    assert w3c.unsampled_lone(header, 0xABC) is None
+    assert _seen(w3c.extract({"traceparent": header})) == _seen(propagate.extract({"traceparent": header}))
 
 
 @pytest.mark.parametrize(
@@ -197,7 +195,7 @@ def test_any_other_traceparent_is_left_to_the_general_path(header):
     ],
 )
 def test_span_contexts_are_made_as_the_api_makes_them(trace_id, span_id, is_remote, flags, state):
-    ours = propagation.span_context(trace_id, span_id, is_remote, TraceFlags(flags), state)
+    ours = context_ops.span_context(trace_id, span_id, is_remote, TraceFlags(flags), state)
     theirs = SpanContext(trace_id, span_id, is_remote=is_remote, trace_flags=TraceFlags(flags), trace_state=state)
     fields = ("trace_id", "span_id", "is_remote", "trace_flags", "trace_state", "is_valid")
     assert type(ours) is type(theirs) and ours == theirs
@@ -219,38 +217,38 @@ def test_traceparent_is_written_as_the_sdk_writes_it(trace_id, span_id, flags):
     span_context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))
     theirs: dict = {}
     propagate.inject(theirs, context=trace.set_span_in_context(NonRecordingSpan(span_context)))
-    assert propagation.traceparent(span_context) == theirs["traceparent"]
+    assert w3c.traceparent(span_context) == theirs["traceparent"]
 
 
 def test_traceparent_of_ids_out_of_range_is_formatted_as_before():
     """Ids no W3C header can hold (a custom id generator's): formatted by the format spec,
     as before, never an exception on the request path."""
     span_context = SpanContext(1 << 128, 5, is_remote=False, trace_flags=TraceFlags(1))
-    assert propagation.traceparent(span_context) == f"00-{1 << 128:032x}-{5:016x}-01"
+    assert w3c.traceparent(span_context) == f"00-{1 << 128:032x}-{5:016x}-01"
 
 
 def test_with_span_makes_the_context_set_span_in_context_makes():
-    """``propagation.with_span``: a new context with ``span`` in it and everything else of
+    """``context_ops.with_span``: a new context with ``span`` in it and everything else of
     the given one (baggage), equal to the API's, the given context left as it was."""
     parent = baggage.set_baggage("tenant", "a", context.Context())
     span = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False, trace_flags=TraceFlags(1)))
-    made = propagation.with_span(span, parent)
+    made = context_ops.with_span(span, parent)
     assert made == trace.set_span_in_context(span, parent)
     assert type(made) is type(trace.set_span_in_context(span, parent))
     assert trace.get_current_span(made) is span and baggage.get_baggage("tenant", made) == "a"
     assert trace.get_current_span(parent) is not span and made is not parent
-    empty = propagation.with_span(span, context.Context())
+    empty = context_ops.with_span(span, context.Context())
     assert empty == trace.set_span_in_context(span, context.Context()) and len(empty) == 1
 
 
 def test_enter_makes_the_span_current_as_use_span_does():
-    """``propagation.enter``: the span current, everything else of the context kept
+    """``context_ops.enter``: the span current, everything else of the context kept
     (baggage), the same context ``use_span`` makes; ``leave`` restores the one before."""
     outer = context.attach(baggage.set_baggage("tenant", "a"))
     try:
         before = context.get_current()
         span = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False, trace_flags=TraceFlags(1)))
-        token = propagation.enter(span)
+        token = context_ops.enter(span)
         try:
             inside = context.get_current()
             assert trace.get_current_span() is span
@@ -258,7 +256,7 @@ def test_enter_makes_the_span_current_as_use_span_does():
             with trace.use_span(span):
                 assert context.get_current() == inside
         finally:
-            propagation.leave(token)
+            context_ops.leave(token)
         assert context.get_current() is before
     finally:
         context.detach(outer)
@@ -271,7 +269,7 @@ def test_every_flags_byte_reads_as_the_propagator_reads_it_into_one_shared_value
     for value in range(256):
         header = f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{value:02x}"
         ours = [
-            trace.get_current_span(propagation.extract({"traceparent": header, "tracestate": "k=v"}))
+            trace.get_current_span(w3c.extract({"traceparent": header, "tracestate": "k=v"}))
             .get_span_context()
             .trace_flags
             for _ in range(2)

@@ -2,13 +2,13 @@
 
 Every row of the tables below cites the rule of the specification it checks (by section
 title: "traceparent > version" is the ``version`` part of the ``traceparent`` header
-section) and gives what ``propagation.extract`` must read from the headers: nothing (the
+section) and gives what ``w3c.extract`` must read from the headers: nothing (the
 trace restarts) or the caller's ids, flags and tracestate.  For every context read, what
-``propagation.inject_span`` sends on for it is checked too: version ``00`` (a higher
+``w3c.inject_span`` sends on for it is checked too: version ``00`` (a higher
 version is downgraded), the flags W3C reserves as zero, the tracestate as read.
 
 The ``tracestate`` rows are also checked with the fast path off (``GYM_AUTOINSTR_FAST_PATH=off``:
-the SDK's propagator reads the ``traceparent``, and ``propagation`` the ``tracestate`` again):
+the SDK's propagator reads the ``traceparent``, and ``w3c`` the ``tracestate`` again):
 the same rules hold either way.  ``SUITE_CASES`` are the W3C test suite's own tracestate
 requests (w3c/trace-context, ``test/test.py``, ``STRICT_LEVEL=2``), which ``tools/w3c-suite``
 runs against a real Gym server.
@@ -25,7 +25,7 @@ import pytest
 from opentelemetry import baggage, context, propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from gym_autoinstr.fastpath import parts, propagation
+from gym_autoinstr.fastpath import parts, w3c
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SID = "00f067aa0ba902b7"
@@ -48,7 +48,7 @@ class Read:
         return f"Read{self.seen}"
 
 
-def _read(carrier: dict, extract=propagation.extract) -> tuple | None:
+def _read(carrier: dict, extract=w3c.extract) -> tuple | None:
     """What ``extract`` (ours unless told) reads: ids, flags and the tracestate header, or None."""
     span_context = trace.get_current_span(extract(carrier)).get_span_context()
     if not span_context.is_valid:
@@ -344,11 +344,11 @@ def _tracestate_cases():
 
 @pytest.fixture
 def fast_path_off(monkeypatch):
-    """``GYM_AUTOINSTR_FAST_PATH=off``: ``propagation`` goes through ``propagate`` (the SDK's
+    """``GYM_AUTOINSTR_FAST_PATH=off``: ``w3c`` goes through ``propagate`` (the SDK's
     propagator), as a server started so does."""
     monkeypatch.setenv("GYM_AUTOINSTR_FAST_PATH", "off")
     parts.reset()
-    assert not propagation.w3c_default()
+    assert not w3c.w3c_default()
     yield
     monkeypatch.delenv("GYM_AUTOINSTR_FAST_PATH")
     parts.reset()
@@ -363,7 +363,7 @@ def test_extract_and_send_on(carrier, expected, rule):
 @pytest.mark.parametrize("carrier,expected,rule", list(_tracestate_cases()))
 def test_tracestate_rules_hold_with_the_fast_path_off(fast_path_off, carrier, expected, rule):
     """The same tracestate rows through the stock path: the SDK's propagator reads the
-    traceparent (these rows' traceparents read alike on both paths), ``propagation`` the
+    traceparent (these rows' traceparents read alike on both paths), ``w3c`` the
     tracestate, and the SDK's propagator writes both."""
     _check_extract_and_send_on(carrier, expected, rule)
 
@@ -374,9 +374,9 @@ def _check_extract_and_send_on(carrier, expected, rule):
     assert read == (expected.seen if expected is not None else None), rule
     if expected is None:
         return
-    parent = propagation.extract(dict(carrier))
+    parent = w3c.extract(dict(carrier))
     sent: dict = {}
-    propagation.inject_span(trace.get_current_span(parent), sent, parent)
+    w3c.inject_span(trace.get_current_span(parent), sent, parent)
     trace_id, span_id, flags, state = expected.seen
     wanted = {"traceparent": f"00-{trace_id}-{span_id}-{flags & 0x03:02x}"}  # DOWNGRADE, OTHER_FLAGS, RANDOM
     if state:
@@ -396,7 +396,7 @@ def _span(flags: int = 1, state: TraceState | None = None) -> NonRecordingSpan:
 
 def _sent(span: NonRecordingSpan, ctx: context.Context | None = None) -> dict:
     carrier: dict = {}
-    propagation.inject_span(span, carrier, ctx)
+    w3c.inject_span(span, carrier, ctx)
     return carrier
 
 
@@ -409,13 +409,29 @@ def test_reserved_flags_are_sent_as_zero(flags, sent_flags):
     assert _sent(_span(flags)) == {"traceparent": tp(sent_flags)}
 
 
+@pytest.mark.parametrize("flags,tracestate", [("02", None), ("00", b"a=1")], ids=["W3C suite, Level 2", "tracestate"])
+def test_a_dropped_callers_context_goes_on_with_a_parent_id_of_ours(monkeypatch, flags, tracestate):
+    """Processing model: the parent-id sent on MUST be the current operation's, sampled or not
+    (a request the sampler drops runs under a span id of its own); the flags as read (RANDOM)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    from gym_autoinstr.advice import ingress
+    from gym_autoinstr.telemetry import sampling
+
+    monkeypatch.setattr(sampling._spans, "_tracer", type("Tracer", (), {"sampler": ParentBased(ALWAYS_ON)})())
+    headers = [(b"traceparent", tp(flags).encode()), (b"tracestate", tracestate)][: 2 if tracestate else 1]
+    context, dropped = ingress._caller({"headers": headers})
+    sent = sampling.dropped_call(context)[1]["traceparent"]
+    assert dropped and sent[:36] + sent[52:] == tp(flags)[:36] + tp(flags)[52:] and sent[36:52] != SID
+
+
 def test_an_invalid_span_context_sends_nothing():
     """Mutating traceparent: no valid context, nothing to send (a new trace starts downstream)."""
     assert _sent(NonRecordingSpan(SpanContext(0, int(SID, 16), is_remote=False))) == {}
 
 
 def _state_read(tracestate: str) -> TraceState:
-    parent = propagation.extract({"traceparent": TP, "tracestate": tracestate})
+    parent = w3c.extract({"traceparent": TP, "tracestate": tracestate})
     return trace.get_current_span(parent).get_span_context().trace_state
 
 
@@ -446,7 +462,7 @@ def test_a_tracestate_over_the_limit_is_truncated_on_the_way_out():
     """tracestate limits: what we send is at most MAX_TRACESTATE_LENGTH, whole members taken
     out, those over 128 characters first (the API lets a TraceState grow past it)."""
     state = TraceState([("a", "x" * 200), ("b", "y" * 200), ("c", "z" * 100), ("d", "w" * 20)])
-    assert len(state.to_header()) > propagation.MAX_TRACESTATE_LENGTH
+    assert len(state.to_header()) > w3c.MAX_TRACESTATE_LENGTH
     assert _sent(_span(state=state))["tracestate"] == "a=" + "x" * 200 + ",c=" + "z" * 100 + ",d=" + "w" * 20
     unsampled = _sent(_span(0, state=state))  # the dropped path's headers, kept per span
     assert unsampled["tracestate"] == "a=" + "x" * 200 + ",c=" + "z" * 100 + ",d=" + "w" * 20
@@ -456,7 +472,7 @@ def test_baggage_goes_by_its_propagator_and_the_trace_context_by_these_rules():
     """With baggage in play the trace context is still read and written here (strictly);
     the baggage by the global propagator's W3C Baggage propagator."""
     carrier = {"traceparent": tp("ff", "01") + "-x", "tracestate": "a=1,b=2,a=3", "baggage": "tenant=t1"}
-    parent = propagation.extract(carrier)
+    parent = w3c.extract(carrier)
     assert _read({k: v for k, v in carrier.items() if k != "baggage"}) == (TID, SID, 3, "a=1,b=2")
     assert trace.get_current_span(parent).get_span_context().trace_flags == 3
     assert baggage.get_baggage("tenant", parent) == "t1"
@@ -476,7 +492,7 @@ def _sdk_read(carrier: dict) -> tuple | None:
 # Where the SDK's TraceContextTextMapPropagator (API 1.45) reads otherwise: (name, carrier,
 # ours, the SDK's answer when these tests were written).  Both are W3C-permitted on the
 # repeated key (vendors MAY discard duplicates); the W3C test suite keeps the header there,
-# and a Level 2 key too (the fast path off, ``propagation`` reads the tracestate itself).
+# and a Level 2 key too (the fast path off, ``w3c`` reads the tracestate itself).
 SDK_DIFFERENCES = [
     (
         "a repeated key: the SDK drops the header",
@@ -531,5 +547,5 @@ def test_the_sent_traceparent_is_the_sdks_but_for_reserved_flags(trace_id, span_
     custom id generator's: never an exception on the request path); flags but sampled and
     random as zero whenever the byte is in range."""
     span_context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))
-    sdk_form = propagation.traceparent(span_context)
-    assert propagation.sent_traceparent(span_context) == sdk_form[:-2] + f"{flags & 0x03:02x}"
+    sdk_form = w3c.traceparent(span_context)
+    assert w3c.sent_traceparent(span_context) == sdk_form[:-2] + f"{flags & 0x03:02x}"

@@ -24,6 +24,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tests.harness.readme import recipe
+
 from .collector import free_port
 from .gym_install import tool_venv
 from .ui_server import UiServer
@@ -106,15 +108,15 @@ class MlflowServer(UiServer):
         return self._post("/api/2.0/mlflow/experiments/create", {"name": name})["experiment_id"]
 
     def otlp_env(self, experiment_id: str) -> dict[str, str]:
-        """The recipe: Gym's processes export straight to MLflow over OTLP/HTTP."""
-        return {
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.url + "/v1/traces",
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"{EXPERIMENT_HEADER}={experiment_id}",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_METRICS_EXPORTER": "none",  # MLflow takes traces only
-            # a rollout's reward, task and repeat as trace tags: what MLflow's trace list shows
-            "GYM_AUTOINSTR_TRACE_TAGS": "mlflow",
-        }
+        """The README's recipe (``readme.recipe``), this server's address and experiment in
+        it: Gym's processes export straight to MLflow over OTLP/HTTP."""
+        env = recipe("MLflow")
+        default = "http://127.0.0.1:5000"
+        assert env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].startswith(default), env
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = self.url + env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"][len(default) :]
+        assert env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"].startswith(EXPERIMENT_HEADER + "="), env
+        env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = f"{EXPERIMENT_HEADER}={experiment_id}"
+        return env
 
     def traces_url(self, experiment_id: str) -> str:
         return f"{self.url}/#/experiments/{experiment_id}/traces"

@@ -59,6 +59,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from tests.harness.readme import recipe
+
 from .gym_install import tool_venv
 from .ports import reserve_ports
 from .ui_server import UiServer
@@ -158,14 +160,18 @@ class PhoenixServer(UiServer):
         Over OTLP/HTTP the header chooses the project; over gRPC (``protocol="grpc"``)
         only the resource attribute can.  Traces only: Phoenix takes no metrics or logs
         (``/v1/metrics`` and ``/v1/logs`` answer 405)."""
-        env = {
-            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-            "OTEL_RESOURCE_ATTRIBUTES": f"{PROJECT_RESOURCE_ATTRIBUTE}={project}",
-            "OTEL_METRICS_EXPORTER": "none",
-            "OTEL_LOGS_EXPORTER": "none",
-        }
+        env = recipe("Arize Phoenix")  # the README's, this server's address and project in it
+        assert env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == "http://127.0.0.1:6006/v1/traces", env
+        assert env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"].startswith(PROJECT_HEADER + "="), env
+        env.update(
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                "OTEL_RESOURCE_ATTRIBUTES": f"{PROJECT_RESOURCE_ATTRIBUTE}={project}",
+            }
+        )
         if protocol == "grpc":
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = self.grpc_endpoint
+            del env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"]
         else:
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = self.url + "/v1/traces"
             env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = f"{PROJECT_HEADER}={project}"

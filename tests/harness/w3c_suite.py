@@ -35,10 +35,9 @@ GYM_VERSION = "0.4.0"  # the server's Gym (any supported one would do: the seams
 SERVICE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "w3c_service"
 SERVER_NAME = "w3c_service"
 # What the suite is told: every test included (STRICT_LEVEL=2: its tracestate rules among
-# them).  SPEC_LEVEL is its own default, 1 (37 tests of Level 1 and 3 "advanced" ones);
-# SPEC_LEVEL=2 adds Level 2's one test (the random-trace-id flag), ``spec_level=2``.
+# them; SPEC_LEVEL=2: 37 tests of Level 1, 3 "advanced" ones and Level 2's, the random flag).
 STRICT_LEVEL = 2
-SPEC_LEVEL = 1
+SPEC_LEVEL = 2
 
 # unittest's verbose lines: "test_x (__main__.Class.test_x)" (the docstring's first line may
 # follow on a line of its own), then " ... ok" / "FAIL" / "ERROR" / "skipped 'why'".

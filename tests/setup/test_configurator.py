@@ -65,12 +65,28 @@ def test_no_exporter_at_all_still_leaves_a_recording_provider(monkeypatch):
     assert span.is_recording() and span.get_span_context().is_valid  # context still propagates
 
 
-def test_bad_protocol_and_unknown_exporter_are_named(monkeypatch, caplog):
+def test_bad_protocol_and_unknown_exporter_are_named(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp,zipkinish")
     exporters = configurator.span_exporters()
     assert _modules(exporters) == ["opentelemetry.exporter.otlp.proto.http.trace_exporter"]
-    assert "carrier-pigeon" in caplog.text and "zipkinish" in caplog.text
+    assert "carrier-pigeon" in caplog.text
+    known = "otlp, otlp_proto_http, otlp_proto_grpc, console, none, files"  # + entry points: none more here
+    assert caplog.messages[-1] == (
+        f"OTEL_TRACES_EXPORTER names 'zipkinish', which no installed package provides; known here: {known}. "
+        "Name those (comma-separated) in OTEL_TRACES_EXPORTER, or install the package that provides 'zipkinish'."
+    )
+    caplog.clear()  # and each name it lists is taken; metrics likewise
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", known.replace(" ", ""))
+    monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus,none")
+    labels = [label.split(":")[0] for label, _ in configurator.span_exporters()]
+    assert labels == known.replace(" none,", "").split(", ")
+    assert configurator.metric_readers() == []
+    assert caplog.messages == [
+        "OTEL_METRICS_EXPORTER names 'prometheus', which is not supported here: no metrics go to it; "
+        "known here: otlp, console, files, none."
+    ]
 
 
 def test_files_beside_otlp_writes_the_run_directory_a_local_copy(monkeypatch, tmp_path):
@@ -93,13 +109,6 @@ def test_files_beside_otlp_writes_the_run_directory_a_local_copy(monkeypatch, tm
     provider.get_tracer("t").start_span("written").end()
     provider.shutdown()
     assert [span["name"] for span in read_path(tmp_path / "run")] == ["written"]
-
-
-def test_none_and_console(monkeypatch):
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-    assert configurator.span_exporters() == []
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    assert _modules(configurator.span_exporters()) == ["opentelemetry.sdk.trace.export"]
 
 
 def test_server_identity_from_gyms_environment(monkeypatch):

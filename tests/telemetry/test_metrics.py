@@ -13,6 +13,7 @@ import time
 import pytest
 from fastapi import FastAPI
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.advice import pool
 from gym_autoinstr.advice.ingress import instrument_app
 from gym_autoinstr.telemetry import metrics, runtime
@@ -176,9 +177,10 @@ def test_a_request_whose_caller_was_sampled_out_is_measured_without_a_span(instr
             assert post_json(base + "/dropped_caller", {}, {"traceparent": f"00-{trace_id}-{parent_id}-00"})[0] == 200
     assert [s.name for s in spans.get_finished_spans() if s.name != "gym.server.startup"] == []
     assert counts(reader, "http.server.request.duration", "http.route").get("/dropped_caller", 0) == before + 3
-    assert {(format(c.trace_id, "032x"), format(c.span_id, "016x"), c.trace_flags.sampled) for c in seen} == {
-        (trace_id, parent_id, False)
+    ((read_trace, read_span, sampled),) = {
+        (format(c.trace_id, "032x"), format(c.span_id, "016x"), c.trace_flags.sampled) for c in seen
     }
+    assert read_trace == trace_id and read_span != parent_id and not sampled  # one span id of its own (W3C)
     in_flight = {
         dict(p.attributes)["nemo.gym.server.name"]: p.value for _, p in points(reader, "gym.server.requests.in_flight")
     }
@@ -362,12 +364,12 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
                 await session.close()
                 server_utils._GLOBAL_AIOHTTP_CLIENT = previous
 
-        before = counts(reader, "gym.http.connection_pool.queue_duration_ms", pool.DESTINATION).get("slow_resources", 0)
+        before = counts(reader, "gym.http.connection_pool.queue_duration_ms", attr.DESTINATION).get("slow_resources", 0)
         assert run_async(calls()) == [200, 200, 200]
     waits = [
         p
         for _, p in points(reader, "gym.http.connection_pool.queue_duration_ms")
-        if dict(p.attributes)[pool.DESTINATION] == "slow_resources"
+        if dict(p.attributes)[attr.DESTINATION] == "slow_resources"
     ]
     assert sum(p.count for p in waits) == before + 2
     assert max(p.max for p in waits) >= 150  # the third call waited for two 200 ms calls
@@ -416,12 +418,12 @@ def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, mon
 
     def retries() -> dict:
         return {
-            (dict(p.attributes)[pool.RETRY_REASON], dict(p.attributes)[pool.INTERNAL]): p.value
+            (dict(p.attributes)[attr.RETRY_REASON], dict(p.attributes)[attr.HTTP_INTERNAL]): p.value
             for _, p in points(reader, "gym.http.retry_total")
         }
 
     def timeouts() -> dict:
-        return {dict(p.attributes)[pool.INTERNAL]: p.value for _, p in points(reader, "gym.http.timeout_total")}
+        return {dict(p.attributes)[attr.HTTP_INTERNAL]: p.value for _, p in points(reader, "gym.http.timeout_total")}
 
     async def calls():
         server = await asyncio.start_server(flaky.handle, "127.0.0.1", 0)
@@ -453,7 +455,7 @@ def test_retries_by_reason_and_timeouts_on_gyms_client(instrumented, reader, mon
     assert gained == {("server_disconnected", False): 1, ("timeout", False): 1}
     assert {k: v - timeouts_before.get(k, 0) for k, v in timeouts().items()} == {False: 1}
     connects = {
-        dict(p.attributes)[pool.DESTINATION]: p.value
+        dict(p.attributes)[attr.DESTINATION]: p.value
         for _, p in points(reader, "gym.http.connection_pool.connect_total")
     }
     assert connects[f"127.0.0.1:{flaky.port}"] == 4  # one new connection per attempt (the server closes each)
@@ -485,7 +487,7 @@ def test_a_gym_semaphore_limit_held_waiting_and_waits(instrumented, reader):
 
     server = Capped(config=_config(BaseResponsesAPIModelConfig, "capped_model"), server_client=_client())
     assert concurrency.watch_server(server, "capped_model") == 1
-    site = {concurrency.SITE: "Capped._semaphore", metrics.SERVER_NAME: "capped_model"}
+    site = {attr.CONCURRENCY_SITE: "Capped._semaphore", attr.SERVER_NAME: "capped_model"}
 
     def gauge(name: str) -> int:
         (value,) = [p.value for _, p in points(reader, name) if dict(p.attributes) == site]
@@ -607,7 +609,7 @@ def test_semaphores_a_server_makes_later_are_observed_from_the_next_collection(i
 
     server = Lazy(config=_config(BaseResourcesServerConfig, "lazy_resources"), server_client=_client())
     assert concurrency.watch_server(server, "lazy_resources") == 0
-    site = {concurrency.SITE: "Lazy._judges", metrics.SERVER_NAME: "lazy_resources"}
+    site = {attr.CONCURRENCY_SITE: "Lazy._judges", attr.SERVER_NAME: "lazy_resources"}
     assert not _site_points(reader, "gym.concurrency.limit", site)
 
     async def made_while_serving():
@@ -668,8 +670,8 @@ def test_an_observed_semaphore_behaves_as_its_own_class(instrumented, reader):
 
     holder = Holder()
     assert concurrency.watch_server(holder, "holder") == 3
-    shared_site = {concurrency.SITE: "Holder.shared", metrics.SERVER_NAME: "holder"}
-    assert not _site_points(reader, "gym.concurrency.limit", {**shared_site, concurrency.SITE: "Holder.alias"})
+    shared_site = {attr.CONCURRENCY_SITE: "Holder.shared", attr.SERVER_NAME: "holder"}
+    assert not _site_points(reader, "gym.concurrency.limit", {**shared_site, attr.CONCURRENCY_SITE: "Holder.alias"})
     assert type(holder.counting).__mro__[1] is Counting and isinstance(holder.bounded, asyncio.BoundedSemaphore)
     assert inspect.iscoroutinefunction(holder.shared.acquire) and asyncio.iscoroutinefunction(holder.shared.acquire)
 
@@ -727,7 +729,7 @@ def test_only_the_processes_that_serve_watch_a_servers_limits(instrumented, read
     def limits_of(workers: int) -> list:
         server = SimpleNamespace(config=SimpleNamespace(num_workers=workers), limit=asyncio.Semaphore(4))
         ingress.server_limits_advice(lambda: None, server, (), {})
-        site = {concurrency.SITE: "SimpleNamespace.limit", metrics.SERVER_NAME: "pool_server"}
+        site = {attr.CONCURRENCY_SITE: "SimpleNamespace.limit", attr.SERVER_NAME: "pool_server"}
         found = [p.value for p in _site_points(reader, "gym.concurrency.limit", site)]
         concurrency.restore()
         return found

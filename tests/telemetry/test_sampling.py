@@ -240,7 +240,7 @@ def test_a_requests_caller_is_dropped_exactly_when_the_dropped_parent_check_says
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from gym_autoinstr.advice import ingress
-    from gym_autoinstr.fastpath import propagation
+    from gym_autoinstr.fastpath import w3c
 
     class FakeTracer:
         sampler = ParentBased(TraceIdRatioBased(0.0))
@@ -251,6 +251,7 @@ def test_a_requests_caller_is_dropped_exactly_when_the_dropped_parent_check_says
         carrier["tracestate"] = tracestate
     context, dropped = ingress._caller_from(carrier)
     sampled = bool(int(flags, 16) & 1)
-    assert propagation.sampled_caller(context) is sampled
+    assert w3c.sampled_caller(context) is sampled
     assert dropped is (sampling.dropped_span(context) is not None) is (not sampled)
-    assert trace.get_current_span(context).get_span_context().span_id == 0xB7AD6B7169203331
+    read = trace.get_current_span(context).get_span_context()  # dropped: a span id of its own (W3C's parent-id)
+    assert (read.span_id == 0xB7AD6B7169203331) is sampled and read.trace_id == 0x0AF7651916CD43DD8448EB211C80319C

@@ -112,7 +112,7 @@ def main(
 
     from gym_autoinstr.commands.compare import comparison, text
     from gym_autoinstr.commands.runs import store
-    from gym_autoinstr.commands.view.command import _terminal_width, _write
+    from gym_autoinstr.commands.view.command import _nothing_found, _terminal_width, _write
     from gym_autoinstr.commands.view.text import UNLIMITED, count
 
     try:
@@ -120,17 +120,19 @@ def main(
         for path in (*a_paths, *b_paths):
             if not Path(path).exists():
                 raise SideError(f"{path}: no such file or directory")
-        loaded: dict[tuple[str, ...], list] = {}
+        if html_file and not Path(html_file).absolute().parent.is_dir():
+            raise SideError(f"--html {html_file}: no directory {Path(html_file).parent} to write it in; create it")
+        loaded: dict = {}  # paths -> their campaign (store.load)
         sides = {}
         for side, side_paths, job in (("A", a_paths, jobs and jobs[0]), ("B", b_paths, jobs and jobs[1])):
             key = tuple(side_paths)
             if key not in loaded:
-                loaded[key] = store.load(side_paths).rollouts
+                loaded[key] = store.load(side_paths)
             where = " ".join(side_paths)
             if job:
-                rollouts, job = job_rollouts(loaded[key], job, where)
+                rollouts, job = job_rollouts(loaded[key].rollouts, job, where)
             else:
-                rollouts = loaded[key]  # (``comparison`` reads the rollouts among them alone)
+                rollouts = loaded[key].rollouts  # (``comparison`` reads the rollouts among them alone)
             sides[side] = {"paths": list(side_paths), "job": job or None, "rollouts": rollouts}
     except SideError as error:
         print(f"gym-autoinstr compare: {error}", file=sys.stderr)
@@ -141,11 +143,9 @@ def main(
         found = sides[side]
         job = f" (job {found['job']})" if found["job"] else ""
         if not every.rollouts:
-            print(
-                f"gym-autoinstr compare: side {side} ({' '.join(found['paths'])}{job}) has no rollout traces: "
-                "is it a run directory of a Gym run traced by gym-autoinstr?",
-                file=sys.stderr,
-            )
+            read = f"{len(found['rollouts'])} traces read, none a rollout" if found["rollouts"] else ""
+            why = read or _nothing_found(found["paths"], loaded[tuple(found["paths"])], False)
+            print(f"gym-autoinstr compare: side {side} ({' '.join(found['paths'])}{job}): {why}", file=sys.stderr)
             return 1
         tasks = count(len(record["tasks"]) + len(only), "task")
         names[side] = f"{' '.join(found['paths'])}{job}: {count(every.rollouts, 'rollout')}, {tasks}"
@@ -156,7 +156,12 @@ def main(
     if html_file:
         from gym_autoinstr.commands.compare import page
 
-        Path(html_file).write_text(page.render(record, names, every_a, every_b), encoding="utf-8")
+        try:
+            Path(html_file).write_text(page.render(record, names, every_a, every_b), encoding="utf-8")
+        except OSError as error:
+            why = f"{error.strerror or error}; nothing written: give a file you can write"
+            print(f"gym-autoinstr compare: --html {html_file}: {why}", file=sys.stderr)
+            return 1
         print(f"wrote the comparison to {html_file}", file=sys.stderr if as_json else sys.stdout)
         if not as_json:
             return 0

@@ -12,15 +12,7 @@ from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
 from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR, _entry_points
 from gym_autoinstr.fastpath import contract
 from gym_autoinstr.setup import files
-
-# protocol -> (module, package); kept in step with configurator.py
-OTLP_EXPORTERS = {
-    "http/protobuf": (
-        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-        "opentelemetry-exporter-otlp-proto-http",
-    ),
-    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "opentelemetry-exporter-otlp-proto-grpc"),
-}
+from gym_autoinstr.setup.configurator import OTLP_EXPORTERS  # protocol -> (module, package)
 
 
 def _importable(module: str) -> str | None:

@@ -83,16 +83,14 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
     else:
         url = base
     target["url"] = url
-    parts = urlsplit(url)
+    try:  # the host and port as written (with /v1/traces added, "http://" would name the host v1)
+        parts = urlsplit(base)
+        target["host"], port, target["path"] = parts.hostname, parts.port, urlsplit(url).path or "/"
+    except ValueError as error:  # Invalid IPv6 URL, Port out of range 0-65535, Port could not be cast...
+        parts, target["host"], port, target["path"] = urlsplit(""), None, None, "/"
+        target["invalid"] = f"{error} (a port is 1-65535; an IPv6 address must be in brackets: http://[::1]:4318)"
     scheme = parts.scheme.lower()
     target["scheme"] = scheme
-    target["path"] = parts.path or "/"
-    try:
-        target["host"] = parts.hostname
-        port = parts.port
-    except ValueError:
-        target["host"], port = None, None
-        target["invalid"] = "its port is not a number (an IPv6 address must be in brackets: http://[::1]:4318)"
     if protocol == "grpc":
         insecure_raw, _ = _variable(environ, settings.OTLP_TRACES_INSECURE, settings.OTLP_INSECURE)
         if scheme == "https":
@@ -101,7 +99,7 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
             tls = insecure_raw.strip().lower() != "true"
         else:
             tls = scheme != "http"
-        if not parts.netloc:  # "host:4317" with no scheme: the exporter hands it to gRPC as it is
+        if not parts.netloc and "invalid" not in target:  # "host:4317", no scheme: handed to gRPC as it is
             host, _, port_text = url.rpartition(":")
             target["host"], port = host.strip("[]") or None, int(port_text) if port_text.isdigit() else None
         target["tls"] = tls
@@ -110,7 +108,7 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
         target["tls"] = scheme == "https"
         target["port"] = port or (443 if scheme == "https" else 80)
     if not target["host"] and "invalid" not in target:
-        target["invalid"] = "it names no host"
+        target["invalid"] = "it names no host" + ("" if "://" in base else f" (no scheme: http://{base}?)")
     headers_raw, headers_variable = _variable(environ, settings.OTLP_TRACES_HEADERS, settings.OTLP_HEADERS)
     target["headers_variable"] = headers_variable or "OTEL_EXPORTER_OTLP_HEADERS"
     target["headers"], target["bad_headers"] = _parse_headers(headers_raw or "")
@@ -175,8 +173,11 @@ def _public(target: dict[str, Any]) -> dict[str, Any]:
     shown = {k: v for k, v in target.items() if k not in ("headers", "configured", "proxies")}
     shown["proxies"] = sorted(target["proxies"])  # names only: a proxy URL may hold credentials
     shown["headers"] = sorted(target["headers"])
-    parts = urlsplit(target["url"])
-    shown["url"] = parts._replace(query="", fragment="", netloc=parts.netloc.rpartition("@")[2]).geturl()
+    try:
+        parts = urlsplit(target["url"])
+        shown["url"] = parts._replace(query="", fragment="", netloc=parts.netloc.rpartition("@")[2]).geturl()
+    except ValueError:  # no URL ("invalid" says why): as written, less a query and credentials
+        shown["url"] = re.sub(r"//[^/]*@", "//", target["url"].partition("?")[0])
     return shown
 
 

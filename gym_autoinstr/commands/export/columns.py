@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.commands.runs import facts as f
 
 
@@ -26,9 +27,9 @@ class Column(NamedTuple):
 # Attributes the table keeps (``facts.TAG_KEYS``) that a user filters on, as columns; a
 # trace with several values of one (two models) has them joined with ``;``.
 TAG_COLUMNS = {
-    "gen_ai.request.model": Column("request_model", "string", "the model asked for (gen_ai.request.model)"),
-    "gen_ai.agent.name": Column("agent_name", "string", "the agent (gen_ai.agent.name)"),
-    "nemo.gym.run.id": Column("gym_run_id", "string", "Gym's run id of the processes (nemo.gym.run.id)"),
+    attr.REQUEST_MODEL: Column("request_model", "string", "the model asked for (gen_ai.request.model)"),
+    attr.AGENT_NAME: Column("agent_name", "string", "the agent (gen_ai.agent.name)"),
+    attr.RUN_ID: Column("gym_run_id", "string", "Gym's run id of the processes (nemo.gym.run.id)"),
 }
 
 ROLLOUT_COLUMNS = (
@@ -196,7 +197,7 @@ def _span_record(span: dict, context: tuple) -> tuple:
         span["parent_span_id"],
         span["name"],
         span["kind"],
-        span["resource"].get("service.name"),
+        span["resource"].get(attr.SERVICE_NAME),
         start,
         start,
         end,

@@ -156,6 +156,7 @@ def main(
 ) -> int:
     from gym_autoinstr.commands.export import columns, formats
     from gym_autoinstr.commands.runs import store
+    from gym_autoinstr.commands.view.command import _nothing_found
 
     target = _target(to)
     if target and spans:
@@ -172,7 +173,7 @@ def main(
 
     campaign = store.load(paths)
     if not campaign.rollouts:
-        print(f"{PROG}: no traces in {' '.join(paths)} (span files: *.jsonl, *.jsonl.gz)", file=sys.stderr)
+        print(f"{PROG}: {_nothing_found(paths, campaign, False)}", file=sys.stderr)
         return 1
     job_ids, problem = _jobs(jobs, {r.job_id for r in campaign.rollouts if r.job_id is not None})
     if problem:
@@ -194,7 +195,9 @@ def main(
         return 1
 
     if target:
-        return _send_scores(*target, chosen)
+        from gym_autoinstr.commands.export import scores  # its own messages, its exit code
+
+        return scores.send(*target, chosen)
     path = Path(to)
     try:
         if spans:
@@ -204,7 +207,9 @@ def main(
             written = formats.write(path, columns.ROLLOUT_COLUMNS, map(columns.rollout_record, chosen))
             detail = f"{written} {what}"
     except OSError as error:  # a full disk, a directory not ours: the old file, if any, is as it was
-        print(f"{PROG}: writing {to}: {error.strerror or error}; nothing written", file=sys.stderr)
+        print(
+            f"{PROG}: --to {to}: {error.strerror or error}; nothing written: give a file you can write", file=sys.stderr
+        )
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; {to} not written", file=sys.stderr)
@@ -217,14 +222,3 @@ def _size(size: int) -> str:
     if size < 1000:
         return f"{size} bytes"
     return f"{size / 1e3:.1f} KB" if size < 1_000_000 else f"{size / 1e6:.1f} MB"
-
-
-def _send_scores(ui: str, address: str | None, chosen: list) -> int:
-    """The rewards to ``ui`` as its scores (``scores.send``: its own messages, its exit code)."""
-    try:
-        from gym_autoinstr.commands.export import scores
-    except ModuleNotFoundError as error:
-        if error.name != "gym_autoinstr.commands.export.scores":
-            raise
-        return _refuse(f"--to {ui}: this install cannot send scores yet (no gym_autoinstr.commands.export.scores)")
-    return scores.send(ui, address, chosen)

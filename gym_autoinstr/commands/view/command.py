@@ -302,7 +302,10 @@ def main(
         text = slow.render_text(slow.summary_for(with_submitted_jobs(paths)))
         if not text:
             print(
-                "no metrics found (the embedded default writes *.metrics.jsonl into the run directory)", file=sys.stderr
+                f"gym-autoinstr view: no metrics (*.metrics.jsonl) in {', '.join(paths)}: they are written beside the "
+                "spans when spans go to files (no endpoint); to the OTLP endpoint if one is set "
+                "(OTEL_METRICS_EXPORTER=otlp,files keeps a copy here too)",
+                file=sys.stderr,
             )
             return 1
         return _write([text])
@@ -385,7 +388,12 @@ def main(
             import html
 
             page = page.replace("</h1>", f'</h1><p class="lost"><b>{html.escape(lost)}</b></p>', 1)
-        Path(html_file).write_text(page, encoding="utf-8")
+        try:
+            Path(html_file).write_text(page, encoding="utf-8")
+        except OSError as error:
+            why = f"{error.strerror or error}; nothing written: give a file you can write"
+            print(f"gym-autoinstr view: --html {html_file}: {why}", file=sys.stderr)
+            return 1
         more = f" ({len(drawn)} drawn, every one listed)" if len(drawn) < len(traces) else ""
         print(f"wrote {count(len(traces), 'trace')} to {html_file}{more}")
         return 0

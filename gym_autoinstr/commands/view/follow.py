@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import losses
-from gym_autoinstr.commands.runs.outcome import FAILURE_STAGE, MASK_SAMPLE, REWARD, ROLLOUT_INDEX, TASK_INDEX
-from gym_autoinstr.commands.view.model import DESTINATION_ROUTE, JOB_SPAN, build_traces, summary
+from gym_autoinstr.commands.view.model import JOB_SPAN, build_traces, summary
 from gym_autoinstr.setup.files import segment_lines, span_segments, spans_from_request
 from gym_autoinstr.setup.notes import process_notes
 
@@ -50,33 +50,31 @@ PENDING_MAX_SPANS = 200_000  # spans of unrooted traces held at most (the oldest
 PENDING_MAX_AGE = 900.0  # seconds an unrooted trace is held without a new span
 RECENT_DONE = 50_000  # ids of summarised traces remembered, so a late span starts nothing
 READ_BUDGET = 32 * 1024 * 1024  # bytes read per refresh at most (a long run is caught up over a few)
-JOB_ID = "nemo.gym.job.id"
-JOB_EXPECTED = "nemo.gym.job.rollouts.expected"
 JOB_NOTE = "job-*.json"
 # What a slimmed span keeps: what the summary, the outcome and the rollout test read.
 KEPT_ATTRIBUTES = frozenset(
     {
-        REWARD,
-        MASK_SAMPLE,
-        TASK_INDEX,
-        ROLLOUT_INDEX,
-        FAILURE_STAGE,
-        "error.type",
-        "http.route",
-        "url.full",
-        DESTINATION_ROUTE,
-        JOB_ID,
-        JOB_EXPECTED,
-        "nemo.gym.job.rollouts.sent",
-        "nemo.gym.job.rollouts.failed",
+        attr.REWARD,
+        attr.MASK_SAMPLE,
+        attr.TASK_INDEX,
+        attr.ROLLOUT_INDEX,
+        attr.FAILURE_STAGE,
+        attr.ERROR_TYPE,
+        attr.HTTP_ROUTE,
+        attr.URL_FULL,
+        attr.DESTINATION_ROUTE,
+        attr.JOB_ID,
+        attr.JOB_ROLLOUTS_EXPECTED,
+        attr.JOB_ROLLOUTS_SENT,
+        attr.JOB_ROLLOUTS_FAILED,
     }
 )
-KEPT_RESOURCE = ("service.name", "nemo.gym.server.type")
+KEPT_RESOURCE = (attr.SERVICE_NAME, attr.SERVER_TYPE)
 
 
 def _route(span: dict) -> str:
     attributes = span["attributes"]
-    return str(attributes.get("http.route") or span["name"].partition(" ")[2])
+    return str(attributes.get(attr.HTTP_ROUTE) or span["name"].partition(" ")[2])
 
 
 def _is_run_server(span: dict) -> bool:
@@ -87,7 +85,7 @@ def _is_run_client(span: dict) -> bool:
     if span["kind"] != "CLIENT":
         return False
     attributes = span["attributes"]
-    target = str(attributes.get(DESTINATION_ROUTE) or attributes.get("url.full") or "")
+    target = str(attributes.get(attr.DESTINATION_ROUTE) or attributes.get(attr.URL_FULL) or "")
     return target.rstrip("/").endswith("/run")
 
 
@@ -377,10 +375,10 @@ class Follower:
         root = trace.root
         if root["name"] == JOB_SPAN and root["parent_span_id"] is None:
             attributes = root["attributes"]
-            job = self._job(str(attributes.get(JOB_ID, root["span_id"])))
+            job = self._job(str(attributes.get(attr.JOB_ID, root["span_id"])))
             job.ended = root["end_ns"] / 1e9
             job.started = job.started or root["start_ns"] / 1e9
-            expected = attributes.get(JOB_EXPECTED)
+            expected = attributes.get(attr.JOB_ROLLOUTS_EXPECTED)
             if isinstance(expected, int) and not isinstance(expected, bool):
                 job.expected = expected
             return
@@ -402,7 +400,9 @@ class Follower:
         start, end = trace.start_ns / 1e9, trace.end_ns / 1e9
         stats.first_start = start if stats.first_start is None else min(stats.first_start, start)
         stats.last_end = end if stats.last_end is None else max(stats.last_end, end)
-        job_id = next((str(r.span["attributes"][JOB_ID]) for r in trace.rows if JOB_ID in r.span["attributes"]), None)
+        job_id = next(
+            (str(r.span["attributes"][attr.JOB_ID]) for r in trace.rows if attr.JOB_ID in r.span["attributes"]), None
+        )
         job = self._job(job_id) if job_id is not None else None
         stats.ends.append((end, job_id))
         reward, masked = trace.reward, bool(trace.mask_sample)

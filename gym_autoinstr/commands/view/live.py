@@ -21,6 +21,8 @@ from pathlib import Path
 
 from gym_autoinstr.commands.view.follow import REFRESH, Follower, JobProgress
 from gym_autoinstr.commands.view.text import cut
+from gym_autoinstr.setup.files import DEFAULT_PARENT, span_segments
+from gym_autoinstr.setup.notes import process_notes
 
 JOBS_SHOWN = 3  # on the screen: the newest jobs
 JOBS_LISTED = 10  # in the final summary
@@ -342,16 +344,27 @@ def follow(
         follower.finish()
     out.write("\n".join(final_lines(follower, reason)) + "\n")
     out.flush()
-    return 0
+    if follower.offsets or follower.read_whole or follower.notes or follower.job_notes:
+        return 0
+    print(f"{_NOTHING % directory}, and none came while followed: give --follow {_RUN_DIRECTORY}", file=sys.stderr)
+    return 1
+
+
+_NOTHING = "gym-autoinstr view: no span files (*.jsonl, *.jsonl.gz) nor process notes in %s"
+_RUN_DIRECTORY = f"a run directory (./{DEFAULT_PARENT}/<run id>)"
 
 
 def main(paths: Sequence[str], *, interval: float = REFRESH, timeout: float | None = None) -> int:
     """``gym-autoinstr view --follow [RUN]``: 0 when it stopped (the run's end, --timeout,
-    Ctrl-C), 2 for a path that is not a run directory, 141 when the reader went away."""
+    Ctrl-C), 1 when nothing of a run came, 2 for a path that is not a directory, 141 when the
+    reader went away."""
     paths = list(paths or ["."])
     if len(paths) != 1 or str(paths[0]) == "-" or not Path(paths[0]).is_dir():
-        print("gym-autoinstr view: --follow takes one run directory", file=sys.stderr)
+        given = f"{len(paths)} paths given" if len(paths) != 1 else f"{paths[0]} is not a directory"
+        print(f"gym-autoinstr view: --follow takes {_RUN_DIRECTORY}; {given}", file=sys.stderr)
         return 2
+    if not span_segments(Path(paths[0])) and not process_notes(Path(paths[0])):
+        print(f"{_NOTHING % paths[0]} yet: is it {_RUN_DIRECTORY}? Waiting (Ctrl-C to stop)", file=sys.stderr)
     try:
         return follow(Path(paths[0]), interval=interval, timeout=timeout)
     except BrokenPipeError:

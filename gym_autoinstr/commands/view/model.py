@@ -10,12 +10,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.commands.runs import outcome
 
-# What egress puts on a CLIENT span to a Gym server (advice/pool.py; not imported: the
-# view reads files and needs none of the runtime).
-DESTINATION = "nemo.gym.http.destination.server.name"
-DESTINATION_ROUTE = "nemo.gym.http.destination.route"
 # Roots of the processes' start-up traces (advice/startup.py): listed apart from rollouts.
 STARTUP_SPANS = ("gym.startup", "gym.server.startup")
 # Root of a collection job's own trace (advice/job.py); its rollouts' roots link to it.
@@ -52,9 +49,7 @@ class Trace:
 
     @cached_property
     def rollout_ids(self) -> set[str]:
-        return {
-            str(s["attributes"]["nemo.gym.rollout.id"]) for s in self.spans if "nemo.gym.rollout.id" in s["attributes"]
-        }
+        return {str(s["attributes"][attr.ROLLOUT_ID]) for s in self.spans if attr.ROLLOUT_ID in s["attributes"]}
 
     @cached_property
     def services(self) -> set[str]:
@@ -123,12 +118,12 @@ class Trace:
     @cached_property
     def task_index(self) -> int | None:
         """The task's index in the collection run's input (``_ng_task_index``)."""
-        return outcome.index(self.rows, outcome.TASK_INDEX)
+        return outcome.index(self.rows, attr.TASK_INDEX)
 
     @cached_property
     def rollout_index(self) -> int | None:
         """Which repeat of its task the rollout is (``_ng_rollout_index``)."""
-        return outcome.index(self.rows, outcome.ROLLOUT_INDEX)
+        return outcome.index(self.rows, attr.ROLLOUT_INDEX)
 
     @property
     def failure(self) -> dict[str, str]:
@@ -143,7 +138,7 @@ def _text(value: object) -> str:
 
 
 def service(span: dict) -> str:
-    return str((span.get("resource") or {}).get("service.name", "?"))
+    return str((span.get("resource") or {}).get(attr.SERVICE_NAME, "?"))
 
 
 def short_service(name: str) -> str:
@@ -160,13 +155,13 @@ def callee(span: dict) -> str:
     if span.get("kind") != "CLIENT":
         return ""
     attributes = span.get("attributes") or {}
-    server = attributes.get(DESTINATION)
-    route = attributes.get(DESTINATION_ROUTE)
+    server = attributes.get(attr.DESTINATION)
+    route = attributes.get(attr.DESTINATION_ROUTE)
     if server is None or route is None:  # older files, or a call outside the fleet
-        url = str(attributes.get("url.full") or "")
+        url = str(attributes.get(attr.URL_FULL) or "")
         rest = url.partition("://")[2] if "://" in url else url
         host, slash, path = rest.partition("/")
-        server = server or attributes.get("server.address") or host or None
+        server = server or attributes.get(attr.SERVER_ADDRESS) or host or None
         if route is None and slash:
             path = "/" + path
             if path.startswith("/ng-rollout/"):
@@ -183,7 +178,7 @@ def display_name(span: dict) -> str:
     target = callee(span)
     if not target:
         return span["name"]
-    method = (span.get("attributes") or {}).get("http.request.method")
+    method = (span.get("attributes") or {}).get(attr.HTTP_REQUEST_METHOD)
     return f"{method or span['name']} {target}"
 
 
@@ -232,7 +227,7 @@ class Job:
 
     @property
     def job_id(self) -> str:
-        return str(self.span["attributes"].get("nemo.gym.job.id", self.span["span_id"]))
+        return str(self.span["attributes"].get(attr.JOB_ID, self.span["span_id"]))
 
     @property
     def traces(self) -> list[Trace]:
@@ -291,7 +286,7 @@ def group_by_job(traces: Sequence[Trace], everything: Sequence[Trace]) -> list[J
 
 
 def _server_type(span: dict) -> str:
-    return str((span.get("resource") or {}).get("nemo.gym.server.type", ""))
+    return str((span.get("resource") or {}).get(attr.SERVER_TYPE, ""))
 
 
 def summary(trace: Trace) -> dict[str, float]:
@@ -304,7 +299,7 @@ def summary(trace: Trace) -> dict[str, float]:
     for span in trace.spans:
         if span.get("kind") != "SERVER":
             continue
-        route = str(span["attributes"].get("http.route") or span["name"].partition(" ")[2])
+        route = str(span["attributes"].get(attr.HTTP_ROUTE) or span["name"].partition(" ")[2])
         kind = _server_type(span)
         if kind == "responses_api_models":
             totals["model"] += duration_ms(span)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.commands.view.model import (
     Job,
     Trace,
@@ -21,20 +22,20 @@ from gym_autoinstr.commands.view.model import (
 )
 
 KEY_ATTRIBUTES = (
-    ("nemo.gym.rollout.id", "rollout"),
-    ("http.route", "route"),
-    ("http.response.status_code", "status"),
-    ("gen_ai.request.model", "model"),
-    ("gen_ai.usage.input_tokens", "in_tokens"),
-    ("gen_ai.usage.output_tokens", "out_tokens"),
-    ("nemo.gym.rollout.usage.input_tokens", "rollout_in_tokens"),
-    ("nemo.gym.rollout.usage.output_tokens", "rollout_out_tokens"),
-    ("error.type", "error"),
-    ("nemo.gym.failure.stage", "stage"),
-    ("nemo.gym.reward", "reward"),
-    ("nemo.gym.mask_sample", "masked"),
-    ("nemo.gym.task.index", "task"),
-    ("nemo.gym.rollout.index", "repeat"),
+    (attr.ROLLOUT_ID, "rollout"),
+    (attr.HTTP_ROUTE, "route"),
+    (attr.HTTP_RESPONSE_STATUS_CODE, "status"),
+    (attr.REQUEST_MODEL, "model"),
+    (attr.INPUT_TOKENS, "in_tokens"),
+    (attr.OUTPUT_TOKENS, "out_tokens"),
+    (attr.ROLLOUT_INPUT_TOKENS, "rollout_in_tokens"),
+    (attr.ROLLOUT_OUTPUT_TOKENS, "rollout_out_tokens"),
+    (attr.ERROR_TYPE, "error"),
+    (attr.FAILURE_STAGE, "stage"),
+    (attr.REWARD, "reward"),
+    (attr.MASK_SAMPLE, "masked"),
+    (attr.TASK_INDEX, "task"),
+    (attr.ROLLOUT_INDEX, "repeat"),
     ("ray.task.wait.duration", "wait"),
     ("ray.node.id", "node"),
 )
@@ -77,9 +78,9 @@ def job_line(job: Job) -> str:
     counts = " ".join(
         f"{label}={attributes[key]}"
         for key, label in (
-            ("nemo.gym.job.rollouts.sent", "sent"),
-            ("nemo.gym.job.rollouts.failed", "failed"),
-            ("nemo.gym.job.num_repeats", "repeats"),
+            (attr.JOB_ROLLOUTS_SENT, "sent"),
+            (attr.JOB_ROLLOUTS_FAILED, "failed"),
+            (attr.JOB_NUM_REPEATS, "repeats"),
         )
         if key in attributes
     )

@@ -1,38 +1,14 @@
-"""W3C trace context in and out, without the generic propagator machinery when we can.
-
-``propagate.inject``/``extract`` go through the global composite propagator, a getter
-and a setter per field and a regular expression; on Gym's request path that is several
-µs per hop.  When the global propagator is the default (W3C Trace Context, with or
-without W3C Baggage) the same headers are written and read here directly (baggage, when
-a caller sends it, by the Baggage propagator itself), by the rules of W3C Trace Context
-Level 2 (https://www.w3.org/TR/trace-context-2/), more strictly than the SDK's
-propagator (``tests/fastpath/test_w3c_conformance.py`` lists every rule and where the
-SDK differs):
-
-- ``traceparent``: version ``00`` exactly 55 characters; a higher version (``01``-``fe``)
-  read by its ``00`` prefix, more fields allowed only after a ``-``, its flags other than
-  sampled and random-trace-id ignored; version ``ff``, upper-case hex, all-zero ids and
-  repeated ``traceparent`` headers invalid; spaces and tabs around it ignored.  Flags
-  W3C reserves are sent as zero.
-- ``tracestate``: read only with a valid ``traceparent`` and never invalidating it;
-  repeated headers combined; spaces and tabs around members ignored, empty members
-  skipped; a header that cannot be parsed (a member with an invalid key or value, by
-  Level 2's grammar, or more than 32 members) discarded whole, as the W3C test suite asks
-  at its strict level (the specification allows dropping the whole header or the bad
-  members alone); of a repeated key the left-most member kept (the latest); longer than
-  ``MAX_TRACESTATE_LENGTH`` truncated by whole members, those over 128 characters first,
-  then from the right, on the way in and on the way out.
-Any other propagator configuration (``OTEL_PROPAGATORS=b3``, a custom one) goes through
-``propagate`` as before.  So does W3C's with this part off (``GYM_AUTOINSTR_FAST_PATH=off``,
-or its check failed), with one correction: the SDK's propagator reads the ``traceparent``,
-and the ``tracestate`` is read again here by the rules above (the SDK's checks keys by
-Level 1's grammar, so it drops a header with a key Level 2 allows, and drops one with a
-repeated key): the same rules either way.
-"""
+"""W3C Trace Context in and out (``traceparent``, ``tracestate``), without the generic
+propagator machinery: when the global propagator is W3C's (with or without W3C Baggage,
+whose headers its own propagators read and write), the headers are read and written here
+by Level 2's rules (https://www.w3.org/TR/trace-context-2/; every rule, and where the SDK's
+propagator differs, is a row of ``tests/fastpath/test_w3c_conformance.py``).  Any other
+propagator goes through ``propagate``; so does W3C's with this part off, but for the
+``tracestate``, read again here (the SDK's checks keys by Level 1's grammar).  Kept too:
+the contexts and headers of unsampled callers, which a dropped rollout reuses."""
 
 from __future__ import annotations
 
-import contextvars
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +16,10 @@ from typing import Any
 from opentelemetry import baggage as otel_baggage
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceState
 
 from gym_autoinstr.fastpath import contract
+from gym_autoinstr.fastpath.context_ops import TRACE_FLAGS, context_of_span, span_context
 from gym_autoinstr.fastpath.contract import BAGGAGE_KEY as _BAGGAGE_KEY  # None when absent
 from gym_autoinstr.fastpath.contract import SPAN_KEY as _SPAN_KEY  # None when absent
 
@@ -77,7 +54,7 @@ class _TextmapChecked:
 
 _known = _TextmapChecked()
 
-# A rollout the sampler dropped carries one unchanged traceparent through every hop
+# A rollout the sampler dropped carries an unsampled traceparent through every hop
 # (telemetry/sampling.py): the contexts read from such unsampled parents, and, by span
 # object, the spans found valid and unsampled with the headers they are written as, are
 # kept (bounded; cleared when full) and reused.  A span's context never changes, and
@@ -86,243 +63,6 @@ _known = _TextmapChecked()
 _CACHE_MAX = 1024
 _extracted: dict[str, otel_context.Context] = {}
 unsampled_spans: dict[int, tuple[Any, str, str | None]] = {}
-
-
-def _runtime_var() -> contextvars.ContextVar | None:
-    """The ContextVar behind ``opentelemetry.context`` when the runtime context is the
-    API's default one (``contextvars``); None for any other (``OTEL_PYTHON_CONTEXT``), or
-    with the context part off (``contract.py``)."""
-    if not contract.part_on(contract.CONTEXT):
-        return None
-    try:
-        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-    except ImportError:  # pragma: no cover
-        return None
-    runtime = contract.RUNTIME_CONTEXT
-    var = getattr(runtime, contract.RUNTIME_CONTEXT_VAR, None)
-    return var if type(runtime) is ContextVarsRuntimeContext and isinstance(var, contextvars.ContextVar) else None
-
-
-# ``current_context``, ``attach`` and ``detach``: what ``opentelemetry.context``'s
-# functions of those names do, for the dropped path, which calls them on every hop of
-# every rollout the sampler left out; with the default runtime context, straight on its
-# ContextVar (the API's own functions are two Python frames each).
-_RUNTIME_VAR = _runtime_var()
-if _RUNTIME_VAR is not None:
-    current_context = _RUNTIME_VAR.get
-    attach = _RUNTIME_VAR.set
-    # detach without its frame, for the per-request paths: raises where detach logs (a
-    # token of another context), and the caller then calls detach
-    reset = _RUNTIME_VAR.reset
-
-    def detach(token: Any) -> None:
-        try:
-            _RUNTIME_VAR.reset(token)
-        except Exception:  # as the API's detach: logged there, never raised
-            otel_context.detach(token)
-else:  # pragma: no cover
-    current_context = otel_context.get_current
-    attach = otel_context.attach
-    detach = reset = otel_context.detach
-
-# The per-request paths (ingress, seams, calls) keep the context that was current, not a
-# token: ``previous = current_context(); attach(context)`` (or ``enter``/``enter_seam``
-# below, which return it), then ``leave(previous)`` sets it back.  That context is alive
-# anyway (the state the attach replaced held it); a token would be a new object, held by
-# the request's coroutine for as long as the request runs: long enough, in a busy server,
-# for the young collections to carry it into the oldest generation, whose collections
-# walk it.
-leave = attach
-
-
-def swap(context: otel_context.Context) -> otel_context.Context:
-    """Attach ``context``; returns the context ``leave`` restores."""
-    previous = current_context()
-    attach(context)
-    return previous
-
-
-def _span_layout() -> bool:
-    """Whether the API keeps a context's span under ``_SPAN_KEY`` in a plain-dict
-    ``Context`` (checked once, against ``set_span_in_context``): then ``with_span`` and
-    ``enter`` make that context directly, without the API's frames (never with the
-    context part off: ``contract.py``)."""
-    if not contract.part_on(contract.CONTEXT):
-        return False
-    try:
-        sample = NonRecordingSpan(SpanContext(0x1F, 0x2F, is_remote=False))
-        base = otel_context.Context({"k": 1})
-        values = dict(base)
-        values[_SPAN_KEY] = sample
-        made = otel_context.Context(values)
-        return (
-            _SPAN_KEY is not None
-            and made == trace.set_span_in_context(sample, base)
-            and trace.get_current_span(made) is sample
-            and type(made) is type(trace.set_span_in_context(sample, base))
-        )
-    except Exception:  # pragma: no cover (another API)
-        return False
-
-
-def _with_span_by_layout() -> Any:
-    """``with_span(span, context)``: ``trace.set_span_in_context(span, context)``, for a
-    given context (the ingress's server span over its caller's context; over an empty
-    one, ``context_of_span``)."""
-    if not _span_layout():  # pragma: no cover
-        return trace.set_span_in_context
-    new, key = otel_context.Context, _SPAN_KEY
-
-    def with_span(span: Any, context: otel_context.Context) -> otel_context.Context:
-        values = context.copy()
-        values[key] = span
-        return new(values)
-
-    return with_span
-
-
-def _entering_by_layout() -> Any:
-    """``enter(span)``: what ``trace.use_span(span)`` does on entry (the current context
-    with ``span`` set in it, attached), without the generator-based context manager's
-    frames; returns what ``leave`` restores."""
-    if not _span_layout() or _RUNTIME_VAR is None:  # pragma: no cover
-        return lambda span: swap(trace.set_span_in_context(span))
-    new, key, get, set_ = otel_context.Context, _SPAN_KEY, _RUNTIME_VAR.get, _RUNTIME_VAR.set
-
-    def enter(span: Any) -> Any:
-        previous = get()
-        values = previous.copy()
-        values[key] = span
-        set_(new(values))
-        return previous
-
-    return enter
-
-
-# The key under which a recorded seam's span is also kept in the context it makes current
-# (``advice/routes.py``: the span ``rollout_context`` tags, found by calls made inside the
-# handler); one attach for both, instead of a ContextVar of its own set and reset.
-SEAM_KEY = otel_context.create_key("gym_autoinstr.open_seam")
-
-
-def _entering_seam_by_layout() -> Any:
-    """``enter_seam(span)``: ``enter(span)`` with ``span`` also under ``SEAM_KEY``."""
-    if not _span_layout() or _RUNTIME_VAR is None:  # pragma: no cover
-        return lambda span: swap(otel_context.set_value(SEAM_KEY, span, trace.set_span_in_context(span)))
-    new, key, seam, get, set_ = otel_context.Context, _SPAN_KEY, SEAM_KEY, _RUNTIME_VAR.get, _RUNTIME_VAR.set
-
-    def enter_seam(span: Any) -> Any:
-        previous = get()
-        values = previous.copy()
-        values[key] = span
-        values[seam] = span
-        set_(new(values))
-        return previous
-
-    return enter_seam
-
-
-# For a span set over a given context, not attached (the ingress attaches its own).
-with_span = _with_span_by_layout()
-
-# For the spans our advice makes current around Gym's work (seams, calls): what it returns
-# goes to ``leave`` in a ``finally``.  ``use_span(..., record_exception=False,
-# set_status_on_exception=False)``, which this replaces, did nothing else.
-enter = _entering_by_layout()
-enter_seam = _entering_seam_by_layout()
-
-
-# Every value of a traceparent's flags byte, one shared TraceFlags each (an int with an
-# instance dict: an object the GC tracks, held by every context read from a caller).
-_TRACE_FLAGS = tuple(TraceFlags(value) for value in range(256))
-_UNSAMPLED_FLAGS = _TRACE_FLAGS[0]
-_UNSAMPLED_RANDOM_FLAGS = _TRACE_FLAGS[2]  # the random-trace-id flag alone
-_MAX_TRACE_ID = (1 << 128) - 1
-_MAX_SPAN_ID = (1 << 64) - 1
-
-
-def _span_context_by_constructor(
-    trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags, trace_state: TraceState | None = None
-) -> SpanContext:
-    return SpanContext(trace_id, span_id, is_remote=is_remote, trace_flags=trace_flags, trace_state=trace_state)
-
-
-def _span_context_by_layout() -> Any:
-    """``SpanContext(trace_id, span_id, is_remote, trace_flags, trace_state)`` made as the
-    API's own ``__new__`` makes it (a tuple of the five fields and whether the ids are
-    valid), without its Python frame: only when this API's SpanContext is laid out so
-    (checked here, once, against its constructor), else the constructor itself."""
-    try:
-        from opentelemetry.trace.span import DEFAULT_TRACE_STATE
-
-        def fields(made: Any) -> tuple:
-            return (
-                tuple(made),
-                made.trace_id,
-                made.span_id,
-                made.is_remote,
-                made.trace_flags,
-                made.trace_state,
-                made.is_valid,
-                type(made),
-            )
-
-        state = TraceState([("k", "v")])
-        samples = [  # (the constructor's arguments, the tuple it should hold)
-            (
-                (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, None),
-                (0x1F, 0x2F, True, _UNSAMPLED_FLAGS, DEFAULT_TRACE_STATE, True),
-            ),
-            ((0x1F, 0, False, TraceFlags(1), state), (0x1F, 0, False, TraceFlags(1), state, False)),
-        ]
-        same = all(
-            fields(SpanContext(t, s, is_remote=r, trace_flags=f, trace_state=ts))
-            == fields(tuple.__new__(SpanContext, made))
-            for (t, s, r, f, ts), made in samples
-        )
-    except Exception:  # pragma: no cover (another API)
-        same = False
-    if not same:  # pragma: no cover
-        return _span_context_by_constructor
-    new = tuple.__new__
-
-    def span_context(
-        trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags, trace_state: TraceState | None = None
-    ) -> SpanContext:
-        return new(
-            SpanContext,
-            (
-                trace_id,
-                span_id,
-                is_remote,
-                trace_flags,
-                DEFAULT_TRACE_STATE if trace_state is None else trace_state,
-                0 < trace_id <= _MAX_TRACE_ID and 0 < span_id <= _MAX_SPAN_ID,
-            ),
-        )
-
-    return span_context
-
-
-# ``SpanContext(...)`` (positional, ``trace_flags`` a ``TraceFlags``) for the paths that make
-# one per request: a caller's context read here, a span the lean tracer starts.
-span_context = _span_context_by_layout()
-# Whether a SpanContext of this API is that tuple (trace_id, span_id, is_remote,
-# trace_flags, trace_state, is_valid): its fields can then be read by unpacking it.
-SPAN_CONTEXT_IS_TUPLE = span_context is not _span_context_by_constructor
-
-
-def _context_of_span_by_layout() -> Any:
-    """``trace.set_span_in_context(span, Context())``: a new context holding only ``span``
-    (a dropped caller's or root's), made directly under the layout ``_span_layout``
-    checked."""
-    if not _span_layout():  # pragma: no cover
-        return lambda span: trace.set_span_in_context(span, otel_context.Context())
-    new, key = otel_context.Context, _SPAN_KEY
-    return lambda span: new({key: span})
-
-
-context_of_span = _context_of_span_by_layout()
 
 
 def _no_baggage(context: otel_context.Context | None = None) -> bool:
@@ -625,48 +365,37 @@ def unsampled_headers(span: Any, context: otel_context.Context) -> dict[str, str
     return {"traceparent": hit[1], "tracestate": hit[2]} if hit[2] else {"traceparent": hit[1]}
 
 
-# The context ``extract`` read before from this lone ``traceparent`` (no tracestate) of an
-# unsampled caller, while it is kept; else None.  Only while ``w3c_default()`` holds,
-# which the caller checks (the ingress, with the header names it reads).
-unsampled_context = _extracted.get
-
-# This process's own dropped roots (``sampling.dropped_root``), by the ``traceparent`` their
-# calls carry: a call a server makes to itself under such a root (Gym's simple agent posts
-# its own ``/v1/responses`` inside ``/run``) then runs under the root's context, found here,
-# instead of one read anew from the header.  The root's span is local where a read one is
-# remote, so only the ingress looks here, and only while the sampler drops every child of
-# an unsampled parent, local or remote alike (``sampling.dropping_sampler``).  Bounded;
-# cleared when full.
+# This process's own dropped spans (``sampling.dropped_root``'s, ``sampling.forwarded``'s),
+# by the ``traceparent`` their calls carry (and a forwarded one by the one it came with): a
+# request with it (the rollout's next one here; a call a server makes to itself, as Gym's
+# simple agent posts its own ``/v1/responses`` inside ``/run``) then runs under that span's
+# context, found here, instead of one read anew from the header.  The span is local where a
+# read one is remote, so only the ingress looks here, and only while the sampler drops every
+# child of an unsampled parent, local or remote alike (``sampling.dropping_sampler``).
+# Bounded (a forwarded span's two entries, a root's one, per rollout); cleared when full.
 _own_roots: dict[str, otel_context.Context] = {}
 own_root = _own_roots.get
 
 
 def keep_own_root(header: str, context: otel_context.Context) -> None:
-    if len(_own_roots) >= _CACHE_MAX:
+    if len(_own_roots) >= 2 * _CACHE_MAX:
         _own_roots.clear()
     _own_roots[header] = context
 
 
-def unsampled_lone(header: str) -> otel_context.Context | None:
-    """``extract({"traceparent": header})`` for a lone traceparent in the form the SDK
-    writes an unsampled context in (``00-<trace id>-<span id>-00``, or ``-02`` when its
-    trace id is marked random, as the SDK marks every root it makes from random ids),
-    kept as ``extract`` keeps it; None for any other header (then ``extract`` itself).  What every server
-    reads once per rollout the sampler dropped (each is a new trace id), the parse and
-    the objects made without the general path's frames.  Only while ``w3c_default()``
-    holds, which the caller checks (the ingress, with the header names it reads)."""
+def unsampled_lone(header: str, span_id: int) -> otel_context.Context | None:
+    """For a lone traceparent in the form the SDK writes an unsampled context in (flags
+    ``00``, or ``02``: a random trace id), the context a request the sampler drops under it
+    runs in, as the SDK's sampler makes it: the caller's trace id and flags, ``span_id``
+    (W3C: the parent-id sent on is the current operation's), local; None for any other
+    header (then ``extract``).  Only while ``w3c_default()`` holds (the ingress checks)."""
     if len(header) != 55 or header[52:] not in _UNSAMPLED_ENDS or _SDK_UNSAMPLED.fullmatch(header) is None:
         return None  # (a sampled caller's header: its flags say so before the pattern is tried)
-    trace_id, span_id = int(header[3:35], 16), int(header[36:52], 16)
-    if not trace_id or not span_id:  # (all-zero ids: an invalid context, the general way)
+    trace_id = int(header[3:35], 16)
+    if not trace_id or header[36:52] == "0000000000000000":  # (all-zero ids: invalid, the general way)
         return None
-    flags = _UNSAMPLED_FLAGS if header[54] == "0" else _UNSAMPLED_RANDOM_FLAGS
-    span = NonRecordingSpan(span_context(trace_id, span_id, True, flags))
-    context = context_of_span(span)
-    if len(_extracted) >= _CACHE_MAX:
-        _extracted.clear()
-    _extracted[header] = context
-    return context
+    flags = TRACE_FLAGS[0] if header[54] == "0" else TRACE_FLAGS[2]
+    return context_of_span(NonRecordingSpan(span_context(trace_id, span_id, False, flags)))
 
 
 def sampled_caller(context: otel_context.Context) -> bool:
@@ -717,19 +446,13 @@ def extract(carrier: dict) -> otel_context.Context:
         members = parse_tracestate(tracestate)
         if members:
             state = W3CTraceState.of(members)
-    trace_flags = _TRACE_FLAGS[flags]
+    trace_flags = TRACE_FLAGS[flags]
     span = NonRecordingSpan(span_context(trace_id, span_id, True, trace_flags, state))
     context = context_of_span(span)
     if tracestate is None and not flags & 0x01 and type(header) is str:
         if len(_extracted) >= _CACHE_MAX:
             _extracted.clear()
         _extracted[header] = context
-        if len(header) == 55 and header[:2] == "00" and not flags & ~_KNOWN_FLAGS:
-            # already the traceparent this unsampled context is sent on with (the dropped
-            # path forwards its caller's context): unsampled_entry's, without formatting
-            if len(unsampled_spans) >= _CACHE_MAX:
-                unsampled_spans.clear()
-            unsampled_spans[id(span)] = (span, header, None)
     return context
 
 
