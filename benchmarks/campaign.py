@@ -54,9 +54,11 @@ NAME = re.compile(r"^(?P<service>.+)-(?P<pid>\d+)\.(?P<number>\d{4,})\.jsonl(?:\
 FACTS_LINE = re.compile(rb'\{"from":(\d+),"at":(\d+),(.*)', re.DOTALL)  # as SegmentWriter._write_facts writes it
 INSTANCE = re.compile(rb'"service\.instance\.id","value":\{"stringValue":"([0-9a-f]{32})"')
 COMMANDS = (  # (label, arguments): CAMPAIGN, RUN_A, RUN_B, TRACE and OUT filled in
-    ("view", ["view", "CAMPAIGN"]),
+    # what a terminal shows (the summary and the rows that matter: --summary, as when piped here)
+    ("view", ["view", "CAMPAIGN", "--summary"]),
     ("view --by-task", ["view", "CAMPAIGN", "--by-task"]),
-    ("view --where reward<0.5", ["view", "CAMPAIGN", "--where", "reward<0.5"]),
+    ("view --where reward<0.5", ["view", "CAMPAIGN", "--where", "reward<0.5", "--summary"]),
+    ("view --all (every line)", ["view", "CAMPAIGN", "--all"]),
     ("view --trace ID", ["view", "CAMPAIGN", "--trace", "TRACE"]),
     ("compare RUN_A RUN_B", ["compare", "RUN_A", "RUN_B"]),
     ("export --to parquet", ["export", "CAMPAIGN", "--to", "OUT"]),

@@ -413,7 +413,8 @@ def main(
         document = {"traces": records, **({"lost": lost} if lost else {})}
         return _write([json.dumps(document, indent=None if not waterfall else 1, default=str)])
     width = _terminal_width()
-    if summed or (not every and not filtered and sort == "start" and len(traces) > SCREEN and _on_terminal()):
+    overview_fits = slowest is None and sort == "start" and not reverse  # (an order asked for: the list in it)
+    if summed or (not every and overview_fits and len(traces) > SCREEN and _on_terminal()):
         return _write(overview(traces, campaign.runs, show, width or UNLIMITED, lost))
     if waterfall:
         blocks = []
