@@ -118,7 +118,11 @@ def test_no_canary_reaches_the_local_files_of_the_embedded_default(tmp_path):
         return {f.name.rsplit("-", 1)[0] for f in files if f.name.endswith(suffix)}
 
     assert len(processes(".metrics.jsonl.gz")) == 4 and processes(".jsonl.gz") == processes(".metrics.jsonl.gz")
-    blobs = [("".join(segment_lines(f)) if ".jsonl" in f.name else f.read_text()).encode() for f in files]
+    # (the facts files beside the segments too: gzipped with theirs, read back as text)
+    blobs = [
+        ("".join(segment_lines(f)) if f.suffix in (".jsonl", ".gz", ".facts") else f.read_text()).encode()
+        for f in files
+    ]
     assert sum(b.count(b"\n") for b in blobs) > 0
     assert _leaks(blobs) == {}
     assert trio.returncode == 0
