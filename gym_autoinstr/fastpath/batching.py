@@ -44,6 +44,15 @@ from gym_autoinstr.losses import LEDGER
 from gym_autoinstr.settings import ENCODE_ON_END
 
 
+def _fact(span: Any, kept: list[str]) -> str:
+    """A span's facts; "" when they cannot be made (its batch then has none: the span is kept)."""
+    try:
+        return span_facts.fact(span, kept)
+    except Exception as error:
+        warn_once("span-facts", "a span's facts could not be written (%r); readers read its segment's spans", error)
+        return ""
+
+
 class EncodedBatch:
     """An export request already encoded (OTLP protobuf bytes, or OTLP-JSON text for the
     run directory's files), in place of the list of spans the exporter's ``export``
@@ -251,7 +260,7 @@ class EncodingSpanProcessor(SpanProcessor):
             if self._facts:
                 kept: list[str] = []
                 encoded = self._encoding.span(span, None, kept)
-                encoded = encoded + "\x00" + span_facts.fact(span, kept)
+                encoded = encoded + "\x00" + _fact(span, kept)
             else:
                 encoded = self._encoding.span(span)
         except Exception as error:  # never Gym's problem: this span is lost, and says so once
@@ -307,8 +316,9 @@ class EncodingSpanProcessor(SpanProcessor):
         return known[1]
 
     def _facts_text(self, by_resource: dict, facts: dict[int, list[str]] | None) -> str | None:
-        """The batch's facts, a group per resource (``span_facts.group``); None without them."""
-        if not facts:
+        """The batch's facts, a group per resource (``span_facts.group``); None without them,
+        or when a span's are missing (readers then read the segment's spans)."""
+        if not facts or any(not fact for spans in facts.values() for fact in spans):
             return None
         groups = []
         for key, (resource, _scopes) in by_resource.items():

@@ -273,3 +273,25 @@ def test_a_closed_segments_facts_are_gzipped_with_it_and_still_read(tmp_path, mo
         for trace_id, part in facts.partials_of(segment_lines(segment)).items():
             facts.merge(merged[trace_id], part) if trace_id in merged else merged.__setitem__(trace_id, part)
     assert rows == {t: facts.resolve(t, p, ())[: facts.R_FILES] for t, p in merged.items()} and len(rows) == 401
+
+
+def test_a_span_whose_facts_fail_is_kept_and_its_batch_read_from_the_spans(tmp_path, monkeypatch):
+    from gym_autoinstr.fastpath import span_facts
+
+    original = span_facts.fact
+    calls = []
+
+    def sometimes(span, kept):
+        calls.append(1)
+        if len(calls) == 5:
+            raise ValueError("a value the facts cannot hold")
+        return original(span, kept)
+
+    monkeypatch.setattr(span_facts, "fact", sometimes)
+    _writer_run(tmp_path, rollouts=10, batch=3)
+    (segment,) = files.span_segments(tmp_path)
+    from_spans = _resolved(facts.partials_of(segment_lines(segment)))
+    assert sum(row[facts.R_COUNT] for row in from_spans.values()) == 31  # every span written, none lost
+    lines = sum(1 for _line in segment_lines(segment))
+    assert len(store._facts_records(store._facts_file(segment))) == lines - 1  # that batch has no facts line
+    assert _resolved(store.segment_partials(segment)) == from_spans  # read from the spans past the gap
