@@ -24,7 +24,6 @@ Gym's reward, shown in the trace list's assessment column.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -36,7 +35,6 @@ from tests.commands.test_view import _cli
 from tests.harness import browser
 from tests.harness.collector import Collector
 from tests.harness.demo_run import running_demo
-from tests.harness.gym_install import gym_venv
 from tests.harness.gym_targets import clean_environment
 from tests.harness.traces import otel_env
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
@@ -81,7 +79,7 @@ def through_rotel(demo, mlflow, policy_model, tmp_path_factory):
             OTEL_METRICS_EXPORTER="none",
             GYM_AUTOINSTR_TRACE_TAGS="mlflow",
         )
-        with GymTrio(gym_venv("0.4.0"), "0.4.0", workdir, policy_model.url, env=env, instrument=True) as trio:
+        with GymTrio.for_version("0.4.0", workdir, policy_model.url, env=env, instrument=True) as trio:
             results = trio.rollouts(ROLLOUTS)
             traces = mlflow.wait_for_rollouts(experiment, ROLLOUTS)
     return {"experiment": experiment, "traces": traces, "results": results}
@@ -236,16 +234,8 @@ def test_the_doctor_passes_against_mlflow_and_names_its_missing_header(demo, tmp
     assert "answers HTTP/1.1" in error.problem and "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in error.fix
 
 
-def _chromium() -> None:
-    if browser.find_chromium() is None:
-        message = "Chromium is not installed: MLflow's pages are read in headless Chromium (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def test_the_trace_page_in_headless_chromium_shows_the_rollout_spans(demo, mlflow, tmp_path):
-    _chromium()
+    browser.require_chromium("MLflow's pages are read")
     (trace, *_) = mlflow.search_rollouts(demo["experiment"])
     url = mlflow.trace_url(demo["experiment"], trace["trace_id"])
     dom = browser.page_dom(url, tmp_path, window="2000,1100")
@@ -262,7 +252,7 @@ def test_the_trace_list_shows_each_rollouts_reward_and_tokens(demo, mlflow, tmp_
     """MLflow's trace list, as a user opens it from the demo's URL: a row per rollout with
     its task and repeat as its Input, its reward as its Output, its token total (MLflow's
     sum of the model calls' gen_ai.usage.*) and its tags (GYM_AUTOINSTR_TRACE_TAGS=mlflow)."""
-    _chromium()
+    browser.require_chromium("MLflow's pages are read")
     traces = mlflow.search_rollouts(demo["experiment"])
     url = mlflow.traces_url(demo["experiment"])
     text = browser.page_text(url, tmp_path, window="2400,1200")
@@ -329,7 +319,7 @@ def test_export_sends_each_rollouts_reward_as_an_mlflow_assessment_once(demo, ml
 def test_the_trace_list_in_headless_chromium_shows_the_reward_assessments(demo, mlflow, scored, tmp_path):
     """MLflow's trace list after the export: a "reward" assessment column, each rollout's
     row showing Gym's reward there, the start-up and job rows nothing."""
-    _chromium()
+    browser.require_chromium("MLflow's pages are read")
     assert all(result.returncode == 0 for result in scored)
     traces = mlflow.search_rollouts(demo["experiment"])
     collected, printed, direct = _gym_rewards(demo, traces)

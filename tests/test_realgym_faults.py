@@ -31,7 +31,6 @@ import pytest
 
 from tests.harness.bare import Shutdown, stop_timed
 from tests.harness.collector import Collector, SilentCollector
-from tests.harness.gym_install import gym_venv
 from tests.harness.traces import otel_env, strip_ids
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio, PolicyModel
 
@@ -138,10 +137,11 @@ def _assert_one_line_per_cause(log: str, pattern: re.Pattern, *, expect_in: tupl
     assert not silent, f"no warning at all about {pattern.pattern!r} from {silent}"
 
 
-def _instrumented(tmp_path: pathlib.Path, policy_model: PolicyModel, env: dict, venv=None) -> GymTrio:
-    venv = venv or gym_venv(VERSION)
+def _instrumented(tmp_path: pathlib.Path, policy_model: PolicyModel, env: dict, venv_extra=()) -> GymTrio:
     # Gym's own Ray, as in the bare run whose shutdown these are held to
-    trio = GymTrio(venv, VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env, own_ray=True)
+    trio = GymTrio.for_version(
+        VERSION, tmp_path / "gym", policy_model.url, venv_extra=venv_extra, instrument=True, env=env, own_ray=True
+    )
     return trio.start()
 
 
@@ -234,9 +234,8 @@ def test_collector_that_never_answers(tmp_path, policy_model, baseline, protocol
 
 
 def test_exporter_that_raises(tmp_path, policy_model, baseline):
-    venv = gym_venv(VERSION, extra=[str(FAULT_EXPORTER)])
     env = {"OTEL_TRACES_EXPORTER": "raising", "OTEL_METRICS_EXPORTER": "none"}
-    trio = _instrumented(tmp_path, policy_model, env, venv=venv)
+    trio = _instrumented(tmp_path, policy_model, env, venv_extra=[str(FAULT_EXPORTER)])
     try:
         results = _rollouts_for(trio, 5)
     except BaseException:

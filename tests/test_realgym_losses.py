@@ -24,7 +24,6 @@ from gym_autoinstr.setup.files import read_path
 from gym_autoinstr.setup.notes import process_notes
 from tests.commands.test_view import _cli
 from tests.harness.collector import SilentCollector
-from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import latest, metric_points
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio
 
@@ -35,7 +34,7 @@ EXIT_LINE = re.compile(r"gym-autoinstr: WARNING: ([\d,]+) spans? of [^ ]+(?: [kM
 
 
 def _trio(tmp_path: Path, policy_model, env: dict) -> GymTrio:
-    return GymTrio(gym_venv(VERSION), VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    return GymTrio.for_version(VERSION, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
 
 
 def _lost(notes: list[dict], reason: str, service: str | None = None) -> int:

@@ -14,14 +14,13 @@ own rewards through Phoenix's REST API, its trace filter and its trace list in C
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.parse
 
 import pytest
 
 from tests.commands.test_view import _cli
-from tests.harness.browser import find_chromium, page_text, screenshot
+from tests.harness.browser import page_text, require_chromium, screenshot
 from tests.harness.demo_run import running_demo
 
 pytestmark = pytest.mark.realgym
@@ -105,11 +104,7 @@ def test_the_trace_list_counts_each_rollouts_tokens_once_and_filters_on_reward(d
 
 
 def test_the_trace_page_in_headless_chromium_shows_the_agent_trace(demo, tmp_path):
-    if find_chromium() is None:
-        message = "Chromium is not installed: the Phoenix page is checked in headless Chromium"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_chromium("the Phoenix page is checked")
     phoenix = demo["phoenix"]
     trace = next(t for t in phoenix.rollout_traces(PROJECT) if t["root"]["span_kind"] == "AGENT")
     url = phoenix.trace_url(PROJECT, trace["trace_id"])
@@ -194,11 +189,7 @@ def test_the_trace_list_in_headless_chromium_shows_the_reward_scores(demo, score
     """The project's trace list: each rollout's row shows its reward in the "span
     annotations" and "trace annotations" columns; the start-up and job rows none; the
     "trace annotation scores" chart is the reward's."""
-    if find_chromium() is None:
-        message = "Chromium is not installed: the Phoenix page is checked in headless Chromium"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_chromium("the Phoenix page is checked")
     assert all(result.returncode == 0 for result in scored)
     expected = _expected_scores(demo)
     url = demo["phoenix"].traces_url(PROJECT)

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from gym_autoinstr.setup.files import read_path
-from tests.harness.gym_install import gym_venv
 from tests.harness.traces import by_trace, job_spans, linked_rollout_roots, service_of
 from tests.harness.trio import AGENT, GymTrio
 
@@ -41,8 +40,8 @@ def test_the_readme_steps_join_a_collection_job_to_its_rollouts_in_one_run_direc
         "opentelemetry-instrument ng_collect_rollouts",
         "gym-autoinstr view",
     ]
-    venv = gym_venv("0.4.0")  # what ./run-demo runs
-    trio = GymTrio(venv, "0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True)
+    trio = GymTrio.for_version("0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True)
+    venv = trio.venv  # what ./run-demo runs
     rows = tmp_path / "rows.jsonl"
     output = tmp_path / "rollouts.jsonl"
     with trio:

@@ -24,7 +24,6 @@ import pytest
 
 from gym_autoinstr.setup.files import segment_lines
 from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, MODEL, GymTrio, PolicyModel
 
 pytestmark = pytest.mark.realgym
@@ -64,8 +63,7 @@ def _post(url: str, body: dict) -> tuple[int, bytes]:
 def _run_with_canaries(tmp_path, name: str, env: dict[str, str]) -> GymTrio:
     version = "0.4.0"
     with PolicyModel(args=("--city", CANARIES["tool"])) as model:
-        trio = GymTrio(
-            gym_venv(version),
+        trio = GymTrio.for_version(
             version,
             tmp_path / name,
             policy_url=model.url,

@@ -16,7 +16,6 @@ import pytest
 
 from gym_autoinstr.setup.files import METRICS_SUFFIX, segment_files, segment_lines, span_segments
 from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import latest, metric_points
 from tests.harness.traces import (
     assert_one_connected_trace,
@@ -68,8 +67,7 @@ def _flagship_run(version: str, policy_model, workdir) -> FlagshipRun:
     reset_upstream(policy_model)
     with Collector(log_dir=workdir / "collector") as collector:
         env = otel_env(collector, FLAGSHIP_PROTOCOL[version], OTEL_METRIC_EXPORT_INTERVAL="500")
-        venv = gym_venv(version)
-        trio = GymTrio(venv, version, workdir / "gym", policy_model.url, env=env, instrument=True, own_ray=True)
+        trio = GymTrio.for_version(version, workdir / "gym", policy_model.url, env=env, instrument=True, own_ray=True)
         run_service = f"nemo-gym/{ENVIRONMENT if trio.has_relay else AGENT}"
         with trio:
             results = [trio.rollout() for _ in range(3)]
@@ -142,7 +140,7 @@ def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_mode
     version = "0.7.0"
     reset_upstream(policy_model)
     env = otel_env(collector, "http/protobuf", GYM_AUTOINSTR_CLIENT_SPANS="failures")
-    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    trio = GymTrio.for_version(version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     with trio:
         results = [trio.rollout() for _ in range(2)]
         assert collector.sink.wait_for(
@@ -191,7 +189,7 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
         OTEL_TRACES_SAMPLER_ARG="0.5",
         GYM_AUTOINSTR_CLIENT_SPANS="failures",
     )
-    trio = GymTrio(gym_venv("0.4.0"), "0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+    trio = GymTrio.for_version("0.4.0", tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
     n = 30
     with trio:
         results = [trio.rollout() for _ in range(n)]
@@ -234,8 +232,7 @@ def test_completed_requests_and_every_uvicorn_worker_are_flushed_when_servers_st
     worker's server makes) is observed in each worker, not in the idle main process."""
     version = "0.7.0"
     env = otel_env(collector, "grpc", OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_METRIC_EXPORT_INTERVAL="500")
-    trio = GymTrio(
-        gym_venv(version),
+    trio = GymTrio.for_version(
         version,
         tmp_path / "gym",
         policy_url=policy_model.url,
@@ -296,7 +293,7 @@ def test_with_nothing_configured_spans_go_to_one_file_per_process(tmp_path, poli
     from gym_autoinstr.setup.files import read_path
 
     version = "0.4.0"
-    trio = GymTrio(gym_venv(version), version, tmp_path / "gym", policy_url=policy_model.url, instrument=True)
+    trio = GymTrio.for_version(version, tmp_path / "gym", policy_url=policy_model.url, instrument=True)
     with trio:
         trio.rollouts(3, concurrency=1)
     log = trio.log_text()

@@ -63,13 +63,13 @@ def _fleet_app() -> FastAPI:
 
 @pytest.fixture
 def fleet(monkeypatch):
-    """A served app that Gym's config (as pool reads it) names as each kind of server."""
-    from gym_autoinstr.advice import pool
+    """A served app that Gym's config (as fleet_addresses reads it) names as each kind of server."""
+    from gym_autoinstr.advice import fleet_addresses
 
     names: dict[str, str] = {}
     kinds: dict[str, str] = {}
-    monkeypatch.setattr(pool._state, "names", names)
-    monkeypatch.setattr(pool._state, "kinds", kinds)
+    monkeypatch.setattr(fleet_addresses._state, "names", names)
+    monkeypatch.setattr(fleet_addresses._state, "kinds", kinds)
     app = _fleet_app()
     with serve(app) as base:
 
@@ -347,3 +347,16 @@ def test_a_models_fields_are_read_without_pydantics_missing_attribute_path(monke
     assert outcome.field(verdict, "mask_sample") is None
     assert outcome.field({"a": 1}, "a") == 1 and outcome.field(object(), "a") is None
     assert missed == []
+
+
+def test_a_model_construct_ed_answer_without_extras_reads_a_missing_field_as_none():
+    """``model_construct()`` (no validation) of a model without ``extra="allow"`` leaves it
+    no extras (``__pydantic_extra__`` None): a field it lacks is None, not an error."""
+    import pydantic
+
+    class Verdict(pydantic.BaseModel):
+        reward: float
+
+    verdict = Verdict.model_construct(reward=0.5)
+    assert outcome.field(verdict, "reward") == 0.5
+    assert outcome.field(verdict, "mask_sample") is None

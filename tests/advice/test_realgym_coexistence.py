@@ -14,7 +14,6 @@ from collections import Counter
 import pytest
 
 from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.traces import expected_services, otel_env, rollout_traces, service_of
 from tests.harness.trio import AGENT, GymTrio
 
@@ -39,10 +38,11 @@ GENERIC_STACK = [
 )
 def test_one_trace_and_no_duplicate_hops_beside_the_generic_stack(selection, tmp_path, policy_model):
     version = "0.4.0"
-    venv = gym_venv(version, extra=GENERIC_STACK)
     with Collector(log_dir=tmp_path / "collector") as collector:
         env = otel_env(collector, "http/protobuf", **selection)
-        trio = GymTrio(venv, version, tmp_path / "gym", policy_url=policy_model.url, instrument=True, env=env)
+        trio = GymTrio.for_version(
+            version, tmp_path / "gym", policy_model.url, venv_extra=GENERIC_STACK, instrument=True, env=env
+        )
         with trio:
             results = [trio.rollout() for _ in range(2)]
             run_service = f"nemo-gym/{AGENT}"

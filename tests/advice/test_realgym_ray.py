@@ -343,12 +343,11 @@ def test_a_dead_collector_changes_no_answer(ray_run):
 
 
 @pytest.fixture(scope="module")
-def code_gen_run(venv, module_collector, cluster, tmp_path_factory):
+def code_gen_run(module_collector, cluster, tmp_path_factory):
     started = time.monotonic()
     workdir = tmp_path_factory.mktemp("code_gen")
     with PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
-        trio = GymTrio(
-            venv,
+        trio = GymTrio.for_version(
             "0.4.0",
             workdir,
             policy.url,
@@ -409,12 +408,10 @@ def test_code_gen_rollouts_continue_below_verify_into_the_ray_worker_on_both_nod
 @pytest.fixture(scope="module")
 def code_gen_07_run(tmp_path_factory):
     """Gym 0.7.0's code_gen (ray_enabled), with the Ray cluster Gym starts itself."""
-    venv = gym_venv("0.7.0")
     started = time.monotonic()
     workdir = tmp_path_factory.mktemp("code_gen_07")
     with Collector(log_dir=workdir / "collector") as collector, PolicyModel(args=("--answer", CODE_ANSWER)) as policy:
-        trio = GymTrio(
-            venv,
+        trio = GymTrio.for_version(
             "0.7.0",
             workdir,
             policy.url,
@@ -497,7 +494,7 @@ def _expected_executes(rows: list[dict]) -> int:
 
 
 @pytest.fixture(scope="module")
-def scorer_run(venv, module_collector, cluster, tmp_path_factory):
+def scorer_run(module_collector, cluster, tmp_path_factory):
     import concurrent.futures
 
     started = time.monotonic()
@@ -505,8 +502,7 @@ def scorer_run(venv, module_collector, cluster, tmp_path_factory):
     first, second = _scorer_rows(0, 4), _scorer_rows(4, 4)
     env = otel_env(collector, "http/protobuf", OTEL_BSP_SCHEDULE_DELAY="60000")
     with PolicyModel() as policy:
-        trio = GymTrio(
-            venv,
+        trio = GymTrio.for_version(
             "0.4.0",
             workdir,
             policy.url,
@@ -684,7 +680,7 @@ _CLIENT_SERVER_START_LOST = ("Starting Ray client server failed", "psutil.Zombie
 
 
 @pytest.fixture(scope="module")
-def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
+def client_mode_run(module_collector, cluster, tmp_path_factory):
     """The same server, every Gym process connected with ``ray.init("ray://...")``."""
     started, start_ns = time.monotonic(), time.time_ns()
     collector, workdir = module_collector, tmp_path_factory.mktemp("scorer_client")
@@ -696,8 +692,7 @@ def client_mode_run(venv, module_collector, cluster, tmp_path_factory):
     with PolicyModel() as policy:
         attempts = 3
         for attempt in range(attempts):
-            trio = GymTrio(
-                venv,
+            trio = GymTrio.for_version(
                 "0.4.0",
                 workdir / f"gym{attempt}",
                 policy.url,

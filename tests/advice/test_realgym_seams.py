@@ -16,7 +16,6 @@ import pytest
 
 from gym_autoinstr.telemetry.groups import ALL_GROUPS, RAY, SANDBOX, parse_spec
 from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, ENVIRONMENT, MODEL, RESOURCES, GymTrio
 
 pytestmark = pytest.mark.realgym
@@ -153,8 +152,7 @@ def _extra_config(version: str, tmp_path) -> dict:
 @pytest.mark.parametrize("version", ["0.4.0", "0.5.1", "0.7.0"])
 def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_path, policy_model):
     with Collector(log_dir=tmp_path / "collector") as collector:
-        trio = GymTrio(
-            gym_venv(version),
+        trio = GymTrio.for_version(
             version,
             tmp_path / "gym",
             policy_url=policy_model.url,
@@ -231,8 +229,7 @@ def test_every_seam_appears_with_attributes_under_the_right_parent(version, tmp_
 def test_span_groups_select_exactly_their_spans(spec, tmp_path, policy_model):
     version = "0.4.0"
     with Collector(log_dir=tmp_path / "collector") as collector:
-        trio = GymTrio(
-            gym_venv(version),
+        trio = GymTrio.for_version(
             version,
             tmp_path / "gym",
             policy_url=policy_model.url,

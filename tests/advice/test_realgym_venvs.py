@@ -69,14 +69,13 @@ def _sitecustomize_dir(environ: dict[str, str]) -> str | None:
 
 
 def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_model, collector):
-    venv = gym_venv(VERSION, extra=["uv"])
-    trio = GymTrio(
-        venv,
+    trio = GymTrio.for_version(
         VERSION,
         tmp_path / "gym",
         policy_url=policy_model.url,
         instrument=True,
         build_venvs=True,
+        venv_extra=["uv"],
         env=otel_env(collector, "http/protobuf"),
     )
     with trio.start(timeout=900):
@@ -110,7 +109,7 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
     for name in (RESOURCES, AGENT, MODEL):
         server_venv = trio.server_venv(name)
         assert (server_venv / "bin" / "python").exists() and not server_venv.is_symlink()
-        assert _missing_in(venv, server_venv) == []
+        assert _missing_in(trio.venv, server_venv) == []
 
     # one rollout, one trace across the three server processes
     spans = collector.sink.spans()
@@ -171,10 +170,8 @@ def test_every_server_venv_gym_builds_reports_into_one_trace(tmp_path, policy_mo
 def test_a_reused_venv_without_our_packages_is_named_and_gym_still_serves(tmp_path, policy_model, collector):
     """``skip_venv_if_present`` with a stale venv: the resources server's venv is a Gym venv
     without this project (nor OpenTelemetry's SDK)."""
-    venv = gym_venv(VERSION)
     stale = gym_venv(VERSION, with_project=False)
-    trio = GymTrio(
-        venv,
+    trio = GymTrio.for_version(
         VERSION,
         tmp_path / "gym",
         policy_url=policy_model.url,
@@ -196,7 +193,7 @@ def test_a_reused_venv_without_our_packages_is_named_and_gym_still_serves(tmp_pa
     assert f"'{RESOURCES}'" in message and str(stale_venv) in message and "gym-autoinstr" in message
     fix = shlex.split(message.split("Fix: ", 1)[1])
     assert fix[:5] == ["uv", "pip", "install", "--python", str(stale_venv / "bin" / "python")]
-    assert fix[5:] == [word for pin in _pins(venv) for word in shlex.split(pin)]
+    assert fix[5:] == [word for pin in _pins(trio.venv) for word in shlex.split(pin)]
     # said before the server was spawned: ahead of the resources server's first output
     if "Error in sitecustomize" in log:
         assert log.index(message) < log.index("Error in sitecustomize")

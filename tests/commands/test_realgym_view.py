@@ -41,14 +41,12 @@ N_ROLLOUTS = 4
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
     """A run directory written by a real 0.4.0 trio with nothing configured."""
-    from tests.harness.gym_install import gym_venv
     from tests.harness.trio import GymTrio, PolicyModel
 
     version = "0.4.0"
     workdir = tmp_path_factory.mktemp("view-gym")
     with PolicyModel() as model:
-        trio = GymTrio(
-            gym_venv(version),
+        trio = GymTrio.for_version(
             version,
             workdir,
             policy_url=model.url,

@@ -34,6 +34,7 @@ from gym_autoinstr.commands.view.filters import select
 from gym_autoinstr.commands.view.model import build_traces, display_name, summary
 from gym_autoinstr.commands.view.model import callee as callee_text
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
+from tests.harness.browser import require_chromium
 
 BASE_NS = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -354,8 +355,6 @@ def test_exit_codes(tmp_path, handbuilt_run):
 
 
 def test_no_path_is_the_newest_run_here(tmp_path, handbuilt_run):
-    import shutil
-
     nothing = subprocess.run(_command() + ["view"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 2 and "no run here (no ./gym-autoinstr-runs/<run id>/)" in nothing.stderr
     runs = tmp_path / "gym-autoinstr-runs"
@@ -410,24 +409,15 @@ for (const row of document.querySelectorAll('details.span')) {
 ERROR_RED = "rgb(216, 74, 74)"
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    message = (
-        "Chromium is not installed: the HTML page of `gym-autoinstr view` is checked in headless Chromium "
-        "(apt-get install -y chromium; .ci/run installs it)"
-    )
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 def _run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / f"chromium-profile-{uuid.uuid4().hex[:8]}"
     profile.mkdir()
-    command = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    command = [
+        require_chromium("the HTML page of `gym-autoinstr view` is checked"),
+        *CHROMIUM_FLAGS,
+        f"--user-data-dir={profile}",
+        *args,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -1,7 +1,7 @@
 """Gym as it runs without us: one uninstrumented fleet per Gym version, shared by the session.
 
 Three kinds of test need an uninstrumented Gym: the harness's own check that a trio
-starts, serves and stops clean (tests/test_realgym_harness_trio.py), the reference result
+starts, serves and stops clean (tests/harness/tests/), the reference result
 an instrumented rollout must equal (tests/test_realgym_trace.py), and the reference
 shutdown a faulty telemetry pipeline must not slow down (tests/test_realgym_faults.py).
 They only read what one run produced, so one run per version serves them all
@@ -21,7 +21,6 @@ import time
 
 import psutil
 
-from tests.harness.gym_install import gym_venv
 from tests.harness.trio import GymTrio
 
 # Gym's line when it had to SIGKILL a server after its grace period.
@@ -122,7 +121,7 @@ class BareRun:
 
 
 def bare_run(version: str, workdir: pathlib.Path, policy_url: str) -> BareRun:
-    trio = GymTrio(gym_venv(version, with_project=False), version, workdir, policy_url=policy_url, own_ray=True)
+    trio = GymTrio.for_version(version, workdir, policy_url=policy_url, with_project=False, own_ray=True)
     trio.start()
     try:
         servers = {name: process.cmdline() for name, process in trio.server_processes().items()}

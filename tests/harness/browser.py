@@ -6,7 +6,7 @@
 Debian's ``chromium`` (``./run-tests`` installs it as root), run ``--headless`` with a
 fresh profile per call and a virtual-time budget, so a single-page app (MLflow's, Phoenix's)
 has fetched and drawn its data before the DOM is dumped or the picture taken.  A test
-skips or fails on ``find_chromium() is None`` as it sees fit.
+that needs it calls ``require_chromium(what)``: without Chromium it skips, or fails under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import re
 import shutil
 import subprocess
 import uuid
+
+import pytest
 
 FLAGS = [
     "--headless",
@@ -34,6 +36,17 @@ def find_chromium() -> str | None:
         if found:
             return found
     return None
+
+
+def require_chromium(checked: str) -> str:
+    """Chromium's path; else the test skips (fails under ``CI=true``), saying what ``checked`` in it."""
+    found = find_chromium()
+    if found is None:
+        message = f"Chromium is not installed: {checked} in headless Chromium (apt-get install -y chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
 
 
 def _run(args: list[str], url: str, profile_root: pathlib.Path, window: str, budget_ms: int) -> str:

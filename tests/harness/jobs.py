@@ -21,7 +21,6 @@ import time
 from collections.abc import Mapping
 
 from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.traces import job_spans, spans_since
 from tests.harness.trio import GymTrio
 
@@ -48,8 +47,7 @@ class JobFleet:
             "OTEL_TRACES_EXPORTER": "otlp,files",
             "GYM_AUTOINSTR_OUTPUT_DIR": str(self.files),
         }
-        self.trio = GymTrio(
-            gym_venv(self.version),
+        self.trio = GymTrio.for_version(
             self.version,
             self.workdir / "gym",
             policy_url=self.policy_url,

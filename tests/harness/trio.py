@@ -1,7 +1,6 @@
 """A real NeMo Gym agent + model + resources trio, launched through ``gym env start``.
 
-    venv = gym_venv("0.7.0")
-    with GymTrio(venv, "0.7.0", tmp_path, policy_url="http://127.0.0.1:P/v1") as trio:
+    with GymTrio.for_version("0.7.0", tmp_path, policy_url="http://127.0.0.1:P/v1") as trio:
         result = trio.rollout()          # one task row through the agent's /run
         assert result["reward"] == 1.0
 
@@ -211,6 +210,13 @@ class GymTrio:
         self._log_fh = None
         self._known: dict[int, psutil.Process] = {}
         self._rollout_counter = 0
+
+    @classmethod
+    def for_version(cls, version: str, workdir, policy_url: str, *, with_project=True, venv_extra=(), **kw) -> GymTrio:
+        """The trio of that Gym release in its cached venv (``gym_venv(version, with_project=, extra=)``)."""
+        from tests.harness.gym_install import gym_venv
+
+        return cls(gym_venv(version, with_project=with_project, extra=venv_extra), version, workdir, policy_url, **kw)
 
     # ------------------------------------------------------------------ config
 

@@ -17,7 +17,6 @@ import re
 
 import pytest
 
-from tests.harness.gym_install import gym_venv
 from tests.harness.metrics import latest as _last
 from tests.harness.metrics import log_records
 from tests.harness.metrics import metric_points as _points
@@ -50,8 +49,7 @@ def fleet(request, tmp_path_factory, policy_model):
             NEMO_GYM_OTEL_LOGS_ENABLED="true",
             GYM_AUTOINSTR_FLEET_MEMORY="true",
         )
-        trio = GymTrio(
-            gym_venv(version),
+        trio = GymTrio.for_version(
             version,
             tmp / "gym",
             policy_url=policy_model.url,

@@ -11,9 +11,9 @@ import sys
 from tests import conftest
 from tests.harness import gym_targets, ports
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[3]
 # (collection order; the file with the fewest tests first: xdist alone would hand it out last)
-FILES = ["tests/test_harness_ports.py", "tests/test_docs.py", "tests/commands/test_slow.py"]
+FILES = ["tests/harness/tests/test_harness_ports.py", "tests/test_docs.py", "tests/commands/test_slow.py"]
 
 
 def test_a_file_runs_on_one_worker_and_files_go_out_in_collection_order():
@@ -36,7 +36,7 @@ def test_a_file_runs_on_one_worker_and_files_go_out_in_collection_order():
 
 def test_the_files_sharing_the_slurm_cluster_and_the_sshd_share_a_group():
     sharing = ["test_harness_slurm.py", "test_harness_ssh.py", "test_realgym_slurm.py"]
-    assert {conftest.worker_group(REPO / "tests" / name) for name in sharing} == {"slurm"}
+    assert {conftest.worker_group(REPO / "tests" / "harness" / "tests" / name) for name in sharing} == {"slurm"}
     groups = {conftest.worker_group(REPO / path) for path in FILES}
     assert len(groups) == len(FILES) and "slurm" not in groups
 

@@ -37,10 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
 
-try:
-    from harness.collector import Collector, OtlpSink  # tests/ on sys.path (rootdir-less layout)
-except ImportError:  # pragma: no cover - tests/ is a package
-    from tests.harness.collector import Collector, OtlpSink
+from tests.harness.collector import Collector, OtlpSink  # noqa: E402
 
 
 def _emit_trace(exporter, service_name: str, marker: str) -> dict:

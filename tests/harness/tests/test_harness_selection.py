@@ -13,7 +13,7 @@ import textwrap
 
 from tests.harness import gym_targets, selection
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 CONFTEST = """
 import pathlib
