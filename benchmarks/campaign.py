@@ -84,7 +84,7 @@ def build_seed() -> dict:
         return json.loads(marker.read_text())
     if marker.exists():
         log(f"seed: {SEED} was made before segments had facts files: made again")
-    from benchmarks.run import use_bench_venvs
+    from benchmarks.fleet import use_bench_venvs
     from tests.harness import shared_ray
     from tests.harness.gym_install import gym_venv
     from tests.harness.trio import GymTrio, PolicyModel
@@ -402,15 +402,12 @@ def facts_agree(segments: list[pathlib.Path]) -> tuple[dict, dict]:
 
     def rows(read) -> dict:
         merged: dict = {}
-        for segment in segments:
-            for trace_id, part in read(segment).items():
-                if trace_id in merged:
-                    facts.merge(merged[trace_id], part)
-                else:
-                    merged[trace_id] = part
-        return {t: facts.resolve(t, p, ())[: facts.R_FILES] for t, p in merged.items()}
+        for index, segment in enumerate(segments):
+            read(segment, merged, index)
+        return {t: facts.resolve(t, p)[: facts.R_FILES] for t, p in merged.items()}
 
-    return rows(store.segment_partials), rows(lambda segment: facts.partials_of(segment_lines(segment)))
+    from_spans = lambda segment, into, index: facts.partials_of(segment_lines(segment), "", into, index)  # noqa: E731
+    return rows(store.segment_partials), rows(from_spans)
 
 
 # ------------------------------------------------------------------ the reads

@@ -117,14 +117,17 @@ class _Compressor:
             self._queue.task_done()
 
     def drain(self, deadline: float) -> None:
-        """Compress what is still waiting, on this thread, until ``deadline``."""
+        """Compress what is still waiting, on this thread, and let the segment the daemon
+        thread is compressing finish, until ``deadline``."""
         while time.monotonic() < deadline:
             try:
                 path = self._queue.get_nowait()
             except queue.Empty:
-                return
+                break
             compress(path, deadline)
             self._queue.task_done()
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
 
 
 COMPRESSOR = _Compressor()

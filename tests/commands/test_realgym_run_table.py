@@ -24,13 +24,9 @@ pytestmark = pytest.mark.realgym
 def _from_spans_alone(directory) -> dict[str, tuple]:
     """Every trace's row from the spans themselves, the facts files ignored."""
     merged: dict[str, list] = {}
-    for file in span_segments(directory):
-        for trace_id, part in facts.partials_of(segment_lines(file)).items():
-            if trace_id in merged:
-                facts.merge(merged[trace_id], part)
-            else:
-                merged[trace_id] = part
-    return {trace_id: facts.resolve(trace_id, part, ()) for trace_id, part in merged.items()}
+    for index, file in enumerate(span_segments(directory)):
+        facts.partials_of(segment_lines(file), into=merged, index=index)
+    return {trace_id: facts.resolve(trace_id, part) for trace_id, part in merged.items()}
 
 
 def test_the_facts_files_of_real_processes_say_what_their_spans_say(campaign_jobs):

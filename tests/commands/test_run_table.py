@@ -112,7 +112,7 @@ def _writer_run(directory: Path, rollouts: int = 40, batch: int = 7) -> None:
 
 
 def _resolved(partials: dict) -> dict:
-    return {trace_id: facts.resolve(trace_id, part, (0,)) for trace_id, part in partials.items()}
+    return {trace_id: facts.resolve(trace_id, part) for trace_id, part in partials.items()}
 
 
 def test_the_writers_facts_say_what_its_spans_say(tmp_path):
@@ -143,7 +143,7 @@ def test_the_facts_are_read_not_the_spans(tmp_path, monkeypatch):
     _writer_run(tmp_path)
     read = []
     original = facts.partials_of
-    monkeypatch.setattr(facts, "partials_of", lambda lines, source="": read.append(source) or original(lines, source))
+    monkeypatch.setattr(facts, "partials_of", lambda *args: read.append(args[1:2]) or original(*args))
     campaign = store.load([str(tmp_path)])
     assert read == [] and len(campaign.rollouts) == 41
     rewards = sorted(r.reward for r in campaign.rollouts if r.is_rollout)
@@ -264,15 +264,14 @@ def test_a_closed_segments_facts_are_gzipped_with_it_and_still_read(tmp_path, mo
     # read from the facts (gzipped or not) and from the spans: the same rows (a trace cut by a
     # rotation is whole once its segments are merged)
     original, read = facts.partials_of, []
-    monkeypatch.setattr(facts, "partials_of", lambda lines, source="": read.append(source) or original(lines, source))
+    monkeypatch.setattr(facts, "partials_of", lambda *args: read.append(args[1:2]) or original(*args))
     rows = {r.trace_id: r.row[: facts.R_FILES] for r in store.load([str(tmp_path)]).rollouts}
     assert read == []  # every segment's facts taken, none of its spans parsed
     monkeypatch.setattr(facts, "partials_of", original)
     merged: dict = {}
-    for segment in found:
-        for trace_id, part in facts.partials_of(segment_lines(segment)).items():
-            facts.merge(merged[trace_id], part) if trace_id in merged else merged.__setitem__(trace_id, part)
-    assert rows == {t: facts.resolve(t, p, ())[: facts.R_FILES] for t, p in merged.items()} and len(rows) == 401
+    for index, segment in enumerate(found):
+        facts.partials_of(segment_lines(segment), into=merged, index=index)
+    assert rows == {t: facts.resolve(t, p)[: facts.R_FILES] for t, p in merged.items()} and len(rows) == 401
 
 
 def test_a_span_whose_facts_fail_is_kept_and_its_batch_read_from_the_spans(tmp_path, monkeypatch):

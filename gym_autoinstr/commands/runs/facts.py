@@ -20,6 +20,7 @@ Partials are plain lists, tuples, sets and numbers: ``marshal`` stores them (``s
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 
 from gym_autoinstr import attributes as attr
@@ -51,8 +52,9 @@ from gym_autoinstr.fastpath import span_facts
     STAGE,
     ROLLOUT_IDS,
     TAGS,
-) = range(23)
-WIDTH = 23
+    FILES,
+) = range(24)
+WIDTH = 24
 
 # Attributes kept on a top span (a trace's root candidates), to name it as the list does
 # (``model.display_name``) and, for a job's own ``gym.job`` span, its counts.
@@ -101,13 +103,12 @@ JOB_SPAN = "gym.job"
 
 
 def _value(any_value: dict) -> object:
-    for key in ("stringValue", "doubleValue", "boolValue"):
-        if key in any_value:
-            return any_value[key]
-    if "intValue" in any_value:
-        return int(any_value["intValue"])
-    if "arrayValue" in any_value:
-        return tuple(_value(v) for v in any_value["arrayValue"].get("values", ()))
+    for kind, value in any_value.items():  # (one)
+        if kind == "intValue":
+            return int(value)
+        if kind == "arrayValue":
+            return tuple(_value(v) for v in value.get("values", ()))
+        return value if kind in ("stringValue", "doubleValue", "boolValue") else None
     return None
 
 
@@ -122,8 +123,9 @@ def _better(current, candidate) -> bool:
     return current is None or candidate < current
 
 
-def _new(start: int, end: int) -> list:
+def _new(start: int, end: int, index: int) -> list:
     partial: list = [None] * WIDTH
+    partial[FILES] = [index]
     partial[START], partial[END], partial[COUNT], partial[ERRORS] = start, end, 0, 0
     partial[SERVICES], partial[MODEL], partial[TOOLS], partial[VERIFY] = set(), 0.0, 0.0, 0.0
     partial[TOPS], partial[ROLLOUT_IDS], partial[TAGS] = [], set(), set()
@@ -147,8 +149,9 @@ def _resource(attributes: dict) -> tuple[str, object, list[str]]:
     return str(attributes.get(attr.SERVICE_NAME, "?")), attributes.get(attr.SERVER_TYPE), tags
 
 
-def add_request(partials: dict[str, list], request: dict) -> None:
-    """Every span of one OTLP-JSON ``ExportTraceServiceRequest`` into ``partials`` (by trace id)."""
+def add_request(partials: dict[str, list], request: dict, index: int = 0) -> None:
+    """Every span of one OTLP-JSON ``ExportTraceServiceRequest`` into ``partials`` (by trace
+    id), read from the file numbered ``index``."""
     for resource_spans in request.get("resourceSpans", ()):
         resource = {}
         for kv in resource_spans.get("resource", {}).get("attributes", ()):
@@ -185,17 +188,29 @@ def add_request(partials: dict[str, list], request: dict) -> None:
                     service,
                     span_facts.seam(kind, server_type, str(found.get(attr.HTTP_ROUTE) or name.partition(" ")[2])),
                     tags,
+                    index,
                 )
 
 
-def add_facts_line(partials: dict[str, list], record: dict) -> None:
-    """One line of a segment's facts file (``fastpath/span_facts.py``) into ``partials``."""
+def add_facts_line(partials: dict[str, list], record: dict, index: int = 0) -> None:
+    """One line of a segment's facts file (``fastpath/span_facts.py``), the file numbered
+    ``index``, into ``partials``."""
     for group in record.get("groups", ()):
         service, _server_type, tags = _resource(group.get("resource") or {})
         for trace_id, start, end, flags, seam, name, span_id, kept, links in group.get("spans", ()):
             partial = partials.get(trace_id)
-            if partial is not None and not (kept or name or links or flags & 1) and service in partial[SERVICES]:
-                # the usual span: no outcome, no name to rank, not a root: its times and seam alone
+            if (
+                partial is not None
+                and not (flags & 3 or links)
+                and (not name or (name not in span_facts.NAMED and start >= partial[EARLIEST][0]))
+                and (not kept or _tags_only(kept, partial[TAGS]))
+            ):
+                # the usual span: no outcome, not a root, not the earliest: its times, seam and tags alone
+                if service not in partial[SERVICES]:
+                    partial[SERVICES].add(service)
+                    partial[TAGS].update(tags)
+                if partial[FILES][-1] != index:
+                    partial[FILES].append(index)
                 if start < partial[START]:
                     partial[START] = start
                 if end > partial[END]:
@@ -219,7 +234,26 @@ def add_facts_line(partials: dict[str, list], record: dict) -> None:
                 service,
                 seam,
                 tags,
+                index,
             )
+
+
+# Kept attributes that say nothing of a trace's outcome: a span with only these is tagged, no more
+_PLAIN_TAGS = TAG_KEYS - {attr.ROLLOUT_ID, attr.ERROR_TYPE, attr.FAILURE_STAGE}
+
+
+def _tags_only(kept: list[dict], tags: set) -> bool:
+    """Whether ``kept`` holds plain tags alone; if so, they are added to ``tags``."""
+    for kv in kept:
+        if kv.get("key") not in _PLAIN_TAGS:
+            return False
+    for kv in kept:
+        for kind, value in (kv.get("value") or {}).items():  # (one: its text is the tag's, as ``tag`` writes it)
+            if kind in ("stringValue", "intValue", "doubleValue"):
+                tags.add(f"{kv['key']}={value}")
+            else:
+                tags.add(tag(kv["key"], _value(kv["value"])))
+    return True
 
 
 def _add(
@@ -237,15 +271,18 @@ def _add(
     service: str,
     seam: int,
     resource_tags: list,
+    index: int,
 ) -> None:
     partial = partials.get(trace_id)
     if partial is None:
-        partial = partials[trace_id] = _new(start, end)
+        partial = partials[trace_id] = _new(start, end, index)
     else:
         if start < partial[START]:
             partial[START] = start
         if end > partial[END]:
             partial[END] = end
+        if partial[FILES][-1] != index:
+            partial[FILES].append(index)
     partial[COUNT] += 1
     if error:
         partial[ERRORS] += 1
@@ -319,17 +356,19 @@ def merge(into: list, other: list) -> None:
     for field in (CALL_TOKENS, SEAM_TOKENS, ANY_TOKENS):
         into[field] = [a + b for a, b in zip(into[field], other[field])]
     into[ROLLOUT_IDS] = set(into[ROLLOUT_IDS]) | set(other[ROLLOUT_IDS])
+    into[FILES] = list(dict.fromkeys(list(into[FILES]) + list(other[FILES])))
     into[TAGS] = set(into[TAGS]) | set(other[TAGS])
 
 
-def partials_of(lines: Iterable[str], source: str = "") -> dict[str, list]:
-    """The partials of one file's lines (OTLP-JSON requests, one per line); a line that is
-    not JSON (a write cut short) is skipped, as ``setup.files`` skips it."""
+def partials_of(lines: Iterable[str], source: str = "", into: dict | None = None, index: int = 0) -> dict[str, list]:
+    """The partials of one file's lines (OTLP-JSON requests, one per line), added ``into``
+    those of other files when given; a line that is not JSON (a write cut short) is skipped,
+    as ``setup.files`` skips it."""
     from gym_autoinstr.setup.files import json_lines
 
-    partials: dict[str, list] = {}
+    partials: dict[str, list] = {} if into is None else into
     for request in json_lines(lines, source):
-        add_request(partials, request)
+        add_request(partials, request, index)
     return partials
 
 
@@ -378,7 +417,7 @@ def _tokens(partial: list) -> tuple[int, int] | None:
     return None
 
 
-def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
+def resolve(trace_id: str, partial: list) -> tuple:
     """A trace's merged partial as its row (``R_*`` fields)."""
     # a span read twice (a run copied beside itself) is one top span
     unique = {entry[1]: entry for entry in partial[TOPS]}.values()
@@ -409,8 +448,8 @@ def resolve(trace_id: str, partial: list, files: tuple[int, ...]) -> tuple:
         _tokens(partial),
         _same(tuple(failure)),
         tuple(sorted(partial[ROLLOUT_IDS])),
-        _same(tuple(_same(t) for t in sorted(partial[TAGS]))),
-        files,
+        _same(tuple(map(sys.intern, sorted(partial[TAGS])))),
+        tuple(partial[FILES]),
         STARTUP
         if any(e[2].startswith(STARTUP_SPANS) for e in tops)
         else JOB

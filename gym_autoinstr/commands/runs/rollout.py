@@ -33,7 +33,7 @@ def _span(trace_id: str, entry: tuple) -> dict:
 
 class Rollout:
     """One trace's row, from the run ``run`` (a run directory's name in a campaign), read
-    from ``source`` (``store.Source``: where its files are; None for standard input)."""
+    from ``source`` (``store.Run``: where its files are; None for standard input)."""
 
     __slots__ = ("row", "run", "source", "linked_job")
 

@@ -1,20 +1,21 @@
-"""Runs read into the table, each file once: what a file says per trace (``facts``) is kept
-in a cache beside the user's other caches, and so is each run's merged table, so a later
-command reads a run's table alone (and a live run the files that changed since).
+"""Runs read into the table, each file once, each run's rows kept in a cache beside the
+user's other caches, so a later command reads the runs' tables alone (and a live run the
+files that changed since).
 
 A run is a directory holding span files (a run directory of the embedded default, a
 Collector's file exporter's directory, a Slurm job's trace directory); a path given may
 be one, a folder of them (a campaign), or one file.  The files of every path given are
-read as one set: a trace whose processes wrote in two of them is one trace.  A trace's
-row says which of the files hold its spans, so drawing it reads those alone.
+read as one set: a trace whose processes wrote in two runs is one trace.  A trace's row
+says which of its run's files hold its spans, so drawing it reads those alone.
 
 The cache: ``$GYM_AUTOINSTR_CACHE_DIR/runs/``, else ``$XDG_CACHE_HOME/gym-autoinstr/runs/``
-(else ``~/.cache/...``): ``files/``
-(a file's partials, by the file's path) and ``tables/`` (a path given: every file's size
-and modification time, and the rows), written with ``marshal``; a file whose size or
-time changed is read again, and a table whose files changed is merged again from the
-files' partials.  A cache that cannot be written (a read-only home) is not
-kept: every command then reads every file."""
+(else ``~/.cache/...``), written with ``marshal``: ``tables/`` (a run's files' sizes and
+modification times, and its rows; beside them its trace ids, what ``--trace`` looks in
+first; a set of paths whose runs share traces: their merged rows) and, for a run still
+being written (a segment not yet gzipped), ``files/`` (each file's partials).  A table
+whose files changed is read again, from the partials of the files that did not.  A
+cache that cannot be written (a read-only home) is not kept: every command then reads
+every file."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from gym_autoinstr.commands.runs.rollout import Rollout, link_jobs
 from gym_autoinstr.setup.segments import FACTS_SUFFIX, GZ
 
 FORMAT = 3  # bumped whenever what a row holds changes: older tables are merged again
-PARTIAL_FORMAT = 1  # bumped whenever what a partial holds changes: older files' caches are read again
+PARTIAL_FORMAT = 2  # bumped whenever what a partial holds changes: older files' caches are read again
 PARALLEL_BYTES = 8 << 20  # below this much unread, one process reads it all (workers cost more)
 
 
@@ -52,12 +53,29 @@ def cache_root() -> Path:
 
 
 @dataclass
+class Run:
+    """One run's span files (a directory's; a file given is a run of its own): what its rows'
+    ``R_FILES`` number, and its table in the cache is kept by (``key``)."""
+
+    label: str  # its name: its directory below the path given
+    key: str  # its directory (the file given), resolved
+    files: list[Path]
+
+
+@dataclass
 class Source:
     """The paths given: run directories, folders of them (campaigns), files."""
 
-    key: str  # the paths given, resolved: what the table is cached by
+    key: str  # the paths given, resolved: what a table of theirs is cached by
     files: list[Path]  # their span files, each process's in order
     labels: list[str]  # for each file, the run it belongs to (its directory, below ``path``)
+    run_keys: list[str] = field(default_factory=list)  # for each file, its run's ``key``
+
+    def runs(self) -> list[Run]:
+        runs: dict[str, Run] = {}
+        for file, label, key in zip(self.files, self.labels, self.run_keys):
+            runs.setdefault(key, Run(label, key, [])).files.append(file)
+        return list(runs.values())
 
 
 @dataclass
@@ -111,14 +129,14 @@ def _load(path: Path) -> object:
         return None
 
 
-def _save(path: Path, value: object) -> None:
+def _save(path: Path, data: bytes) -> None:
     """Written whole or not at all (a reader never sees half a file); never raises."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_bytes(marshal.dumps(value))
+        partial.write_bytes(data)
         os.replace(partial, path)
-    except (OSError, ValueError):
+    except OSError:
         pass
 
 
@@ -160,10 +178,11 @@ def _facts_records(path: Path) -> list[dict]:
     return records
 
 
-def segment_partials(path: Path) -> dict[str, list]:
-    """A span file's partials: from its facts file where that covers the segment from its
-    first byte (the spans past it, of a segment still being written or of a process killed
-    between two writes, read themselves); else from its spans."""
+def segment_partials(path: Path, into: dict | None = None, index: int = 0) -> dict[str, list]:
+    """A span file's partials (added ``into`` other files' when given, this one numbered
+    ``index``): from its facts file where that covers the segment from its first byte (the
+    spans past it, of a segment still being written or of a process killed between two
+    writes, read themselves); else from its spans."""
     from gym_autoinstr.setup.files import segment_lines
 
     covered, records = 0, []
@@ -174,51 +193,83 @@ def segment_partials(path: Path) -> dict[str, list]:
         records.append(record)
     size = _plain_size(path)
     usable = records and size is not None and (covered == size or (covered < size and not path.name.endswith(GZ)))
+    partials: dict[str, list] = {} if into is None else into
     if not usable:
-        return facts.partials_of(segment_lines(path), str(path))
-    partials: dict[str, list] = {}
+        return facts.partials_of(segment_lines(path), str(path), partials, index)
     for record in records:
-        facts.add_facts_line(partials, record)
+        facts.add_facts_line(partials, record, index)
     if covered < size:
-        for trace_id, part in facts.partials_of(segment_lines(path, skip=covered), str(path)).items():
-            if trace_id in partials:
-                facts.merge(partials[trace_id], part)
-            else:
-                partials[trace_id] = part
+        facts.partials_of(segment_lines(path, skip=covered), str(path), partials, index)
     return partials
 
 
-def read_file(path: str, cache: str) -> dict[str, list]:
-    """One file's partials, read and kept in ``cache`` (a worker's task: module level)."""
+def read_file(path: str, cache: str | None) -> bytes:
+    """One file's partials, marshalled (kept in ``cache`` when one is given): a worker's task."""
     stamp = _stamp(Path(path))
     partials = segment_partials(Path(path))
-    _save(Path(cache), (PARTIAL_FORMAT, stamp, partials))
-    return partials
-
-
-def _read_file_marshalled(path: str, cache: str) -> bytes:
-    return marshal.dumps(read_file(path, cache))
+    data = marshal.dumps(partials)
+    if cache:
+        _save(Path(cache), b"%d\n%d %d\n" % (PARTIAL_FORMAT, *stamp) + data)
+    return data
 
 
 def _cached_partials(file: Path, cache: Path) -> dict[str, list] | None:
-    found = _load(cache)
-    if isinstance(found, tuple) and len(found) == 3 and found[0] == PARTIAL_FORMAT and tuple(found[1]) == _stamp(file):
+    try:
+        data = cache.read_bytes()
+        form, stamp, body = data.split(b"\n", 2)
+        if int(form) == PARTIAL_FORMAT and tuple(map(int, stamp.split())) == _stamp(file):
+            return marshal.loads(body)
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    return None
+
+
+def _file_partials(path: str, cache: str, keep: bool) -> dict[str, list]:
+    found = _cached_partials(Path(path), Path(cache))
+    return found if found is not None else marshal.loads(read_file(path, cache if keep else None))
+
+
+def read_run(files: list[str], caches: list[str], keep: bool, table: str, stamps: list) -> bytes:
+    """One run's rows, its files read (or their kept partials) and merged, written to its
+    table in the cache; marshalled (a worker's task).  Without ``keep`` (a finished run),
+    every file is read into one set of partials, a trace's once."""
+    if keep:
+        rows = _merge((i, _file_partials(f, c, keep)) for i, (f, c) in enumerate(zip(files, caches)))
+    else:
+        partials: dict[str, list] = {}
+        for i, (file, cache) in enumerate(zip(files, caches)):
+            found = _cached_partials(Path(file), Path(cache))
+            if found is None:
+                segment_partials(Path(file), partials, i)
+            else:
+                _merge_into(partials, i, found)
+        rows = [facts.resolve(trace_id, partial) for trace_id, partial in partials.items()]
+    return _save_table(Path(table), stamps, rows)
+
+
+def _save_table(path: Path, stamps: list, rows: list[tuple]) -> bytes:
+    """A run's rows (by start) and, beside them, its trace ids (what ``--trace`` looks for first)."""
+    rows.sort(key=lambda row: row[facts.R_START])
+    data = marshal.dumps((FORMAT, stamps, rows))
+    _save(path, data)
+    _save(path.with_suffix(".ids"), marshal.dumps((FORMAT, stamps, "\n" + "\n".join(r[facts.R_TRACE] for r in rows))))
+    return data
+
+
+def _valid(found: object, stamps: list) -> object:
+    if isinstance(found, tuple) and len(found) == 3 and found[0] == FORMAT and found[1] == stamps:
         return found[2]
     return None
 
 
 class _Pool:
-    """Worker processes for the files no cache holds, started on first need (2 cores:
-    reading a large campaign the first time is JSON parsing, bound by the CPU)."""
+    """Worker processes for the runs (or a run's files) no cache holds, started on first need
+    (2 cores: reading a large campaign the first time is JSON parsing, bound by the CPU)."""
 
     def __init__(self) -> None:
         self.executor = None
 
-    def map(self, jobs: list[tuple[str, str]]) -> list[dict[str, list]]:
-        size = sum(_stamp(Path(path))[0] for path, _cache in jobs)
-        workers = min(os.cpu_count() or 1, len(jobs))
-        if workers < 2 or size < PARALLEL_BYTES:
-            return [read_file(path, cache) for path, cache in jobs]
+    def _executor(self, jobs: int):
         if self.executor is None:
             import concurrent.futures
             import multiprocessing
@@ -228,77 +279,146 @@ class _Pool:
             # this process has no other thread to copy half-way (else a fresh interpreter)
             single = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
             context = multiprocessing.get_context("fork" if single else "spawn")
+            workers = min(os.cpu_count() or 1, jobs)
             self.executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
-        # the largest first: the last file read is a small one
-        order = sorted(range(len(jobs)), key=lambda i: -_stamp(Path(jobs[i][0]))[0])
-        futures = {i: self.executor.submit(_read_file_marshalled, *jobs[i]) for i in order}
-        return [marshal.loads(futures[i].result()) for i in range(len(jobs))]
+        return self.executor
+
+    def map(self, task, jobs: list[tuple], sizes: list[int]) -> list[bytes]:
+        """``task(*job)`` of each job, in worker processes when there is enough to read."""
+        if min(os.cpu_count() or 1, len(jobs)) < 2 or sum(sizes) < PARALLEL_BYTES:
+            return [task(*job) for job in jobs]
+        executor = self._executor(len(jobs))
+        # the largest first: the last one read is a small one
+        futures = {i: executor.submit(task, *jobs[i]) for i in sorted(range(len(jobs)), key=lambda i: -sizes[i])}
+        return [futures[i].result() for i in range(len(jobs))]
 
     def close(self) -> None:
         if self.executor is not None:
             self.executor.shutdown()
 
 
+def _merge_into(merged: dict[str, list], index: int, partials: dict[str, list], only: set[str] | None = None) -> None:
+    """One file's partials (the file numbered ``index``) into ``merged``; ``only``: those traces."""
+    for trace_id, part in partials.items():
+        if only is not None and trace_id not in only:
+            continue
+        part[facts.FILES] = [index]
+        into = merged.get(trace_id)
+        if into is None:
+            merged[trace_id] = part
+        else:
+            facts.merge(into, part)
+
+
 def _merge(parts: Iterable[tuple[int, dict[str, list]]], only: set[str] | None = None) -> list[tuple]:
     """Files' partials (with each file's index) merged by trace, as rows; ``only``: those traces."""
     merged: dict[str, list] = {}
-    files: dict[str, list[int]] = {}
-    for index, partial in parts:
-        for trace_id, part in partial.items():
-            if only is not None and trace_id not in only:
-                continue
-            into = merged.get(trace_id)
-            if into is None:
-                merged[trace_id] = part
-                files[trace_id] = [index]
-            else:
-                facts.merge(into, part)
-                files[trace_id].append(index)
-    return [facts.resolve(trace_id, part, tuple(files[trace_id])) for trace_id, part in merged.items()]
+    for index, partials in parts:
+        _merge_into(merged, index, partials, only)
+    return [facts.resolve(trace_id, part) for trace_id, part in merged.items()]
 
 
-def _read_source(source: Source, pool: _Pool) -> list[tuple]:
-    """The rows of the paths given: their table from the cache when no file changed, else
-    their files' partials (each file's cached, or read) merged by trace, a run at a time
-    (a campaign's partials are never all in memory at once); a trace whose files are in
-    two runs (a submission's and its Slurm job's) is merged again from those files."""
+def _read_runs(runs: list[Run], pool: _Pool) -> list[list[tuple]]:
+    """The rows of runs no table holds: several at once a run to a worker, one large run a
+    file to a worker (merged here)."""
     root = cache_root()
-    table_path = root / "tables" / (_key(source.key) + ".m")
+    caches = [[str(root / "files" / (_key(file) + ".m")) for file in run.files] for run in runs]
+    # a run still being written keeps its files' partials (a later read reads only the files
+    # that changed); a finished run (every segment gzipped) keeps its table alone
+    keep = [any(not file.name.endswith(GZ) for file in run.files) for run in runs]
+    sizes = [sum(_stamp(file)[0] for file in run.files) for run in runs]
+    if len(runs) > 1:
+        jobs = [
+            ([str(f) for f in run.files], caches[i], keep[i], str(_table_path(run)), _run_stamps(run))
+            for i, run in enumerate(runs)
+        ]
+        return [_valid(marshal.loads(data), jobs[i][4]) for i, data in enumerate(pool.map(read_run, jobs, sizes))]
+    out = []
+    for i, run in enumerate(runs):
+        found = [_cached_partials(file, Path(cache)) for file, cache in zip(run.files, caches[i])]
+        missing = [j for j, partial in enumerate(found) if partial is None]
+        jobs = [(str(run.files[j]), caches[i][j] if keep[i] else None) for j in missing]
+        for j, data in zip(missing, pool.map(read_file, jobs, [_stamp(run.files[j])[0] for j in missing])):
+            found[j] = marshal.loads(data)
+        rows = _merge(enumerate(found))
+        _save_table(_table_path(run), _run_stamps(run), rows)
+        out.append(rows)
+    return out
+
+
+def _table_path(run: Run) -> Path:
+    return cache_root() / "tables" / (_key("run\n" + run.key) + ".m")
+
+
+def _run_stamps(run: Run) -> list:
+    return [(str(file), *_stamp(file)) for file in run.files]
+
+
+def _source_rollouts(source: Source, pool: _Pool, trace: str | None) -> list[Rollout]:
+    """The rollouts of the paths given: each run's from its table (``trace``: only the runs
+    whose trace ids hold that prefix), the runs no table holds read; a trace whose files are
+    in two runs (a submission's and its Slurm job's) is merged again from those files, and
+    the whole kept as the paths' own table."""
+    joined_path = cache_root() / "tables" / (_key(source.key) + ".m")
     stamps = [(str(file), *_stamp(file)) for file in source.files]
-    table = _load(table_path)
-    if isinstance(table, tuple) and len(table) == 3 and table[0] == FORMAT and table[1] == stamps:
-        return table[2]
-    caches = [root / "files" / (_key(file) + ".m") for file in source.files]
-
-    def partials(indexes: list[int]) -> list[tuple[int, dict[str, list]]]:
-        found = {i: _cached_partials(source.files[i], caches[i]) for i in indexes}
-        missing = [i for i in indexes if found[i] is None]
-        for i, read in zip(missing, pool.map([(str(source.files[i]), str(caches[i])) for i in missing])):
-            found[i] = read
-        return [(i, found[i] or {}) for i in indexes]
-
-    by_run: dict[str, list[int]] = {}
-    for index, label in enumerate(source.labels):
-        by_run.setdefault(label, []).append(index)
-    rows: list[tuple] = []
-    seen: dict[str, int] = {}  # trace id -> its row
-    again: set[str] = set()
-    for indexes in by_run.values():
-        for row in _merge(partials(indexes)):
-            trace_id = row[facts.R_TRACE]
-            if trace_id in seen:
-                again.add(trace_id)
+    joined = _valid(_load(joined_path), stamps)
+    whole = Run("", "", source.files)
+    if joined is not None:
+        return [Rollout(row, source.labels[row[facts.R_FILES][0]], whole) for row in joined]
+    runs, tables, unread = source.runs(), {}, []
+    for run in runs:
+        run_stamps = _run_stamps(run)
+        if trace is not None:
+            ids = _valid(_load(_table_path(run).with_suffix(".ids")), run_stamps)
+            if ids is not None and "\n" + trace not in ids:
+                continue
+        rows = _valid(_load(_table_path(run)), run_stamps)
+        if rows is None:
+            unread.append(run)
+        else:
+            tables[run.key] = rows
+    for run, rows in zip(unread, _read_runs(unread, pool) if unread else ()):
+        tables[run.key] = rows or []
+    rollouts: list[Rollout] = []
+    seen: set[str] = set()
+    twice: list[Rollout] = []  # a trace's row in a second run
+    for run in runs:
+        for row in tables.get(run.key, ()):
+            rollout = Rollout(row, run.label, run)
+            if row[facts.R_TRACE] in seen:
+                twice.append(rollout)
             else:
-                seen[trace_id] = len(rows)
-                rows.append(row)
-    if again:  # rare: read those traces' files again, all of them together
-        holding = sorted({i for row in rows if row[facts.R_TRACE] in again for i in row[facts.R_FILES]})
-        others = sorted(set(range(len(source.files))) - set(holding))
-        for row in _merge(partials(holding + others), only=again):
-            rows[seen[row[facts.R_TRACE]]] = row
-    rows.sort(key=lambda row: row[facts.R_START])
-    _save(table_path, (FORMAT, stamps, rows))
-    return rows
+                seen.add(row[facts.R_TRACE])
+                rollouts.append(rollout)
+    if len(runs) > 1:
+        rollouts.sort(key=lambda rollout: rollout.row[facts.R_START])
+    if twice:
+        rollouts = _joined(source, rollouts, twice, whole)
+        if trace is None:
+            _save(joined_path, marshal.dumps((FORMAT, stamps, [r.row for r in rollouts])))
+    return rollouts
+
+
+def _joined(source: Source, rollouts: list[Rollout], twice: list[Rollout], whole: Run) -> list[Rollout]:
+    """Every row with its files numbered as the paths' files, the traces found in two runs
+    merged again from their files (rare: those files read again, together)."""
+    index = {file: i for i, file in enumerate(source.files)}
+    again = {rollout.trace_id for rollout in twice}
+    rows, holding = {}, set()
+    for rollout in rollouts + twice:
+        numbers = tuple(index[rollout.source.files[i]] for i in rollout.files)
+        rows[rollout.trace_id] = rollout.row[: facts.R_FILES] + (numbers,) + rollout.row[facts.R_FILES + 1 :]
+        if rollout.trace_id in again:
+            holding.update(numbers)
+    root = cache_root()
+    parts = (
+        (i, _file_partials(str(source.files[i]), str(root / "files" / (_key(source.files[i]) + ".m")), False))
+        for i in sorted(holding)
+    )
+    for row in _merge(parts, only=again):
+        rows[row[facts.R_TRACE]] = row
+    joined = sorted(rows.values(), key=lambda row: row[facts.R_START])
+    return [Rollout(row, source.labels[row[facts.R_FILES][0]], whole) for row in joined]
 
 
 def find_files(paths: Sequence[str]) -> Source:
@@ -306,24 +426,26 @@ def find_files(paths: Sequence[str]) -> Source:
     and the run each belongs to: the directory holding it, named below the path given."""
     from gym_autoinstr.setup.files import span_segments
 
-    files: list[Path] = []
-    labels: list[str] = []
+    source = Source("\n".join(sorted(str(Path(p).resolve()) for p in paths)), [], [], [])
     seen: set[Path] = set()
     for given in paths:
         path = Path(given)
         for file in [path] if path.is_file() else span_segments(path):
-            if file.resolve() in seen:  # a directory and a file in it: the file once
+            resolved = file.resolve()
+            if resolved in seen:  # a directory and a file in it: the file once
                 continue
-            seen.add(file.resolve())
+            seen.add(resolved)
             below = file.parent.relative_to(path) if file != path else Path(".")
-            files.append(file)
-            labels.append(str(path) if str(below) == "." else str(below))
-    key = "\n".join(sorted(str(Path(p).resolve()) for p in paths))
-    return Source(key, files, labels)
+            source.files.append(file)
+            source.labels.append(str(path) if str(below) == "." else str(below))
+            source.run_keys.append(str(resolved if file == path else resolved.parent))
+    return source
 
 
-def load(paths: Sequence[str]) -> Campaign:
-    """Every trace under ``paths`` (``-``: standard input, read whole and not kept)."""
+def load(paths: Sequence[str], trace: str | None = None) -> Campaign:
+    """Every trace under ``paths`` (``-``: standard input, read whole and not kept); with
+    ``trace`` (an id or its start), the runs holding such a trace alone (every run when none
+    does: what was read is then told as usual)."""
     import gc
 
     wanted = [p for p in paths if str(p) != "-"]
@@ -335,8 +457,8 @@ def load(paths: Sequence[str]) -> Campaign:
     gc.disable()  # a million rows, no cycles among them: the collector would walk them again and again
     try:
         for source in sources:
-            labels = source.labels
-            rollouts.extend(Rollout(row, labels[row[facts.R_FILES][0]], source) for row in _read_source(source, pool))
+            found = _source_rollouts(source, pool, trace.lower()) if trace else []
+            rollouts.extend(found or _source_rollouts(source, pool, None))
         if len(wanted) < len(paths):
             rollouts.extend(_stdin(stdin_spans))
     finally:
@@ -357,4 +479,7 @@ def _stdin(spans: list[dict]) -> list[Rollout]:
     for request in json_lines(iter(sys.stdin), "stdin"):
         facts.add_request(partials, request)
         spans.extend(spans_from_request(request))
-    return [Rollout(facts.resolve(t, p, ()), "-", None) for t, p in partials.items()]
+    return [
+        Rollout(facts.resolve(t, p)[: facts.R_FILES] + ((),) + facts.resolve(t, p)[facts.R_FILES + 1 :], "-", None)
+        for t, p in partials.items()
+    ]

@@ -332,7 +332,7 @@ def main(
             print(f"gym-autoinstr view: {path}: no such file or directory", file=sys.stderr)
             return 2
     paths = with_submitted_jobs(paths)  # a Slurm submission's directory: its jobs' files too
-    campaign = store.load(paths)
+    campaign = store.load(paths, trace=trace_id)  # --trace: the runs holding it alone
     everything: Sequence = campaign.rollouts
     if any(key not in TAG_KEYS for key, _value in attribute_filters):
         everything = _with_spans(campaign, everything)  # an attribute the table does not keep: every span
