@@ -31,6 +31,7 @@ Inside the Gym venv, one count: ``python -m benchmarks.instructions SITE VARIANT
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
@@ -251,6 +252,33 @@ def report(results: dict, what: str = "instructions") -> str:
     return "\n".join(lines)
 
 
+def parser() -> argparse.ArgumentParser:
+    """``./run-benchmarks --instructions``'s options (``benchmarks/options.py`` prints them)."""
+    ap = argparse.ArgumentParser(prog="run-benchmarks --instructions", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: " + ",".join(DEFAULT_SITES) + ")"
+    )
+    ap.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)",
+    )
+    ap.add_argument(
+        "--calls", type=int, help=f"calls counted per site and variant (default {CALLS}; {OBJECT_CALLS} with --objects)"
+    )
+    ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
+    ap.add_argument(
+        "--objects",
+        action="store_true",
+        help="count GC-tracked objects alive when the app sends its response start (or, for "
+        f"{', '.join(OBJECT_SITES_IN_CALL)}, inside the wrapped call), instead of instructions "
+        f"(no valgrind; sites {', '.join(OBJECT_SITES)})",
+    )
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 3 and not argv[0].startswith("-"):
@@ -259,15 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) == 4 and argv[0] == "--alive":
         _objects(argv[1], argv[2], int(argv[3]))
         return 0
-    from benchmarks.options import instructions_parser  # (the counting child, run as a script, never needs it)
-
-    ap = instructions_parser()
+    ap = parser()
     a = ap.parse_args(argv)
     for code in a.code:
         if not (pathlib.Path(code) / "gym_autoinstr" / "__init__.py").is_file():
             ap.error(f"--code {code}: no gym_autoinstr package in that directory")
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-    from benchmarks.run import GYM_VERSION, gym_venv, use_bench_venvs
+    from benchmarks.fleet import GYM_VERSION, use_bench_venvs
+    from tests.harness.gym_install import gym_venv
 
     use_bench_venvs()
     venv = gym_venv(GYM_VERSION)

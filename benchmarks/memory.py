@@ -20,32 +20,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import pathlib
-import shutil
 import sys
 import tempfile
 import threading
 import time
 
+from benchmarks import fleet
 from benchmarks.load import LoadResult, run_load
 from benchmarks.options import memory_parser
-from benchmarks.run import (
-    GENERIC_STACK,
-    GYM_VERSION,
-    finish,
-    log,
-    machine,
-    make_variants,
-    printed_saved_report,
-    rewarded,
-    rollout_body,
-    start_trios,
-    stop_trios,
-    use_bench_venvs,
-)
+from benchmarks.report import finish, printed_saved_report
 from benchmarks.rundir import disk_report, spans_with_tags
-from benchmarks.sink import CountingSink
-from tests.harness.collector import Collector
-from tests.harness.gym_install import gym_venv
 from tests.harness.trio import AGENT, MODEL, RESOURCES, PolicyModel
 
 PHASE_MEMORY = 5  # the trace-id tag's phase byte of this mode's rollouts
@@ -219,7 +203,7 @@ def load_and_sample(variants: list, body: bytes, seconds: float, interval: float
     loads."""
     plan = {v.key: trio_roles(v.trio) for v in variants}
     for v in variants:
-        log(f"{v.label}: " + "; ".join(f"{role} pids {pids}" for role, pids in plan[v.key].items()))
+        fleet.log(f"{v.label}: " + "; ".join(f"{role} pids {pids}" for role, pids in plan[v.key].items()))
     loads = {v.key: LoadResult(n=0, seconds=0.0) for v in variants}
     policy_pid = policy.proc.pid if policy.proc is not None else None
     samples: list[dict] = []
@@ -231,7 +215,7 @@ def load_and_sample(variants: list, body: bytes, seconds: float, interval: float
             samples.append(take_sample(time.monotonic() - t0, plan, policy_pid, loads))
             last = samples[-1]
             if len(samples) % max(1, int(60 / interval)) == 0:
-                log(
+                fleet.log(
                     f"t={last['t']:.0f}s fleet RSS MB "
                     + ", ".join(f"{k}={sum(r.values()) / MB:.1f}" for k, r in last["rss_kb"].items())
                     + "; rollouts "
@@ -251,7 +235,7 @@ def load_and_sample(variants: list, body: bytes, seconds: float, interval: float
                     10**9,
                     concurrency,
                     tag=v.tag(PHASE_MEMORY),
-                    check=rewarded,
+                    check=fleet.rewarded,
                     duration=seconds,
                     result=loads[v.key],
                 )
@@ -277,40 +261,35 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k.strip() for k in a.variants.split(",") if k.strip()]
     t_start = time.monotonic()
 
-    use_bench_venvs()
-    venvs = {"bare": gym_venv(GYM_VERSION, with_project=False), "ours": gym_venv(GYM_VERSION)}
-    if "generic" in keys:
-        venvs["generic"] = gym_venv(GYM_VERSION, with_project=False, extra=GENERIC_STACK)
+    venvs = fleet.bench_venvs(keys)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="gym-memory-"))
-    sink = CountingSink()
-    collector = Collector(log_dir=scratch / "collector", sink=sink, batch_timeout="200ms")
-    otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    variants = make_variants(keys, venvs, otlp)
+    sink, collector, otlp = fleet.start_collector(scratch)
+    variants = fleet.make_variants(keys, venvs, otlp)
     results: dict = {
         "mode": "memory",
-        "gym": GYM_VERSION,
+        "gym": fleet.GYM_VERSION,
         "seconds": seconds,
         "interval": interval,
         "concurrency": a.concurrency,
         "warmup": a.warmup,
-        "machine": machine(),
+        "machine": fleet.machine(),
     }
     policy = PolicyModel().start()
     try:
-        start_trios(variants, scratch, policy.url, a.parallel_starts)
-        body = rollout_body(variants[0].trio)
-        log(f"warm-up: {a.warmup:g} s per trio at concurrency {a.concurrency}")
+        fleet.start_trios(variants, scratch, policy.url, a.parallel_starts)
+        body = fleet.rollout_body(variants[0].trio)
+        fleet.log(f"warm-up: {a.warmup:g} s per trio at concurrency {a.concurrency}")
         for v in variants:
-            v.served += run_load(v.trio.run_url, body, 10**9, a.concurrency, check=rewarded, duration=a.warmup).n
-        log(f"load: every trio at once for {seconds:g} s; RSS every {interval:g} s")
+            v.served += run_load(v.trio.run_url, body, 10**9, a.concurrency, check=fleet.rewarded, duration=a.warmup).n
+        fleet.log(f"load: every trio at once for {seconds:g} s; RSS every {interval:g} s")
         got = load_and_sample(variants, body, seconds, interval, a.concurrency, policy)
         time.sleep(max(v.flush_s for v in variants) + 2.0)  # the tail's spans to the sink
-        stop_trios(variants)  # a run directory is read once its trio's processes exited
+        fleet.stop_trios(variants)  # a run directory is read once its trio's processes exited
         rows = []
         for v in variants:
             load = got["loads"][v.key]
             if load.errors:
-                log(f"{v.label}: {load.errors}/{load.n} rollouts failed: {load.first_error}")
+                fleet.log(f"{v.label}: {load.errors}/{load.n} rollouts failed: {load.first_error}")
             tag = v.tag(PHASE_MEMORY)
             spans = spans_with_tags(v.disk, [tag]) if v.files else sink.count(tag)
             rows.append(
@@ -327,11 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         results["variants"] = rows
         results["samples"] = got["samples"]
     finally:
-        stop_trios(variants)
-        policy.stop()
-        collector.stop()
-        sink.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        fleet.tear_down(variants, policy, collector, sink, scratch)
     finish(results, t_start, memory_report, a.json)
     return 0
 

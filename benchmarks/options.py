@@ -1,7 +1,7 @@
 """The command lines of ``./run-benchmarks`` and its modes, declared apart from the code
 that runs them.
 
-Standard library only (with ``variants.py`` and ``instructions.py``'s constants), so that
+Standard library only (with ``variants.py``; ``instructions.py`` declares its own), so that
 ``./run-benchmarks [--mode] --help`` prints them with any Python 3, before the runner venv
 is built: ``python3 -m benchmarks.options MODE --help``.  Each mode's ``main`` parses its
 arguments with the parser made here.
@@ -115,33 +115,11 @@ def attribution_parser() -> argparse.ArgumentParser:
 
 
 def instructions_parser() -> argparse.ArgumentParser:
-    """``./run-benchmarks --instructions`` (``benchmarks/instructions.py``)."""
-    # (its module imports only the standard library at the top; it imports this one)
-    from benchmarks.instructions import CALLS, DEFAULT_SITES, OBJECT_CALLS, OBJECT_SITES, OBJECT_SITES_IN_CALL, SITES
+    """``./run-benchmarks --instructions``: declared in ``benchmarks/instructions.py``, beside
+    the sites it names (that module, too, imports only the standard library at the top)."""
+    from benchmarks.instructions import parser
 
-    ap = argparse.ArgumentParser(prog="run-benchmarks --instructions", description=_summary("instructions"))
-    ap.add_argument(
-        "--sites", help="comma-separated, of: " + ",".join(SITES) + " (default: " + ",".join(DEFAULT_SITES) + ")"
-    )
-    ap.add_argument(
-        "--code",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="also count with DIR first on PYTHONPATH (DIR/gym_autoinstr: another copy of the package)",
-    )
-    ap.add_argument(
-        "--calls", type=int, help=f"calls counted per site and variant (default {CALLS}; {OBJECT_CALLS} with --objects)"
-    )
-    ap.add_argument("--json", type=pathlib.Path, help="also write the counts here")
-    ap.add_argument(
-        "--objects",
-        action="store_true",
-        help="count GC-tracked objects alive when the app sends its response start (or, for "
-        f"{', '.join(OBJECT_SITES_IN_CALL)}, inside the wrapped call), instead of instructions "
-        f"(no valgrind; sites {', '.join(OBJECT_SITES)})",
-    )
-    return ap
+    return parser()
 
 
 def trio_instructions_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from benchmarks.memory import FLEET, memory_report, memory_rows, quarter_index
-from benchmarks.run import across_report
+from benchmarks.report import across_report
 from benchmarks.rundir import count_telemetry, directory_bytes, disk_report, record_trio, spans_with_tags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

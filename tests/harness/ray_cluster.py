@@ -14,13 +14,13 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 
 import psutil
 
-from tests.harness.ports import share
-from tests.harness.trio import free_ports, log_timing
+from tests.harness.ports import reserve_ports, share
 
 # Ray workers' ports: 24000-29999 (a client server's own per-client servers take 23000-23999),
 # split between the processes sharing the machine's ports (pytest-xdist workers: ports.share).
@@ -91,9 +91,9 @@ class RayCluster:
 
     def _start_node(self, head: bool, resources: str) -> None:
         index = len(self.nodes)
-        ports = [p for p in free_ports(12) if p < 10002 or p > 19999]
+        ports = [p for p in reserve_ports(12) if p < 10002 or p > 19999]
         while len(ports) < 8:
-            ports += [p for p in free_ports(12) if (p < 10002 or p > 19999) and p not in ports]
+            ports += [p for p in reserve_ports(12) if (p < 10002 or p > 19999) and p not in ports]
         temp = self.temp_root / f"n{index}"
         temp.mkdir(parents=True, exist_ok=True)
         command = [
@@ -141,7 +141,8 @@ class RayCluster:
             for index in range(1, nodes):
                 self._start_node(False, f'{{"node{index}": 1}}')
             self.wait_for_nodes(nodes, timeout)
-            log_timing(f"[ray_cluster] {nodes}-node ready in {time.monotonic() - t0:.1f}s")
+            # a harness timing, as trio.log_timing writes them (tools/test-times reads them)
+            print(f"[ray_cluster] {nodes}-node ready in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
         except BaseException:
             self.stop()
             raise
