@@ -1,29 +1,10 @@
 """Every place gym-autoinstr touches, as data.
 
-Reading this table tells the whole footprint of the instrumentor: which module and
-attribute, the advice applied, the Gym versions it exists in, and the span group it
-serves; ``PROCESS_PATCHES`` (below) adds the patches applied at other moments that
-every user in the process shares (the OTLP exporter module's ``encode_spans``, hooks on
-Gym's aiohttp session, the class of Gym's semaphores, ...).  ``instrumentor.py`` applies
-it through post-import hooks; ``gym-autoinstr doctor`` prints it against the installed
-Gym.
-
-Advice functions have wrapt's wrapper signature ``(wrapped, instance, args, kwargs)``.
-
-``versions`` is machine-checked (``version_applies``; the version-matrix test resolves
-every Gym pointcut against every release).  It is a comma-separated list of ranges of
-nemo-gym releases, any of which may match:
-
-* ``0.4.0+``: that release and every later one;
-* ``0.5.0-0.6.x``: from the first to the second, both included; ``x`` matches any
-  number, so ``0.6.x`` ends before 0.7.0;
-* ``0.5.1`` or ``0.5.x``: that release, or that release line;
-* ``any <library>`` (``any uvicorn``): the target lives in another library, not in
-  Gym, so every Gym version applies.
-
-Pre-releases and local versions count as their release (``0.7.0rc1`` is ``0.7.0``).
-``optional`` says the target is missing from some supported releases (those outside
-``versions``); a pointcut that is not optional must resolve on every release.
+``POINTCUTS``: the module and attribute, the advice applied (wrapt's wrapper signature
+``(wrapped, instance, args, kwargs)``), the Gym versions it exists in (``versions``,
+checked by ``version_applies``; its syntax: docs/architecture.md, "Layout") and the span
+group it serves.  ``PROCESS_PATCHES``: what is patched at other moments for every user in
+the process.  ``instrumentor.py`` applies both; ``gym-autoinstr doctor`` prints them.
 """
 
 from __future__ import annotations

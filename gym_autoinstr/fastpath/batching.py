@@ -1,27 +1,8 @@
-"""A batch span processor that encodes each span when it ends.
+"""A batch span processor that encodes each span to OTLP bytes when it ends.
 
-The SDK's ``BatchSpanProcessor`` queues ended spans as objects and the OTLP exporter
-encodes a whole batch later on its own thread.  In a Gym server at full load that costs
-twice: the encoding itself (~30-45 µs of Python per span), and the garbage collector,
-because every queued span (with its attribute map, lock, context and lists) lives about
-a second, survives the young collections and is promoted, so the old generations fill
-faster and Gym's full collections of a large heap come more often.
-
-Here a span is encoded to OTLP protobuf bytes (``wire.py``, ~5 µs) on the thread that
-ends it and the span object is released at once; the queue holds only ``bytes``, which
-the garbage collector does not track: a span of the processor's usual scope and resource
-(the first pair it saw; in a Gym server, every span of ours) is queued as its bytes
-alone, any other with its scope and resource beside it.  The export thread joins the
-bytes under the process's resource and each instrumentation scope and hands the request
-to the SDK's own OTLP exporter, which keeps its endpoint, headers, TLS, compression,
-timeout, retry and self-metrics: ``encode_spans`` in the exporter's module is wrapped so
-that a batch that is already bytes passes through and anything else is encoded as before.
-
-Used only in front of the SDK's OTLP/HTTP and OTLP/gRPC span exporters whose ``export``
-calls ``encode_spans`` (checked when the pipeline is built); any other exporter, or an
-exporter of an unknown shape, gets the stock ``BatchSpanProcessor``.  Queue size, batch
-size and delay are the ``OTEL_BSP_*`` settings, as for the stock processor; a full queue
-drops new spans and says so once.
+The queue holds ``bytes``, never span objects; the export thread hands the joined request
+to the SDK's own OTLP exporter through its wrapped ``encode_spans``.  Why, and when the
+stock ``BatchSpanProcessor`` is used instead: docs/architecture.md, "What makes it cheap".
 """
 
 from __future__ import annotations

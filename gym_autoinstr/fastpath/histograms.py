@@ -1,34 +1,9 @@
 """Histograms recorded on Gym's request path, aggregated here and exported with the SDK's.
 
-The SDK's ``Histogram.record`` re-validates the attributes, builds a measurement, hashes
-the attribute set, and walks the reader storages on every call: 7-9 µs of the request's
-thread, and a Gym server records one to three per request.  Our recorders always pass
-the same few pre-built attribute dicts with plain values, so that work buys nothing.
-
-When every metric reader of the provider our configurator built exports through a
-``MergingExporter`` (the configurator wraps each exporter it makes), ``histogram()``
-hands out a ``FastHistogram`` instead: ``record`` finds the attribute set's point by the
-dict's identity and appends the value to the point's pending list, no lock taken.  The
-values are folded into the point's count, sum, min, max and buckets in bulk, by C-level
-steps (sort, ``sum``, one ``bisect`` per bucket bound), at each export or when a point
-holds ``FOLD_AT`` of them (then by the recording thread).  Counted by valgrind
-(``./run-benchmarks --instructions``), that is about 2,000 instructions less per record
-than adding each value to its point in Python, as this module did before.
-
-At each export the exporter takes a snapshot of every fast histogram and adds it to the
-SDK's batch as the SDK itself would write it (same name, unit, description, scope,
-bucket bounds, count, sum, min, max, cumulative start time), so every exporter (OTLP,
-the run directory, console) sees one batch.
-
-The SDK's reader calls its exporter only when its own batch has data; in our processes
-it always has (the runtime's GC counters, ``runtime.py``, are observed at every
-collection), so every collection carries the fast histograms too.
-
-The SDK's own instruments are used instead, unchanged, whenever that equivalence could
-not hold: a reader exports histograms as DELTA
-(``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``), exemplars are asked for
-(``OTEL_METRICS_EXEMPLAR_FILTER``), the meter provider is not ours (an embedder's), or
-``GYM_AUTOINSTR_FAST_HISTOGRAMS=0``.
+``histogram()`` hands out a ``FastHistogram`` (a record appends to its attribute set's
+point, found by the dict's identity; values are folded in bulk) when every reader exports
+through a ``MergingExporter``, which adds the snapshots to the SDK's batch; otherwise the
+SDK's instrument.  Why, and when: docs/architecture.md, "What makes it cheap".
 """
 
 from __future__ import annotations
@@ -248,7 +223,7 @@ class FastHistogram:
 
 
 def active(provider: Any) -> bool:
-    """Fast histograms serve ``provider`` (bound by the configurator when it qualifies)."""
+    """Fast histograms serve ``provider`` (bound by ``setup/meters.py`` when it qualifies)."""
     return provider is not None and provider is _state.provider
 
 

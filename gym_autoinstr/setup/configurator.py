@@ -1,27 +1,9 @@
 """The OpenTelemetry configurator for Gym processes (entry point ``gym_autoinstr``).
 
-It builds the SDK pipeline from the standard ``OTEL_*`` variables with defaults tuned
-for Gym, and differs from the SDK's stock configurator where Gym needs it to:
-
-* **Only Gym processes export or write.**  Ray's daemons inherit ``opentelemetry-instrument``'s
-  sitecustomize too; they get no provider, so their internal polling never reaches the
-  backend.  Any other Python process (``opentelemetry-instrument python -c ...``, a build
-  backend ``uv pip install`` runs) is held back: no provider, no file, no run directory,
-  until it imports Gym (``configure_gym_process``, from the instrumentor's import hooks).
-  Gym's servers (``NEMO_GYM_CONFIG_PATH``) and its commands (``gym``, ``ng_*``) are Gym
-  processes from the start.
-* **Identity per process**: ``service.name`` is ``<OTEL_SERVICE_NAME or nemo-gym>/<server
-  name>`` (``.../orchestrator`` for ``gym``), plus the ``nemo.gym.*`` resource attributes
-  and one run id shared by the whole fleet.
-* **A missing exporter package never costs the instrumentation.**  If the chosen OTLP
-  protocol's package cannot be imported, the other protocol is used (or none), with one
-  warning naming the package; spans are still created and trace context still flows.
-* **No collector needed to start**: with no endpoint and no exporter configured, spans
-  go to local files (``files.py``), one per process, readable by ``gym-autoinstr view``.
-* **A job is always kept**: the configured sampler is wrapped so that a root ``gym.job``
-  span is always sampled; rollouts are sampled per rollout (``sampling.py``).
-* **Exit**: the provider's own ``atexit`` shutdown can hang on a dead collector; ours is
-  time-boxed (see ``flush.py``).
+It builds the SDK pipeline from the standard ``OTEL_*`` variables with defaults tuned for
+Gym, in Gym processes only (others are held back until they import Gym), each under its
+own identity; where it differs from the SDK's stock configurator, and why:
+docs/architecture.md, "How it works".
 """
 
 from __future__ import annotations
@@ -45,7 +27,7 @@ from gym_autoinstr import settings as env  # the declared variables (a function 
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.attributes import SERVICE_NAME, SHARD
 from gym_autoinstr.fastpath import batching, contract, parts
-from gym_autoinstr.setup import files, identity, notes, runs, wind_down
+from gym_autoinstr.setup import files, identity, meters, notes, runs, wind_down
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
 from gym_autoinstr.telemetry import sampling
 
@@ -225,107 +207,6 @@ def build_tracer_provider(who: identity.ProcessIdentity, extra: dict[str, Any] |
     return provider
 
 
-# Metrics are read every 10 s (the SDK's default is 60 s: a short run would show
-# nothing until its shutdown flush).
-METRIC_EXPORT_INTERVAL_MS = env.METRIC_EXPORT_INTERVAL.default  # 10000
-
-
-def _otlp_metric_exporter() -> Any:
-    protocol = (env.OTLP_METRICS_PROTOCOL.raw() or _otlp_protocol()).strip().lower()
-    if protocol == PROTOCOL_GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    return OTLPMetricExporter()
-
-
-def _metric_exporter(name: str, who: identity.ProcessIdentity | None) -> Any:
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-    built = {
-        "otlp": _otlp_metric_exporter,
-        "console": ConsoleMetricExporter,
-        "files": lambda: files.metric_exporter(
-            files.resolve_output_dir(identity.run_id()), identity.service_name(who or identity.detect())
-        ),
-        "none": lambda: None,
-    }
-    if name in built:
-        return built[name]()
-    warn_once(
-        f"metrics-exporter:{name}",
-        "OTEL_METRICS_EXPORTER names %r, which is not supported here: no metrics go to it; known here: %s.",
-        name,
-        ", ".join(built),
-    )
-    return None
-
-
-def metric_readers(who: identity.ProcessIdentity | None = None) -> list[Any]:
-    """Metric readers from ``OTEL_METRICS_EXPORTER``, defaulting to where spans go: OTLP
-    when an OTLP endpoint is configured, the run directory in the embedded file default."""
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
-    default = "files" if files.embedded_default_applies() else "otlp"
-    interval = env.METRIC_EXPORT_INTERVAL.read()
-    parts.check()  # (the fast histograms, now that the SDK's metrics are loaded)
-    readers = []
-    configured = env.METRICS_EXPORTER.raw()
-    for raw in (default if configured is None else configured).split(","):
-        name = raw.strip().lower()
-        if not name:
-            continue
-        try:
-            exporter = _metric_exporter(name, who)
-        except Exception as error:
-            warn_once(f"metrics-exporter-error:{name}", "metric exporter %r could not be created: %r", name, error)
-            continue
-        if exporter is not None:
-            from gym_autoinstr.fastpath import histograms
-
-            if histograms.qualifies(exporter):  # request histograms aggregated by us, merged at export
-                exporter = histograms.MergingExporter(exporter)
-            readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
-    return readers
-
-
-def _configure_metrics(resource: Resource, who: identity.ProcessIdentity | None = None) -> None:
-    from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    from gym_autoinstr.telemetry import metrics as gym_metrics
-    from gym_autoinstr.telemetry import runtime
-
-    readers = metric_readers(who)
-    if readers:
-        options: dict[str, Any] = {}
-        if not env.METRICS_EXEMPLAR_FILTER.raw():
-            # The SDK's default samples an exemplar on every record made inside a sampled
-            # span: about as costly as the record itself, on every request.
-            try:
-                from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
-
-                options["exemplar_filter"] = AlwaysOffExemplarFilter()
-            except ImportError:
-                pass
-        from gym_autoinstr.fastpath import histograms
-
-        provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False, **options)
-        metrics.set_meter_provider(provider)
-        # ours only: if another provider is already global (an embedder's), its readers
-        # never see our merged histograms, so the SDK's instruments serve it
-        histograms.bind(provider, readers)
-        STATE.metrics = gym_metrics.activate()
-        if STATE.metrics:
-            runtime.start(who)
-
-
-def _configure_logs(resource: Resource, who: identity.ProcessIdentity | None = None) -> None:
-    from gym_autoinstr.setup import logs
-
-    STATE.logs = logs.configure(resource, who, otlp_protocol=_otlp_protocol)
-
-
 def _flush_at_exit() -> None:
     flush(reason="process exit")
 
@@ -359,11 +240,13 @@ def configure_process() -> TracerProvider | None:
         )
     trace.set_tracer_provider(provider)
     try:
-        _configure_metrics(provider.resource, who)
+        STATE.metrics = meters.configure(provider.resource, who)
     except Exception as error:
         warn_once("metrics", "metrics are off: %r", error)
     try:
-        _configure_logs(provider.resource, who)
+        from gym_autoinstr.setup import logs
+
+        STATE.logs = logs.configure(provider.resource, who, otlp_protocol=_otlp_protocol)
     except Exception as error:
         warn_once("logs", "log export is off: %r", error)
     start_flusher()

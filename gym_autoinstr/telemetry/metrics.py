@@ -3,27 +3,8 @@
 Every recorder is gated by ``LIVE`` (a meter provider of ours is configured: an OTLP
 endpoint, or the embedded file default), checked before anything is built.  On the hot
 path a recorder is one histogram record with an attribute dict built once (per server,
-route or outcome), never per request.  Gauges are observed at collection time.
-
-Per request, from the ingress middleware (every Gym server):
-
-* ``http.server.request.duration`` (s) by ``http.request.method``, ``http.route``,
-  ``http.response.status_code``;
-* ``gym.server.requests.in_flight`` (observable gauge) by ``nemo.gym.server.name``;
-* on the seam routes ``routes.py`` marks at registration: ``gym.rollout.duration_ms``
-  (agent ``/run``, failures included, by ``nemo.gym.rollout.outcome``),
-  ``gym.verify.duration_ms`` (by ``nemo.gym.verify.outcome``: the verifier answered, not
-  the reward; its count per outcome is the completed/failed count, so no second
-  instrument is recorded per request),
-  ``gym.model.call_duration_ms`` and ``gym.model.time_to_first_byte_ms`` (by
-  ``nemo.gym.model.dialect`` and ``nemo.gym.server.name``).
-
-Sandboxes (``advice/sandbox.py``): ``gym.sandbox.active``, ``gym.sandbox.startup_duration_ms``,
-``gym.sandbox.exec_duration_ms``, ``gym.sandbox.create_retry_total`` by ``nemo.gym.sandbox.provider``.
-
-Runtime (``runtime.py``), Gym's client (``pool.py``), Gym's semaphores
-(``concurrency.py``) and the orchestrator's ``gym.servers.active`` live beside.
-Reward and accuracy are never mirrored into telemetry.
+route or outcome), never per request; gauges are observed at collection time.  The
+instruments and their attributes: docs/spans-and-metrics.md, "Metrics".
 """
 
 from __future__ import annotations
@@ -135,7 +116,7 @@ def meter() -> Any:
 
 def histogram(name: str, unit: str, description: str, boundaries: Any) -> Any:
     """A histogram of ours on the current meter provider: aggregated in ``histograms.py``
-    when the provider is the one our configurator built for it, else the SDK's."""
+    when the provider is the one ``setup/meters.py`` built for it, else the SDK's."""
     return histograms.histogram(meter(), metrics.get_meter_provider(), name, unit, description, boundaries)
 
 

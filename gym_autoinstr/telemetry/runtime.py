@@ -1,28 +1,9 @@
 """Runtime metrics of a Gym process: what holds its event loop, its collector, its OS share.
 
-Nothing here runs per request.  Started by the configurator once metrics are live:
-
-* ``gym.event_loop.lag_ms`` (histogram): how late a coroutine sleeping ``LAG_INTERVAL_S``
-  (``GYM_AUTOINSTR_LOOP_LAG_INTERVAL_MS``, default 1 s) wakes up on a Gym server's event
-  loop; synchronous work in a handler shows here.  The probe is one task per loop,
-  started at the app's ASGI lifespan start-up (``ingress.py``).  Its first sleep is
-  ``FIRST_SLEEP_S`` (100 ms) and each next one doubles up to the interval, so a server
-  that lives only a second or two still reports readings (with a flat 1 s, a short real
-  run's server once exported none).  Each wake-up costs an idle server tens to hundreds
-  of microseconds of CPU: ten a second took a trio's idle event-loop threads from bare's
-  4.3 to 5.7 ms a second, one a second reads as bare (BENCHMARKS.md).  A stall shorter
-  than the interval is read in proportion to the share of time the loop spends stalled,
-  so a longer interval gives fewer readings of the same distribution.
-* ``gym.gc.pause_duration_ms`` (histogram) by ``nemo.gym.gc.generation``: ``gc.callbacks``
-  only append to a bounded deque (a collection can start inside the SDK while it holds
-  an instrument's lock: recording from the callback would deadlock), and the loop-lag
-  probe records them (every flush too, ``flush.py``: a process's last ones), so servers
-  report pauses; ``gym.gc.collections_total``, ``gym.gc.collected_total``,
-  ``gym.gc.uncollectable_total`` (observable counters) from ``gc.get_stats()``.
-* ``process.cpu.time``, ``process.memory.usage``, ``process.memory.virtual``,
-  ``process.thread.count``, ``process.open_file_descriptor.count``,
-  ``process.context_switches`` (OpenTelemetry's process semantic conventions), read with
-  psutil at collection time.
+Nothing here runs per request; started once metrics are live (``setup/meters.py``).  The
+event-loop lag probe, one task per loop, also records the GC pauses ``gc.callbacks``
+queue; process metrics are read with psutil at collection time.  The instruments:
+docs/spans-and-metrics.md; their cost: docs/architecture.md, "What makes it cheap".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from gym_autoinstr._log import forget_said
-from gym_autoinstr.setup import configurator, identity
+from gym_autoinstr.setup import configurator, identity, meters
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_bad_protocol_and_unknown_exporter_are_named(monkeypatch, caplog, tmp_pa
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus,none")
     labels = [label.split(":")[0] for label, _ in configurator.span_exporters()]
     assert labels == known.replace(" none,", "").split(", ")
-    assert configurator.metric_readers() == []
+    assert meters.readers() == []
     assert caplog.messages == [
         "OTEL_METRICS_EXPORTER names 'prometheus', which is not supported here: no metrics go to it; "
         "known here: otlp, console, files, none."

@@ -1,28 +1,9 @@
 """``view --follow``: a run directory read as its processes write it, summarised live.
 
-What it reads, incrementally (``Follower.refresh``): each span segment of the run from
-the byte where the last refresh stopped, whole lines only (a line still being written
-waits for the next refresh); a plain segment gzipped meanwhile (``X.jsonl`` gone,
-``X.jsonl.gz`` there) is read from the gzip past the bytes already read.  Besides the
-spans: the jobs' notes (``job-<id>.json``: a job's size from its start, ``advice/job.py``)
-and the processes' notes (``<stem>-<pid>.process.json``: alive or exited, spans lost).
-
-A span is written only when it ends, so a trace is a finished rollout once its root has
-arrived (the span without a parent: the collection driver's CLIENT ``POST /run``, or the
-agent's SERVER ``POST /run`` when nothing upstream is traced; a ``/run`` SERVER span whose
-parent never comes, the caller writing elsewhere, counts as the root after
-``ORPHAN_WAIT``).  Its other processes may write their spans a moment later, so a rooted
-trace is summarised ``GRACE`` seconds after its root came.  Spans of traces not yet
-rooted are held (slimmed to what the summary reads), bounded in number and age; a
-rollout once summarised is kept as a few numbers (``Stats``), never as spans.
-
-A rollout trace is one whose root or a span is ``gym.rollout``, a ``/run`` SERVER span,
-or a CLIENT call to ``/run``; its reward, mask, task, failure and where its time went
-are read as ``view`` reads them (``model.build_traces``, ``outcome``, ``model.summary``).
-
-``render`` (the terminal: rich's ``Live`` when rich is importable, else an ANSI redraw;
-piped: a status line per refresh that changed something) and ``main`` are in
-``live.py``.
+``Follower.refresh`` reads each span segment from where the last refresh stopped, and the
+run's notes; a rollout counts once its root has arrived and is then kept as a few numbers
+(``Stats``), never as spans.  How, and what is visible when: docs/architecture.md
+("Reading runs") and docs/live-view.md.  ``live.py`` draws it.
 """
 
 from __future__ import annotations
