@@ -332,7 +332,7 @@ def build() -> Bench:
     # -- a call whose answer Gym parses (advice/outcome.py) --
     import orjson
 
-    from gym_autoinstr.advice import outcome, pool
+    from gym_autoinstr.advice import fleet_addresses, outcome
 
     class Content:  # aiohttp's StreamReader, as hold() asks it: the body is in
         def is_eof(self):
@@ -356,8 +356,8 @@ def build() -> Bench:
 
     wrapped_answered = wrap(answered_request, egress.request_advice, module_level=True)
     wrapped_parse = wrap(get_response_json, outcome.get_response_json_advice, module_level=True)
-    pool._state.names = {"127.0.0.1:8001": "example_single_tool_call"}  # as Gym's config names it
-    pool._state.kinds = {"127.0.0.1:8001": "resources_servers"}
+    fleet_addresses._state.names = {"127.0.0.1:8001": "example_single_tool_call"}  # as Gym's config names it
+    fleet_addresses._state.kinds = {"127.0.0.1:8001": "resources_servers"}
 
     async def answered(call, parse, to):
         return await parse(await call("POST", to, json=None))

@@ -28,6 +28,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import ray_actor
+from gym_autoinstr.advice.ray_carrier import stand_in
 from gym_autoinstr.patching import PatchSet, restore_process_patches
 from gym_autoinstr.pointcuts import POINTCUTS, Pointcut
 from gym_autoinstr.setup import identity
@@ -224,39 +225,14 @@ _boot_lock = threading.Lock()
 
 
 def init_wrapper(function: Any, missing: list | None = None) -> Any:
-    """The ``__init__`` Ray pickles and runs in the actor: takes the carrier off and, where
-    gym-autoinstr imports, boots the actor first.  Pickled by value, like
-    ``ray_tasks.carrier_wrapper``: builtins, its closure and its own imports only."""
-    missing = [] if missing is None else missing
-
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        carrier = kwargs.pop("_gym_autoinstr_ctx", None)
-        if carrier is not None:
-            try:
-                from gym_autoinstr.instrumentor import actor_init
-            except Exception:
-                actor_init = None
-                if not missing:
-                    missing.append(1)
-                    import sys
-
-                    print(MISSING_ACTOR_TEXT, file=sys.stderr, flush=True)
-            if actor_init is not None:
-                return actor_init(function, self, args, kwargs, carrier)
-        return function(self, *args, **kwargs)
-
-    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-        try:
-            setattr(__init__, name, getattr(function, name))
-        except (AttributeError, TypeError):
-            pass
-    return __init__
+    """The ``__init__`` Ray pickles and runs in the actor (``ray_carrier.stand_in``): takes
+    the carrier off and, where gym-autoinstr imports, boots the actor first (``actor_init``)."""
+    wrapper = stand_in(function, missing, runner="gym_autoinstr.instrumentor.actor_init", text=MISSING_ACTOR_MESSAGE)
+    del wrapper.__wrapped__  # Ray unwraps before reading the signature
+    return wrapper
 
 
-MISSING_ACTOR_TEXT = MISSING_ACTOR_MESSAGE  # global the wrapper names: carried by value
-
-
-def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
+def actor_init(function: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
     """In the actor: boot, then run ``__init__`` with the creator's context when an
     embedder's span was current there."""
     token = None
@@ -269,7 +245,7 @@ def actor_init(function: Any, instance: Any, args: tuple, kwargs: dict, carrier:
     except Exception as error:
         warn_once("ray_actor:boot", "this Ray actor could not be prepared for tracing: %r", error)
     try:
-        return function(instance, *args, **kwargs)
+        return function(*args, **kwargs)  # args[0]: the actor
     finally:
         if token is not None:
             try:

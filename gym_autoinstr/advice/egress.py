@@ -15,12 +15,12 @@ A ``/run`` sent by Gym's collection driver while our ``gym.job`` is the current 
 rollout: its CLIENT span starts a new trace linked to the job, and is counted on the job
 (``advice/job.py`` decides; nothing changes for any other request).
 
-``GYM_AUTOINSTR_CLIENT_SPANS=failures`` (opt-in; ``all`` is the default) is a leaner
-shape: a call from inside a traced request to another Gym server of the fleet gets no
-CLIENT span (the callee's SERVER span becomes the child of the caller's current span)
-unless it raises, when one CLIENT span covering the whole call is recorded with ERROR.
-Calls to anything that is not a Gym server of the fleet, the collection driver's rollout
-``/run`` calls and calls made outside any traced request keep their CLIENT span.
+``GYM_AUTOINSTR_CLIENT_SPANS=failures`` (opt-in; default ``all``), failures-only: a call
+from inside a traced request to another Gym server of the fleet gets no CLIENT span (the
+callee's SERVER span becomes the child of the caller's current span) unless it raises,
+when one CLIENT span covering the whole call is recorded with ERROR.  Calls to anything
+that is not a Gym server of the fleet, the collection driver's rollout ``/run`` calls and
+calls made outside any traced request keep their CLIENT span.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence, job, outcome, pool
+from gym_autoinstr.advice.fleet_addresses import server_kind_for, server_name_for
 from gym_autoinstr.fastpath import context_ops, w3c
 from gym_autoinstr.fastpath.contract import SUPPRESS_HTTP_INSTRUMENTATION_KEY as _SUPPRESS_HTTP_INSTRUMENTATION_KEY
 from gym_autoinstr.telemetry import groups, metrics, sampling
@@ -54,7 +55,7 @@ class ClientSpans(str, enum.Enum):
     """Which calls get a CLIENT span (``GYM_AUTOINSTR_CLIENT_SPANS``)."""
 
     ALL = "all"  # the default: every call
-    FAILURES = "failures"  # the lean shape: between Gym servers of the fleet, only a call that fails
+    FAILURES = "failures"  # failures-only: between Gym servers of the fleet, only a call that fails
 
     def __str__(self) -> str:
         return self.value
@@ -64,17 +65,17 @@ CLIENT_SPANS_MODES = tuple(mode.value for mode in ClientSpans)  # the default fi
 
 
 def client_spans_on_failure_only(environ: dict[str, str] | None = None) -> bool:
-    """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the lean shape (``failures``)."""
+    """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the failures-only shape (``failures``)."""
     return ClientSpans(settings.CLIENT_SPANS.read(environ)) is ClientSpans.FAILURES
 
 
 @dataclass(slots=True)
-class _Lean:
+class _FailuresOnly:
     on: bool  # GYM_AUTOINSTR_CLIENT_SPANS=failures
 
 
 # Read once, when Gym's process is instrumented.
-_LEAN = _Lean(client_spans_on_failure_only())
+_FAILURES_ONLY = _FailuresOnly(client_spans_on_failure_only())
 
 
 def _copy_with(headers: Any, carrier: dict[str, str]) -> Any:
@@ -147,18 +148,18 @@ def request_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
                 )
     except Exception as error:
         warn_once("egress:sampling", "egress: the sampling fast path failed (%r); tracing as usual.", error)
-    if _LEAN.on:
+    if _FAILURES_ONLY.on:
         try:
-            parent = _lean_parent(args, kwargs)
+            parent = _failures_only_parent(args, kwargs)
         except Exception as error:
             parent = None
-            warn_once("egress:lean", "egress: the lean shape's check failed (%r); tracing as usual.", error)
+            warn_once("egress:failures-only", "egress: the failures-only check failed (%r); tracing as usual.", error)
         if parent is not None:
-            return _lean_request(wrapped, args, kwargs, parent)
+            return _failures_only_request(wrapped, args, kwargs, parent)
     return _traced_request(wrapped, args, kwargs)
 
 
-def _lean_parent(args: tuple, kwargs: dict) -> Any:
+def _failures_only_parent(args: tuple, kwargs: dict) -> Any:
     """Under ``GYM_AUTOINSTR_CLIENT_SPANS=failures``: the current span, when this call goes
     to a Gym server of the fleet from inside a recording span and is not a rollout the
     collection driver dispatches; else None (the call gets its CLIENT span)."""
@@ -167,12 +168,12 @@ def _lean_parent(args: tuple, kwargs: dict) -> Any:
         return None
     _, url = _bind(args, kwargs)
     _, host, port = _redacted(url)
-    if pool.server_name_for(host, port) is None:
+    if server_name_for(host, port) is None:
         return None
     return span
 
 
-async def _lean_request(wrapped: Any, args: tuple, kwargs: dict, parent: Any) -> Any:
+async def _failures_only_request(wrapped: Any, args: tuple, kwargs: dict, parent: Any) -> Any:
     """A call between Gym servers without a CLIENT span: the current span's context goes
     on the wire; only a call that raises gets its CLIENT span, after the fact."""
     started = time.time_ns()
@@ -250,7 +251,7 @@ def _start_client_span(
     # (the model server's upstream, say) may carry ids in its path: `{method}` alone.
     name = method
     answer = None
-    callee = pool.server_name_for(host, port)
+    callee = server_name_for(host, port)
     if callee:
         attributes[attr.DESTINATION] = callee
         routed = _route(full)
@@ -261,7 +262,7 @@ def _start_client_span(
             name = f"{method} {template}"
             # the call in GenAI terms (an agent invocation, a tool, a model call), and
             # whether its answer says how a rollout went (advice/outcome.py)
-            answer, genai = outcome.call_attributes(callee, pool.server_kind_for(host, port), route, kwargs.get("json"))
+            answer, genai = outcome.call_attributes(callee, server_kind_for(host, port), route, kwargs.get("json"))
             if genai:
                 attributes.update(genai)
     rollout_id = current_rollout_id() or _rollout_id_in_path(full)

@@ -69,6 +69,7 @@ from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
+from gym_autoinstr.advice.guard import guarded_advice
 from gym_autoinstr.fastpath.w3c import parse_traceparent
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, run_in_span, tracer
@@ -173,22 +174,8 @@ async def run_from_config_advice(wrapped: Any, instance: Any, args: tuple, kwarg
         _current_job.reset(token)
 
 
-def run_examples_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``RolloutCollectionHelper.run_examples``, the entry embedders call themselves (NeMo
-    RL's ``NemoGym`` actor): one ``gym.job`` per call, none inside ``run_from_config``'s
-    (0.4.0 calls ``run_examples`` from there)."""
-    if groups.JOB not in groups.ENABLED or coexistence.native_telemetry_live():
-        return wrapped(*args, **kwargs)
-    outer = _current_job.get()
-    if outer is not None:  # Gym's driver (up to 0.5.x) handing over every row its job sends
-        if outer.expected is None and outer.config is not None:
-            learn_size(outer, _rows(args, kwargs))
-        return wrapped(*args, **kwargs)
-    try:
-        run = _ExamplesJob(_open_job(None, "run_examples"))
-    except Exception as error:
-        warn_once("job:start", "gym.job skipped (%r); rollout collection is unaffected.", error)
-        return wrapped(*args, **kwargs)
+def _run_examples(wrapped: Any, prepared: tuple[_ExamplesJob, tuple, dict]) -> Any:
+    run, args, kwargs = prepared
     rows = _rows(args, kwargs)
     if rows is None:
         note_job(run.state)
@@ -205,6 +192,23 @@ def run_examples_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
         raise
     run.leave(token)
     return run.iterate(iterator)
+
+
+@guarded_advice(
+    "job:start", "gym.job skipped (%r); rollout collection is unaffected.", group=groups.JOB, then=_run_examples
+)
+def run_examples_advice(instance: Any, args: tuple, kwargs: dict) -> tuple[_ExamplesJob, tuple, dict] | None:
+    """``RolloutCollectionHelper.run_examples``, the entry embedders call themselves (NeMo
+    RL's ``NemoGym`` actor): one ``gym.job`` per call, none inside ``run_from_config``'s
+    (0.4.0 calls ``run_examples`` from there)."""
+    if coexistence.native_telemetry_live():
+        return None
+    outer = _current_job.get()
+    if outer is not None:  # Gym's driver (up to 0.5.x) handing over every row its job sends
+        if outer.expected is None and outer.config is not None:
+            learn_size(outer, _rows(args, kwargs))
+        return None
+    return _ExamplesJob(_open_job(None, "run_examples")), args, kwargs
 
 
 class _ExamplesJob:

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gym_autoinstr import _footprint, settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.advice import fleet_addresses
 from gym_autoinstr.attributes import DESTINATION, HTTP_INTERNAL, QUEUE_OUTCOME, RETRY_REASON
 from gym_autoinstr.telemetry import metrics
 
@@ -52,8 +52,6 @@ BOUNDARIES_MS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 50
 class _PoolState:
     histogram: Any = None  # gym.http.connection_pool.queue_duration_ms, once made
     trace_config: Any = None  # the aiohttp TraceConfig, on an aiohttp without our hooks
-    names: dict[str, str] | None = None  # host:port -> Gym server name, once Gym's config is loaded
-    kinds: dict[str, str] | None = None  # host:port -> the server's kind (responses_api_models, ...)
     retries: Any = None  # counters of retries and timeouts, made with the histogram
     timeouts: Any = None
 
@@ -75,52 +73,14 @@ _RETRIES: dict[tuple[str, bool], dict[str, Any]] = {}
 _attributes: dict[str, dict[str, str]] = {}
 
 
-def _server_names() -> dict[str, str]:
-    """``host:port`` -> Gym server name, from the config dict Gym already loaded."""
-    names = _state.names
-    if names is not None:
-        return names
-    names, kinds = {}, {}
-    config = getattr(sys.modules.get("nemo_gym.global_config"), "_GLOBAL_CONFIG_DICT", None)
-    if config is not None:
-        try:
-            for top, value in config.items():
-                try:
-                    # {name: {kind: {implementation: {host, port, ...}}}}
-                    kind, implementations = next(iter(value.items()))
-                    server = next(iter(implementations.values()))
-                    key = f"{server['host']}:{server['port']}"
-                    names[key] = str(top)
-                    kinds[key] = str(kind)
-                except Exception:
-                    continue
-        except Exception as error:
-            warn_once("pool:names", "destination server names unavailable (%r); host:port is used.", error)
-        _state.kinds = kinds
-        _state.names = names  # cached only once Gym's config is loaded
-    return names
-
-
 def destination_attributes(host: str | None, port: int | None) -> dict[str, str]:
     key = f"{host}:{port}"
     hit = _attributes.get(key)
     if hit is None:
         if len(_attributes) > 256:
             _attributes.clear()
-        hit = _attributes[key] = {DESTINATION: _server_names().get(key, key), QUEUE_OUTCOME: "acquired"}
+        hit = _attributes[key] = {DESTINATION: fleet_addresses.server_names().get(key, key), QUEUE_OUTCOME: "acquired"}
     return hit
-
-
-def server_name_for(host: str | None, port: int | None) -> str | None:
-    """The Gym server at ``host:port`` per Gym's config, or None."""
-    return _server_names().get(f"{host}:{port}")
-
-
-def server_kind_for(host: str | None, port: int | None) -> str | None:
-    """The kind of the Gym server at ``host:port`` (``responses_api_agents``,
-    ``responses_api_models``, ``resources_servers``, ...) per Gym's config, or None."""
-    _server_names()
-    return (_state.kinds or {}).get(f"{host}:{port}")
 
 
 async def _on_request_start(session: Any, context: Any, params: Any) -> None:
@@ -131,7 +91,7 @@ async def _on_request_start(session: Any, context: Any, params: Any) -> None:
 
 
 def _internal(url: Any) -> bool:
-    return server_name_for(getattr(url, "host", None), getattr(url, "port", None)) is not None
+    return fleet_addresses.server_name_for(getattr(url, "host", None), getattr(url, "port", None)) is not None
 
 
 def retry_reason(error: BaseException) -> str:

@@ -33,8 +33,10 @@ from opentelemetry import propagate, trace
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
+from gym_autoinstr.advice.guard import guarded_advice
 from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
 from gym_autoinstr.attributes import HOST_NAME, PROCESS_PID, SHARD
+from gym_autoinstr.telemetry import groups
 
 _lock = threading.Lock()
 _callbacks: list[Callable[[], None]] = []
@@ -254,22 +256,17 @@ def join_as_driver() -> None:
 _HELD_BACK: list[Any] = [None]  # the configurator module, imported on the first submission
 
 
-def actor_create_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def submission_traced() -> bool:
+    """A hand-over of work to Ray (a task, an actor method, an actor's creation): this
+    process joins as a Ray driver first, traced or not; traced while the ``ray`` group is on."""
+    join_as_driver()
+    return groups.RAY in groups.ENABLED
+
+
+@guarded_advice("ray:actor-create", "Ray actor creation carries no trace context: %r", gate=submission_traced)
+def actor_create_advice(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """``ActorClass._remote``: the carrier joins the creation arguments when Ray's actor
     class took it (``ray.actor`` pointcut)."""
-    from gym_autoinstr.telemetry import groups
-
-    join_as_driver()
-    if groups.RAY not in groups.ENABLED:
-        return wrapped(*args, **kwargs)
-    try:
-        args, kwargs = _with_creation_carrier(instance, args, kwargs)
-    except Exception as error:
-        warn_once("ray:actor-create", "Ray actor creation carries no trace context: %r", error)
-    return wrapped(*args, **kwargs)
-
-
-def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     from gym_autoinstr.advice import coexistence
 
     meta = getattr(instance, "__ray_metadata__", None)
@@ -279,7 +276,7 @@ def _with_creation_carrier(instance: Any, args: tuple, kwargs: dict) -> tuple[tu
         or coexistence.native_telemetry_live()
         or _client_mode()
     ):
-        return args, kwargs
+        return None
     headers: dict[str, str] = {}
     rootless = caller_is_rootless()
     if not rootless:

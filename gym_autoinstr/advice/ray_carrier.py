@@ -1,10 +1,12 @@
 """The carrier: the one keyword argument our trace context rides in, from a process that
 submits a Ray task or creates a Ray actor to the worker that runs it (``ray_tasks.py``
-for tasks and actor methods, ``ray_actor.py`` for an actor's creation).
+for tasks and actor methods, ``ray_actor.py`` for an actor's creation), and the stand-in
+Ray pickles in place of the function, which takes it off again in the worker.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -38,3 +40,45 @@ def signature_with_carrier(function: Any) -> inspect.Signature | None:
         position -= 1
     parameters.insert(position, carrier)
     return signature.replace(parameters=parameters)
+
+
+def stand_in(function: Any, missing: list | None = None, *, runner: str, text: str) -> Any:
+    """The function Ray pickles and runs instead of ``function``: it takes the carrier off
+    and, where gym-autoinstr imports, calls ``runner(function, args, kwargs, carrier)``
+    (``runner``: ``module.name``, ``+ "_async"`` for a coroutine function); where it does
+    not, calls ``function`` and prints ``text`` once (``missing``: shared by the stand-ins
+    of one actor class).  Pickled by value (a closure is never found under its name in a
+    module): its code reads only builtins, its closure, and modules it imports itself."""
+    missing = [] if missing is None else missing  # per worker process, after unpickling: said once
+    module, _, name = (runner + "_async" if inspect.iscoroutinefunction(function) else runner).rpartition(".")
+
+    def runner_here():  # type: ignore[no-untyped-def]
+        try:
+            return getattr(__import__(module, fromlist=[name]), name)
+        except Exception:
+            if not missing:
+                missing.append(1)
+                import sys
+
+                print(text, file=sys.stderr, flush=True)
+            return None
+
+    if inspect.iscoroutinefunction(function):
+
+        async def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            carrier = kwargs.pop("_gym_autoinstr_ctx", None)
+            run = None if carrier is None else runner_here()
+            if run is not None:
+                return await run(function, args, kwargs, carrier)
+            return await function(*args, **kwargs)
+
+    else:
+
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            carrier = kwargs.pop("_gym_autoinstr_ctx", None)
+            run = None if carrier is None else runner_here()
+            if run is not None:
+                return run(function, args, kwargs, carrier)
+            return function(*args, **kwargs)
+
+    return functools.wraps(function)(wrapper)

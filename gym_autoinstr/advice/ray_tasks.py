@@ -11,21 +11,15 @@ replaces ``PYTHONPATH``).  Two halves:
   name, the submission time, the exporter settings; never the task's arguments).
   Actor method calls (pointcut ``ray.actor_method``) the same way, for actors whose
   class a Gym process created (pointcut ``ray.actor``, see "actors" below).
-* **Execution** (the Ray worker): the function Ray pickles is a small wrapper around
-  Gym's that takes the carrier off again.  The wrapper is pickled *by value* and needs
-  nothing but the standard library to unpickle and run: in a worker whose interpreter
-  lacks gym-autoinstr the task runs exactly as before (one message says so and names
-  the fix).  Where our package imports, the worker gets a tracer provider the first time
-  (``configurator.configure_ray_worker``: identity of the Gym server whose work it does,
-  ``host.name``, Ray node id) and the task runs inside a CONSUMER span
-  ``ray.execute <function>``, the submit span's child, with the time it waited between
-  submission and execution (``ray.task.wait.duration``, seconds).  At the task's end a
-  flush is *requested* (the export starts on the flush thread), never waited for: a slow
-  or dead collector costs the task nothing, and a worker Ray reaps soon after has
-  already handed its spans over.  ``ray.kill`` (pointcut ``ray.kill``) kills an actor
-  at once, export thread included, so before it kills an actor whose methods we trace
-  it has the actor flush first (``__ray_call__``), waiting at most the flush timeout:
-  the spans of the actor's last calls are not lost to the kill.
+* **Execution** (the Ray worker): the function Ray pickles is a small stand-in for
+  Gym's that takes the carrier off again (``ray_carrier.stand_in``).  It is pickled *by
+  value* and needs nothing but the standard library to unpickle and run: in a worker
+  whose interpreter lacks gym-autoinstr the task runs exactly as before (one message
+  says so and names the fix).  Where our package imports, the task runs inside a
+  CONSUMER span ``ray.execute <function>`` (``ray_worker.py``).  ``ray.kill`` (pointcut
+  ``ray.kill``) kills an actor at once, export thread included, so before it kills an
+  actor whose methods we trace it has the actor flush first (``__ray_call__``), waiting
+  at most the flush timeout: the spans of the actor's last calls are not lost to the kill.
 
 Why a carrier argument rather than Ray's own tracing hooks: Ray's
 (``_ray_trace_ctx``) only work when tracing is switched on for the whole cluster at
@@ -57,26 +51,21 @@ import inspect
 import time
 from typing import Any
 
-from opentelemetry import context, propagate, trace
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
-from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, with_call_kwargs
+from gym_autoinstr.advice.guard import guarded_advice
+from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, stand_in, with_call_kwargs
+from gym_autoinstr.advice.ray_worker import ACTOR_ID, FUNCTION, TASK_ID
+from gym_autoinstr.advice.ray_worker import function_name as _function_name
 from gym_autoinstr.fastpath import context_ops
 from gym_autoinstr.telemetry import groups
 from gym_autoinstr.telemetry.spans import mark_error, tracer
 
 INSTALLED = "_gym_autoinstr_carrier"  # on a RemoteFunction: True traced, False not
-
-FUNCTION = "ray.task.function"
-TASK_ID = "ray.task.id"
-NODE_ID = "ray.node.id"
-WORKER_ID = "ray.worker.id"
-ACTOR_ID = "ray.actor.id"
-JOB_ID = "ray.job.id"
-WAIT = "ray.task.wait.duration"
-WORKER_PID = "process.pid"
+_SEND = {"messaging.system": "ray", "messaging.operation.type": "send"}  # on every ray.submit span
 
 MISSING_MESSAGE = (
     "gym-autoinstr: this Ray worker's Python cannot import gym_autoinstr, so the Gym task "
@@ -89,68 +78,8 @@ MISSING_MESSAGE = (
 # --- the submitting side -------------------------------------------------------------
 
 
-def _function_name(function: Any) -> str:
-    return (
-        f"{getattr(function, '__module__', '?')}."
-        f"{getattr(function, '__qualname__', getattr(function, '__name__', '?'))}"
-    )
-
-
-def carrier_wrapper(function: Any, missing: list | None = None) -> Any:
-    """The function Ray pickles and runs instead of ``function``: it takes the carrier
-    off and, where gym-autoinstr imports, runs ``function`` in a span.
-
-    Pickled by value (a closure is never found under its name in a module): its code
-    reads only builtins, its closure, and modules it imports itself, inside ``try``.
-    ``missing`` is shared by the wrappers of one actor class: said once per actor.
-    """
-    missing = [] if missing is None else missing  # per worker process, after unpickling: said once
-
-    if inspect.iscoroutinefunction(function):
-
-        @functools.wraps(function)
-        async def traced_async(*args, **kwargs):  # type: ignore[no-untyped-def]
-            carrier = kwargs.pop("_gym_autoinstr_ctx", None)
-            if carrier is not None:
-                try:
-                    from gym_autoinstr.advice.ray_tasks import execute_async
-                except Exception:
-                    execute_async = None
-                    if not missing:
-                        missing.append(1)
-                        import sys
-
-                        print(MISSING_TEXT, file=sys.stderr, flush=True)
-                if execute_async is not None:
-                    return await execute_async(function, args, kwargs, carrier)
-            return await function(*args, **kwargs)
-
-        wrapper = traced_async
-    else:
-
-        @functools.wraps(function)
-        def traced(*args, **kwargs):  # type: ignore[no-untyped-def]
-            carrier = kwargs.pop("_gym_autoinstr_ctx", None)
-            if carrier is not None:
-                try:
-                    from gym_autoinstr.advice.ray_tasks import execute
-                except Exception:
-                    execute = None
-                    if not missing:
-                        missing.append(1)
-                        import sys
-
-                        print(MISSING_TEXT, file=sys.stderr, flush=True)
-                if execute is not None:
-                    return execute(function, args, kwargs, carrier)
-            return function(*args, **kwargs)
-
-        wrapper = traced
-    return wrapper
-
-
-# The wrapper's code names this global; cloudpickle carries its value with the function.
-MISSING_TEXT = MISSING_MESSAGE
+# carrier_wrapper(function, missing=None): the stand-in Ray pickles for a task or an actor method
+carrier_wrapper = functools.partial(stand_in, runner="gym_autoinstr.advice.ray_worker.execute", text=MISSING_MESSAGE)
 
 
 def _install(remote_function: Any) -> bool:
@@ -264,48 +193,8 @@ def _refs_task_id(result: Any) -> str | None:
     return task_id().hex()
 
 
-def _prepare(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
-    if coexistence.native_telemetry_live() or not _install(instance):
-        return None
-    function = instance._function
-    name = _function_name(getattr(function, "__wrapped__", function))
-    return _open_submission(f"ray.submit {getattr(function, '__qualname__', name)}", {FUNCTION: name}, args, kwargs)
-
-
-def _submit_span(span_name: str, attributes: dict) -> Any:
-    return tracer().start_span(
-        span_name,
-        kind=SpanKind.PRODUCER,
-        attributes={**attributes, "messaging.system": "ray", "messaging.operation.type": "send"},
-    )
-
-
-def _open_submission(span_name: str, attributes: dict, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
-    _, call_kwargs = call_parts(args, kwargs)
-    rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
-    span = _submit_span(span_name, attributes)
-    new_kwargs = dict(call_kwargs or {})
-    new_kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
-    args, kwargs = with_call_kwargs(args, kwargs, new_kwargs)
-    return span, args, kwargs
-
-
-def remote_function_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``RemoteFunction._remote``: a PRODUCER span around the submission, the carrier added."""
-    ray_actor.join_as_driver()
-    if groups.RAY not in groups.ENABLED:
-        return wrapped(*args, **kwargs)
-    try:
-        prepared = _prepare(instance, args, kwargs)
-    except Exception as error:
-        warn_once("ray:submit", "Ray task submission not traced: %r", error)
-        prepared = None
-    if prepared is None:
-        return wrapped(*args, **kwargs)
-    return _submit(wrapped, *prepared)
-
-
-def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
+def _submit(wrapped: Any, prepared: tuple[Any, tuple, dict]) -> Any:
+    span, args, kwargs = prepared
     try:
         entered = context_ops.enter(span)
         try:
@@ -325,6 +214,46 @@ def _submit(wrapped: Any, span: Any, args: tuple, kwargs: dict) -> Any:
         pass
     span.end()
     return result
+
+
+def _submission_advice(key: str, message: str, *, stub: bool = False) -> Any:
+    """Make ``describe(instance)``, which names what a submission runs (``(name,
+    attributes)``; None: not traced), the advice on one of Ray's submission calls: a PRODUCER
+    span ``ray.submit <name>`` around the call, the carrier among the task's keyword
+    arguments.  ``stub``: a Ray client stub's ``remote``, which takes them itself (and one
+    that has the carrier came through ``_remote``'s advice); else ``_remote(args=, kwargs=)``."""
+
+    def decorate(describe: Any) -> Any:
+        @guarded_advice(key, message, gate=ray_actor.submission_traced, then=_submit)
+        @functools.wraps(describe)
+        def prepare(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
+            if (stub and CARRIER in kwargs) or coexistence.native_telemetry_live():
+                return None
+            described = describe(instance)
+            if described is None:
+                return None
+            call_kwargs = kwargs if stub else call_parts(args, kwargs)[1]
+            rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
+            name, attributes = described  # a dict of describe's own: completed in place
+            attributes.update(_SEND)
+            span = tracer().start_span(f"ray.submit {name}", kind=SpanKind.PRODUCER, attributes=attributes)
+            call_kwargs = dict(call_kwargs or {})
+            call_kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
+            return (span, args, call_kwargs) if stub else (span, *with_call_kwargs(args, kwargs, call_kwargs))
+
+        return prepare
+
+    return decorate
+
+
+@_submission_advice("ray:submit", "Ray task submission not traced: %r")
+def remote_function_advice(instance: Any) -> tuple[str, dict] | None:
+    """``RemoteFunction._remote``: a PRODUCER span around the submission, the carrier added."""
+    if not _install(instance):
+        return None
+    function = instance._function
+    name = _function_name(getattr(function, "__wrapped__", function))
+    return getattr(function, "__qualname__", name), {FUNCTION: name}
 
 
 # --- actors ---------------------------------------------------------------------------
@@ -381,19 +310,15 @@ def _install_on_class(cls: Any) -> None:
     setattr(cls, INSTALLED, True)
 
 
-def kill_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+@guarded_advice("ray:kill-flush", "could not have a Ray actor export its spans before ray.kill: %r", group=groups.RAY)
+def kill_advice(instance: Any, args: tuple, kwargs: dict) -> None:
     """``ray.kill(actor)``: an actor whose methods we trace exports what it has ended
     first.  The kill itself is Ray's, unchanged, only later by at most the flush timeout
     (and a little for the round trip); an actor that cannot answer in time (busy, hung,
     gone) is killed when the wait runs out.  Called on an event loop (a coroutine of a Gym
     server), nothing waits: the flush is asked for and the kill sent right after it, which
     leaves the actor the few milliseconds the kill takes to reach it."""
-    if groups.RAY in groups.ENABLED:
-        try:
-            _flush_actor(args[0] if args else kwargs.get("actor"))
-        except Exception as error:
-            warn_once("ray:kill-flush", "could not have a Ray actor export its spans before ray.kill: %r", error)
-    return wrapped(*args, **kwargs)
+    _flush_actor(args[0] if args else kwargs.get("actor"))
 
 
 def _traced_actor(handle: Any) -> bool:
@@ -442,27 +367,12 @@ def _actor_flusher(timeout: float) -> Any:
     return flush_before_kill
 
 
-def actor_method_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+@_submission_advice("ray:actor-submit", "Ray actor call not traced: %r")
+def actor_method_advice(instance: Any) -> tuple[str, dict] | None:
     """``ActorMethod._remote``: as for tasks, when the actor's class took the carrier."""
-    ray_actor.join_as_driver()
-    if groups.RAY not in groups.ENABLED:
-        return wrapped(*args, **kwargs)
-    try:
-        prepared = _prepare_actor_call(instance, args, kwargs)
-    except Exception as error:
-        warn_once("ray:actor-submit", "Ray actor call not traced: %r", error)
-        prepared = None
-    if prepared is None:
-        return wrapped(*args, **kwargs)
-    return _submit(wrapped, *prepared)
-
-
-def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict] | None:
     signature = instance.__dict__.get("_signature") or ()
-    if (
-        instance.__dict__.get("_is_generator")
-        or not any(getattr(parameter, "name", None) == CARRIER for parameter in signature)
-        or coexistence.native_telemetry_live()
+    if instance.__dict__.get("_is_generator") or not any(
+        getattr(parameter, "name", None) == CARRIER for parameter in signature
     ):
         return None
     handle = instance.__dict__.get("_actor")
@@ -473,7 +383,7 @@ def _prepare_actor_call(instance: Any, args: tuple, kwargs: dict) -> tuple[Any, 
     actor_id = getattr(handle, "_ray_actor_id", None)
     if actor_id is not None:
         attributes[ACTOR_ID] = actor_id.hex()
-    return _open_submission(f"ray.submit {method}", attributes, args, kwargs)
+    return method, attributes
 
 
 # --- Ray client mode ----------------------------------------------------------------
@@ -494,27 +404,13 @@ CLIENT_UNTRACED_MESSAGE = (
 )
 
 
-def client_call_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+@_submission_advice("ray:client-submit", "Ray client call not traced: %r", stub=True)
+def client_call_advice(instance: Any) -> tuple[str, dict] | None:
     """``ClientRemoteMethod.remote`` / ``ClientRemoteFunc.remote`` / ``OptionWrapper.remote``
     (Ray client mode): a PRODUCER span and the carrier, when the stub takes it."""
-    ray_actor.join_as_driver()
-    if groups.RAY not in groups.ENABLED or CARRIER in kwargs:
-        return wrapped(*args, **kwargs)
-    try:
-        prepared = _prepare_client_call(instance, kwargs)
-    except Exception as error:
-        warn_once("ray:client-submit", "Ray client call not traced: %r", error)
-        prepared = None
-    if prepared is None:
-        return wrapped(*args, **kwargs)
-    span, kwargs = prepared
-    return _submit(wrapped, span, args, kwargs)
-
-
-def _prepare_client_call(instance: Any, kwargs: dict) -> tuple[Any, dict] | None:
     stub = instance.__dict__.get("_remote_stub", instance)  # OptionWrapper: the stub it wraps
     kind = type(stub).__name__
-    if kind not in ("ClientRemoteMethod", "ClientRemoteFunc") or coexistence.native_telemetry_live():
+    if kind not in ("ClientRemoteMethod", "ClientRemoteFunc"):
         return None
     signature = stub.__dict__.get("_signature")
     if signature is None or CARRIER not in signature.parameters:
@@ -548,11 +444,7 @@ def _prepare_client_call(instance: Any, kwargs: dict) -> tuple[Any, dict] | None
             attributes[ACTOR_ID] = stub.__dict__["_actor_handle"].actor_ref.id.hex()
         except Exception:
             pass
-    rootless = ray_actor.caller_is_rootless()  # before our own ray.submit is current
-    span = _submit_span(f"ray.submit {name}", attributes)
-    kwargs = dict(kwargs)
-    kwargs[CARRIER] = {**_carrier(span), "rootless": rootless}
-    return span, kwargs
+    return name, attributes
 
 
 # --- the caller's side: a task's exception surfacing ------------------------------
@@ -632,116 +524,3 @@ def _mark_caller(span: Any, error: Any) -> None:
         return
     cause = getattr(error, "cause", None)
     mark_error(span, cause if isinstance(cause, BaseException) else error)
-
-
-# --- the worker side -----------------------------------------------------------------
-
-
-def _runtime_facts() -> dict:
-    facts: dict[str, Any] = {}
-    try:
-        import ray
-
-        runtime = ray.get_runtime_context()
-        for key, getter in (
-            (TASK_ID, "get_task_id"),
-            (NODE_ID, "get_node_id"),
-            (WORKER_ID, "get_worker_id"),
-            (ACTOR_ID, "get_actor_id"),
-            (JOB_ID, "get_job_id"),
-        ):
-            try:
-                value = getattr(runtime, getter)()
-            except Exception:
-                value = None
-            if value:
-                facts[key] = str(value)
-    except Exception:
-        pass
-    return facts
-
-
-def _begin(function: Any, carrier: Any) -> tuple[Any, Any] | None:
-    if not isinstance(carrier, dict):
-        return None
-    from gym_autoinstr.setup import configurator
-
-    facts = _runtime_facts()
-    if not configurator.configure_ray_worker(
-        str(carrier.get("server") or "unknown"), dict(carrier.get("settings") or {}), facts.get(NODE_ID)
-    ):
-        return None
-    parent = propagate.extract(carrier.get("context") or {})
-    attributes: dict[str, Any] = {
-        FUNCTION: _function_name(function),
-        "messaging.system": "ray",
-        "messaging.operation.type": "process",
-        **facts,
-    }
-    import os
-
-    attributes[WORKER_PID] = os.getpid()
-    submitted = carrier.get("submitted")
-    if isinstance(submitted, (int, float)):
-        attributes[WAIT] = max(0.0, time.time() - float(submitted))
-    span = tracer().start_span(
-        f"ray.execute {getattr(function, '__qualname__', '?')}",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        attributes=attributes,
-    )
-    current = trace.set_span_in_context(span, parent)
-    if carrier.get("rootless"):  # nothing upstream but our own Ray spans
-        current = ray_actor.mark_rootless(span, current)
-    token = context.attach(current)
-    return span, token
-
-
-def _end(span: Any, token: Any) -> None:
-    try:
-        context.detach(token)
-    except Exception:
-        pass
-    span.end()
-    from gym_autoinstr.setup.flush import request_flush
-
-    request_flush()
-
-
-def execute(function: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
-    """Run a Gym task in this Ray worker inside a ``ray.execute`` span."""
-    try:
-        begun = _begin(function, carrier)
-    except Exception as error:
-        warn_once("ray:execute", "Ray task not traced in this worker: %r", error)
-        begun = None
-    if begun is None:
-        return function(*args, **kwargs)
-    span, token = begun
-    try:
-        return function(*args, **kwargs)
-    except BaseException as error:
-        if isinstance(error, Exception):
-            mark_error(span, error)
-        raise
-    finally:
-        _end(span, token)
-
-
-async def execute_async(function: Any, args: tuple, kwargs: dict, carrier: Any) -> Any:
-    try:
-        begun = _begin(function, carrier)
-    except Exception as error:
-        warn_once("ray:execute", "Ray task not traced in this worker: %r", error)
-        begun = None
-    if begun is None:
-        return await function(*args, **kwargs)
-    span, token = begun
-    try:
-        return await function(*args, **kwargs)
-    except BaseException as error:
-        if isinstance(error, Exception):
-            mark_error(span, error)
-        raise
-    finally:
-        _end(span, token)

@@ -55,6 +55,7 @@ from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import coexistence, concurrency, genai, outcome
 from gym_autoinstr.advice.egress import current_rollout_id
+from gym_autoinstr.advice.guard import guarded_advice
 from gym_autoinstr.fastpath import context_ops
 from gym_autoinstr.telemetry import groups, metrics, sampling
 from gym_autoinstr.telemetry.spans import mark_error, tracer
@@ -137,13 +138,11 @@ def _server_name(server: Any) -> str:
     return configured if isinstance(configured, str) else ""
 
 
-def add_api_route_advice(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Around ``fastapi.routing.APIRouter.add_api_route``: wrap a Gym seam's endpoint."""
-    try:
-        args, kwargs = _with_seam_endpoint(args, kwargs)
-    except Exception as error:  # the route is registered unwrapped, never lost
-        warn_once("routes:register", "route seam skipped: %r", error)
-    return wrapped(*args, **kwargs)
+@guarded_advice("routes:register", "route seam skipped: %r")
+def add_api_route_advice(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Around ``fastapi.routing.APIRouter.add_api_route``: wrap a Gym seam's endpoint (on
+    an error, the route is registered unwrapped, never lost)."""
+    return _with_seam_endpoint(args, kwargs)
 
 
 def _with_seam_endpoint(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -224,17 +224,17 @@ def test_every_call_under_a_dropped_span_gets_the_same_headers_in_a_dict_of_its_
     assert not _client_spans(spans)
 
 
-# -- GYM_AUTOINSTR_CLIENT_SPANS=failures (the lean shape) ------------------------------
+# -- GYM_AUTOINSTR_CLIENT_SPANS=failures (the failures-only shape) --------------------
 
 
 @pytest.fixture
-def lean(monkeypatch):
-    """The lean shape on, and ``fleet(base)`` makes ``base`` a Gym server of the fleet."""
-    from gym_autoinstr.advice import egress, pool
+def failures_only(monkeypatch):
+    """The failures-only shape on, and ``fleet(base)`` makes ``base`` a Gym server of the fleet."""
+    from gym_autoinstr.advice import egress, fleet_addresses
 
-    monkeypatch.setattr(egress._LEAN, "on", True)
+    monkeypatch.setattr(egress._FAILURES_ONLY, "on", True)
     names: dict[str, str] = {}
-    monkeypatch.setattr(pool._state, "names", names)
+    monkeypatch.setattr(fleet_addresses._state, "names", names)
 
     def fleet(base: str) -> None:
         names[base[len("http://") :]] = "resources"
@@ -242,12 +242,12 @@ def lean(monkeypatch):
     return fleet
 
 
-def test_lean_a_call_between_gym_servers_has_no_client_span_and_carries_the_callers(instrumented, spans, lean):
+def test_failures_only_call_between_gym_servers_has_no_client_span_carries_callers(instrumented, spans, failures_only):
     from opentelemetry import trace
 
     app = _echo_app()
     with serve(app) as base:
-        lean(base)
+        failures_only(base)
         with trace.get_tracer("test").start_as_current_span("handler") as handler:
             assert _call(f"{base}/echo", json={}, headers={"x-caller": "yes"}) == 200
     assert _client_spans(spans) == []
@@ -257,14 +257,14 @@ def test_lean_a_call_between_gym_servers_has_no_client_span_and_carries_the_call
     assert int(flags, 16) & 1 and received["x-caller"] == "yes"  # sampled
 
 
-def test_lean_keeps_client_spans_outside_the_fleet_and_outside_a_traced_request(instrumented, spans, lean):
+def test_failures_only_keeps_client_spans_outside_fleet_and_traced_request(instrumented, spans, failures_only):
     from opentelemetry import trace
 
     app = _echo_app()
     with serve(app) as base:
         with trace.get_tracer("test").start_as_current_span("handler") as handler:
             _call(f"{base}/echo", json={})  # not a server of the fleet: the model's upstream, say
-        lean(base)
+        failures_only(base)
         _call(f"{base}/echo", json={})  # a fleet server, but no span of the caller to hang it on
     outside, unparented = _client_spans(spans)
     assert outside.parent.span_id == handler.context.span_id
@@ -273,7 +273,7 @@ def test_lean_keeps_client_spans_outside_the_fleet_and_outside_a_traced_request(
         assert int(received["traceparent"].split("-")[2], 16) == span.context.span_id
 
 
-def test_lean_a_failed_call_between_gym_servers_gets_its_client_span_with_error(instrumented, spans, lean):
+def test_failures_only_failed_call_between_gym_servers_gets_client_span_with_error(instrumented, spans, failures_only):
     import asyncio
 
     import aiohttp
@@ -287,7 +287,7 @@ def test_lean_a_failed_call_between_gym_servers_gets_its_client_span_with_error(
         return {}
 
     with serve(app) as base:
-        lean(base)
+        failures_only(base)
         with trace.get_tracer("test").start_as_current_span("handler") as handler:
             with pytest.raises(Exception) as raised:  # Gym tries 3 times, then re-raises
                 _call(f"{base}/slow", json={}, timeout=aiohttp.ClientTimeout(total=0.1))
@@ -303,11 +303,11 @@ def test_lean_a_failed_call_between_gym_servers_gets_its_client_span_with_error(
 
 
 def test_client_spans_setting_values():
-    from gym_autoinstr.advice.egress import client_spans_on_failure_only as lean
+    from gym_autoinstr.advice.egress import client_spans_on_failure_only as failures_only
 
-    assert lean({}) is False and lean({"GYM_AUTOINSTR_CLIENT_SPANS": " All "}) is False
-    assert lean({"GYM_AUTOINSTR_CLIENT_SPANS": "FAILURES"}) is True
-    assert lean({"GYM_AUTOINSTR_CLIENT_SPANS": "lean"}) is False  # unknown: the default, with a warning
+    assert failures_only({}) is False and failures_only({"GYM_AUTOINSTR_CLIENT_SPANS": " All "}) is False
+    assert failures_only({"GYM_AUTOINSTR_CLIENT_SPANS": "FAILURES"}) is True
+    assert failures_only({"GYM_AUTOINSTR_CLIENT_SPANS": "lean"}) is False  # unknown: the default, with a warning
 
 
 def test_resends_are_counted_on_gyms_session_alone(instrumented, spans):
@@ -377,10 +377,10 @@ def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeyp
     per-rollout prefix) as attributes, and the span named ``{method} {url.template}`` (HTTP
     semantic conventions; the rollout id templated out); any other URL, ``{method}``."""
     from gym_autoinstr import attributes as attr
-    from gym_autoinstr.advice import pool
+    from gym_autoinstr.advice import fleet_addresses
 
     names: dict[str, str] = {}
-    monkeypatch.setattr(pool._state, "names", names)
+    monkeypatch.setattr(fleet_addresses._state, "names", names)
     app = _echo_app()
 
     @app.post("/ng-rollout/{rollout_id}/v1/responses")

@@ -327,7 +327,7 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
         await asyncio.sleep(0.2)
         return {}
 
-    from gym_autoinstr.advice import egress
+    from gym_autoinstr.advice import egress, fleet_addresses
 
     with serve(app) as base:
         port = int(base.rsplit(":", 1)[1])
@@ -335,7 +335,7 @@ def test_pool_waits_by_destination_gym_server(instrumented, reader, monkeypatch,
             {"slow_resources": {"resources_servers": {"slow": {"host": "127.0.0.1", "port": port}}}}
         )
         monkeypatch.setattr(global_config, "_GLOBAL_CONFIG_DICT", config)
-        monkeypatch.setattr(pool._state, "names", None)
+        monkeypatch.setattr(fleet_addresses._state, "names", None)
         pool._attributes.clear()
         previous = server_utils._GLOBAL_AIOHTTP_CLIENT
 
