@@ -120,7 +120,9 @@ def test_a_rollout_is_one_trace_across_every_server_process(version, flagship, b
     assert all(strip_ids(r) == strip_ids(bare_result) for r in run.results)
 
 
-def _assert_lean_trace(trace_id: str, trace: list[dict], trio: GymTrio, upstream: list[dict], policy_model) -> None:
+def _assert_failures_only_trace(
+    trace_id: str, trace: list[dict], trio: GymTrio, upstream: list[dict], policy_model
+) -> None:
     """``GYM_AUTOINSTR_CLIENT_SPANS=failures``: each callee's SERVER span hangs directly
     under the caller's span, the rollout is still one connected trace, and the only CLIENT
     spans left are the model server's calls to its upstream (not a Gym server)."""
@@ -134,9 +136,9 @@ def _assert_lean_trace(trace_id: str, trace: list[dict], trio: GymTrio, upstream
         assert span["attributes"]["http.response.status_code"] == 200
 
 
-def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_model, collector):
-    """The lean shape (``GYM_AUTOINSTR_CLIENT_SPANS=failures``) on 0.7: the relay's call to
-    the agent loses its CLIENT span too.  (0.4.0's lean shape: the ratio-sampler test.)"""
+def test_failures_only_shape_has_no_client_span_between_gym_servers(tmp_path, policy_model, collector):
+    """The failures-only shape (``GYM_AUTOINSTR_CLIENT_SPANS=failures``) on 0.7: the relay's call to
+    the agent loses its CLIENT span too.  (0.4.0's failures-only shape: the ratio-sampler test.)"""
     version = "0.7.0"
     reset_upstream(policy_model)
     env = otel_env(collector, "http/protobuf", GYM_AUTOINSTR_CLIENT_SPANS="failures")
@@ -151,7 +153,7 @@ def test_lean_shape_has_no_client_span_between_gym_servers(tmp_path, policy_mode
     traces = rollout_traces(collector.sink.spans(), f"nemo-gym/{ENVIRONMENT}")
     assert len(traces) == 2
     for trace_id, trace in traces.items():
-        _assert_lean_trace(trace_id, trace, trio, upstream, policy_model)
+        _assert_failures_only_trace(trace_id, trace, trio, upstream, policy_model)
 
 
 def _wait_exited(process, timeout: float = 20) -> None:
@@ -179,7 +181,7 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
     A kept rollout is one connected trace across every server; a dropped one leaves no
     span anywhere, yet its decision still reaches the model's upstream (an unsampled
     ``traceparent`` on each of its calls), and Gym's answers are unchanged.  The fleet
-    runs the lean shape too (``GYM_AUTOINSTR_CLIENT_SPANS=failures``, 0.4.0): each kept
+    runs the failures-only shape too (``GYM_AUTOINSTR_CLIENT_SPANS=failures``, 0.4.0): each kept
     rollout has no CLIENT span between Gym servers (one fleet for both settings)."""
     reset_upstream(policy_model)
     env = otel_env(
@@ -204,7 +206,7 @@ def test_a_ratio_sampler_at_the_servers_keeps_each_rollout_whole_or_not_at_all(t
     # Binomial(30, 1/2): outside 3..27 has probability ~1e-5
     assert 3 <= len(traces) <= 27, len(traces)
     for trace_id, trace in traces.items():
-        _assert_lean_trace(trace_id, trace, trio, upstream, policy_model)
+        _assert_failures_only_trace(trace_id, trace, trio, upstream, policy_model)
     # the model server's upstream calls: two per rollout, each rollout its own trace id,
     # sampled exactly for the kept ones
     calls = [r for r in upstream if r["path"].endswith("/responses")]
