@@ -177,6 +177,13 @@ def test_an_endpoint_that_is_no_url_is_named(endpoint, why):
     assert error.fix == "set OTEL_EXPORTER_OTLP_ENDPOINT=http://<host>:4318" and "steps" not in section["targets"][0]
 
 
+@pytest.mark.parametrize("endpoint", ["http://user:s3cret@127.0.0.1:notaport", "user:s3cret@collector:4318"])
+def test_credentials_in_an_endpoint_that_is_no_url_are_not_echoed(endpoint):
+    section, problems = check({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    shown = json.dumps([section, [(p.problem, p.fix) for p in problems]], default=str)
+    assert "cannot be used" in the_error(problems).problem and "user" not in shown and "s3cret" not in shown
+
+
 # -- spans cannot arrive: each cause named, with its fix ----------------------------------
 
 

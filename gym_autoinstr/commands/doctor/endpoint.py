@@ -89,7 +89,7 @@ def resolve(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
         target["tls"] = scheme == "https"
         target["port"] = port or (443 if scheme == "https" else 80)
     if not target["host"] and "invalid" not in target:
-        target["invalid"] = "it names no host" + ("" if "://" in base else f" (no scheme: http://{base}?)")
+        target["invalid"] = "it names no host" + ("" if "://" in base else f" (no scheme: http://{hidden(base)}?)")
     headers_raw, headers_variable = _variable(environ, settings.OTLP_TRACES_HEADERS, settings.OTLP_HEADERS)
     target["headers_variable"] = headers_variable or "OTEL_EXPORTER_OTLP_HEADERS"
     target["headers"], target["bad_headers"] = _parse_headers(headers_raw or "")
@@ -130,10 +130,18 @@ def public(target: dict[str, Any]) -> dict[str, Any]:
     shown["headers"] = sorted(target["headers"])
     try:
         parts = urlsplit(target["url"])
-        shown["url"] = parts._replace(query="", fragment="", netloc=parts.netloc.rpartition("@")[2]).geturl()
+        shown["url"] = hidden(parts._replace(query="", fragment="", netloc=parts.netloc.rpartition("@")[2]).geturl())
     except ValueError:  # no URL ("invalid" says why): as written, less a query and credentials
-        shown["url"] = re.sub(r"//[^/]*@", "//", target["url"].partition("?")[0])
+        shown["url"] = hidden(target["url"].partition("?")[0])
+    if "invalid" in target:  # ("user:password@host" reads as the scheme "user" and a path)
+        shown.pop("scheme", None)
+        shown["path"] = hidden(target["path"])
     return shown
+
+
+def hidden(text: str) -> str:
+    """An endpoint as shown: credentials written into it (``user:password@``) left out."""
+    return re.sub(r"(^|//)[^/?#@]*@", r"\1", text)
 
 
 def source(target: dict[str, Any]) -> str:
@@ -165,7 +173,7 @@ def check(target: dict[str, Any]) -> list[Problem]:
             Problem(
                 ERROR,
                 SUBJECT,
-                f"{source(target)}={target['configured']!r} cannot be used: {target['invalid']}",
+                f"{source(target)}={hidden(target['configured'])!r} cannot be used: {target['invalid']}",
                 set_endpoint_fix(target, f"http://<host>:{port}"),
             )
         )
