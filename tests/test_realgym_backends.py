@@ -31,7 +31,7 @@ import urllib.request
 
 import pytest
 
-from tests.commands.test_view import _cli
+from tests.commands.view_helpers import _cli
 from tests.harness import browser
 from tests.harness.collector import Collector
 from tests.harness.demo_run import running_demo

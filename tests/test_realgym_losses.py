@@ -22,7 +22,7 @@ import pytest
 from gym_autoinstr.commands.slow import read_run
 from gym_autoinstr.setup.files import read_path
 from gym_autoinstr.setup.notes import process_notes
-from tests.commands.test_view import _cli
+from tests.commands.view_helpers import _cli
 from tests.harness.collector import SilentCollector
 from tests.harness.metrics import latest, metric_points
 from tests.harness.trio import AGENT, MODEL, RESOURCES, GymTrio

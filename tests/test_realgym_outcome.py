@@ -23,7 +23,7 @@ import urllib.request
 
 import pytest
 
-from tests.commands.test_view import _dom
+from tests.commands.view_helpers import _dom
 from tests.harness.jobs import RESOURCES, output_rows
 from tests.harness.metrics import latest, metric_points
 from tests.harness.traces import by_trace, job_spans, linked_rollout_roots, service_of, spans_since

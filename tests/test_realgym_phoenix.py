@@ -19,7 +19,7 @@ import urllib.parse
 
 import pytest
 
-from tests.commands.test_view import _cli
+from tests.commands.view_helpers import _cli
 from tests.harness.browser import page_text, require_chromium, screenshot
 from tests.harness.demo_run import running_demo
 

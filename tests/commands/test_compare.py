@@ -17,8 +17,8 @@ import pytest
 
 from gym_autoinstr.commands.compare import comparison, stats
 from gym_autoinstr.commands.runs import store
-from tests.commands.test_view import _cli, _dom
 from tests.commands.test_view_scale import _Process
+from tests.commands.view_helpers import _cli, _dom
 
 # ----------------------------------------------------------------------------- statistics
 

@@ -25,8 +25,8 @@ import pytest
 from gym_autoinstr.commands import cli
 from gym_autoinstr.commands.export import columns, formats
 from gym_autoinstr.setup.files import read_path
-from tests.commands.test_view import _cli
 from tests.commands.test_view_scale import BASE_NS, MS, _kv, write_synthetic_run
+from tests.commands.view_helpers import _cli
 
 N = 1000  # rollout 999's tool call fails
 JOB = "ab" * 16

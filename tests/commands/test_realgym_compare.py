@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.commands.test_view import _cli, _dom
+from tests.commands.view_helpers import _cli, _dom
 from tests.harness.campaign import SLOWER_MS
 
 pytestmark = pytest.mark.realgym

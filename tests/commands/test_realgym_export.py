@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.commands.test_export import read_rows
-from tests.commands.test_view import _cli
+from tests.commands.view_helpers import _cli
 from tests.harness.campaign import REPEATS, SLOWER_MS, TASKS, reward_after, reward_before
 
 pytestmark = pytest.mark.realgym

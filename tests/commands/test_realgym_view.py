@@ -2,7 +2,8 @@
 ``opentelemetry-instrument`` with nothing configured (the embedded default writes one
 OTLP-JSON file per process), every span group on, a few sequential rollouts (``real_run``),
 read back in the terminal and in headless Chromium.  Gym 0.4.0 has no rollout ids and no
-failures: the filters those need, and the helpers used here, are in ``test_view.py``.
+failures: the filters those need are in ``test_view.py``, the helpers used here in
+``view_helpers.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from gym_autoinstr.commands.view.filters import select
 from gym_autoinstr.commands.view.model import build_traces, summary
 from gym_autoinstr.setup.files import METRICS_SUFFIX, read_path, segment_files, segment_lines, span_segments
-from tests.commands.test_view import (
+from tests.commands.view_helpers import (
     _assert_page_matches_traces,
     _assert_self_contained,
     _assert_text_matches_rows,

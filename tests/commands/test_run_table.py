@@ -24,9 +24,9 @@ from gym_autoinstr.fastpath import wire_json
 from gym_autoinstr.fastpath.batching import EncodingSpanProcessor
 from gym_autoinstr.setup import files, segments
 from gym_autoinstr.setup.files import read_path, segment_lines
-from tests.commands.test_view import _cli, _command, _listed
-from tests.commands.test_view_outcome import write_outcome_run
+from tests.commands.outcome_run import write_outcome_run
 from tests.commands.test_view_scale import write_synthetic_run
+from tests.commands.view_helpers import _cli, _command, _listed
 
 FIELDS = (
     "start_ns",

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from tests.commands.test_view import _cli, _dom, _listed, _rendered_dom, _run_chromium
 from tests.commands.test_view_scale import write_synthetic_run
+from tests.commands.view_helpers import _cli, _dom, _listed, _rendered_dom, _run_chromium
 
 N_ROLLOUTS = 300
 NAMES = {"agent": "simple_weather_simple_agent", "model": "policy_model", "resources": "simple_weather"}

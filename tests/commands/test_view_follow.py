@@ -34,7 +34,7 @@ from gym_autoinstr.commands.view.follow import Follower
 from gym_autoinstr.setup.files import encode_otlp_json
 from gym_autoinstr.setup.notes import process_notes
 from gym_autoinstr.setup.runs import _process_start
-from tests.commands.test_view import _cli
+from tests.commands.view_helpers import _cli
 
 BASE = 1_700_000_000.0  # seconds: the spans' time and the follower's clock
 MS = 1_000_000

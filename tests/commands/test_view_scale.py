@@ -23,7 +23,7 @@ import pytest
 
 from gym_autoinstr.commands.view.page import DEFAULT_MAX_DETAIL
 from gym_autoinstr.setup.files import OtlpJsonFileExporter, read_path
-from tests.commands.test_view import _cli, _command, _dom, _text_blocks
+from tests.commands.view_helpers import _cli, _command, _dom, _text_blocks
 
 N_ROLLOUTS = 16_000
 BASE_NS = 1_760_000_000_000_000_000
