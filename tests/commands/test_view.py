@@ -145,6 +145,12 @@ def test_exit_codes(tmp_path, handbuilt_run):
     assert "OTLP endpoint configured" in empty.stderr
     none = _cli("view", str(handbuilt_run["dir"]), "--where", "reward>5")
     assert none.returncode == 1 and "no traces found matching the filters, of the 3 read in" in none.stderr
+    unknown = _cli("view", str(handbuilt_run["dir"]), "--rollout", "nope")
+    assert unknown.returncode == 1 and "loosen them (--rollout, --trace," in unknown.stderr
+    nothing_piped = _cli("view", "-", stdin="")
+    assert (
+        nothing_piped.returncode == 1 and "no spans on standard input; pipe a span file's lines" in nothing_piped.stderr
+    )
 
 
 def test_no_path_is_the_newest_run_here(tmp_path, handbuilt_run):

@@ -455,7 +455,13 @@ def _nothing_found(paths: Sequence[str], campaign, filtered: bool) -> str:
     if filtered and campaign.rollouts:
         return (
             f"no traces found matching the filters, of the {len(campaign.rollouts)} read in {read}: "
-            "loosen them (--where, --attr, --service, --status), or leave them out to list every trace"
+            "loosen them (--rollout, --trace, --errors, --where, --attr, --service, --status), "
+            "or leave them out to list every trace"
+        )
+    if list(paths) == ["-"]:
+        return (
+            "no traces found: no spans on standard input; pipe a span file's lines "
+            "(OTLP-JSON, one request a line), e.g. zcat RUN/*.jsonl.gz | gym-autoinstr view -"
         )
     if files:
         return (
