@@ -340,6 +340,13 @@ def test_bad_sides_are_refused_saying_what_to_give(two_runs, tmp_path):
     nothing = _cli("compare", str(two_runs[0]), str(empty), env=_env(tmp_path))
     said = f"gym-autoinstr compare: side B ({empty}): no traces found: no span files (*.jsonl, *.jsonl.gz) in {empty}. "
     assert nothing.returncode == 1 and nothing.stderr.startswith(said + "Is it a run directory")
+    startup_only = tmp_path / "startup-only"
+    startup_only.mkdir()
+    process = _Process(startup_only, "orchestrator", 300)
+    process.span("ab" * 16, "cd" * 8, None, "gym.startup", 1, 0.0, 5.0, {}, False)
+    process.close()
+    no_rollout = _cli("compare", str(two_runs[0]), str(startup_only), env=_env(tmp_path))
+    assert no_rollout.returncode == 1 and f"side B ({startup_only}): 1 traces read, none a rollout" in no_rollout.stderr
     unwritable = [(tmp_path / "no" / "c.html", 2, f"no directory {tmp_path / 'no'} to write it in; create it")]
     for html, code, why in unwritable + [(empty, 1, "Is a directory; nothing written: give a file you can write")]:
         unwritten = _cli("compare", *map(str, two_runs), "--html", str(html), env=_env(tmp_path))
