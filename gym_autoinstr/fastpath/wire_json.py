@@ -66,6 +66,20 @@ def any_value(value: Any) -> str:
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
+def decoded(any_value: dict) -> Any:
+    """An ``AnyValue`` read back (``any_value``'s inverse): arrays as lists, kvlists as dicts;
+    bytes and an empty value as None."""
+    for kind, value in any_value.items():  # (one)
+        if kind == "intValue":
+            return int(value)
+        if kind == "arrayValue":
+            return [decoded(item) for item in value.get("values", ())]
+        if kind == "kvlistValue":
+            return {kv["key"]: decoded(kv.get("value") or {}) for kv in value.get("values", ())}
+        return value if kind in ("stringValue", "boolValue", "doubleValue") else None
+    return None
+
+
 def key_value(key: str, value: Any) -> str:
     if value is None:
         return '{"key":' + _text(key) + ',"value":{}}'

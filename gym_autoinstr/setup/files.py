@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from gym_autoinstr import settings
 from gym_autoinstr._log import warn_once
+from gym_autoinstr.fastpath.wire_json import decoded as _value
 from gym_autoinstr.setup import segments
 
 OUTPUT_DIR_VARIABLE = settings.OUTPUT_DIR.name
@@ -231,19 +232,6 @@ def log_exporter(directory: Path, file_stem: str) -> Any:
 
 
 # ---------------------------------------------------------------------------- reading
-
-
-def _value(any_value: dict) -> Any:
-    for key in ("stringValue", "boolValue", "doubleValue"):
-        if key in any_value:
-            return any_value[key]
-    if "intValue" in any_value:
-        return int(any_value["intValue"])
-    if "arrayValue" in any_value:
-        return [_value(v) for v in any_value["arrayValue"].get("values", [])]
-    if "kvlistValue" in any_value:
-        return {kv["key"]: _value(kv.get("value", {})) for kv in any_value["kvlistValue"].get("values", [])}
-    return None
 
 
 def _attributes(key_values: list[dict] | None) -> dict[str, Any]:

@@ -72,3 +72,10 @@ def test_strings_that_need_escaping_round_trip():
     provider.get_tracer("t").start_span('name "x"\t', attributes={'k"ey': "\u2028 \x00 é"}).end()
     span = exporter.get_finished_spans()[0]
     assert _ours([span]) == _sdk([span])
+
+
+def test_a_value_reads_back_as_written():
+    values = ["é \n", True, False, -(2**63), 2.5, ["a", "b"], [1, 2.0, True], {"k": [1, {"n": "v"}]}, []]
+    for value in values:
+        assert wire_json.decoded(json.loads(wire_json.any_value(value))) == value
+    assert wire_json.decoded(json.loads(wire_json.any_value(b"\x00"))) is None and wire_json.decoded({}) is None

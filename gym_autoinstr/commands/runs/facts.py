@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from gym_autoinstr import attributes as attr
 from gym_autoinstr.commands.runs import outcome
 from gym_autoinstr.fastpath import span_facts
+from gym_autoinstr.fastpath.wire_json import decoded as _value
 
 # Partial fields (a list, so merges happen in place)
 (
@@ -100,16 +101,6 @@ _SEAM_FIELDS = {span_facts.MODEL: MODEL, span_facts.TOOLS: TOOLS, span_facts.VER
 _ERROR = (2, "STATUS_CODE_ERROR")
 STARTUP_SPANS = ("gym.startup", "gym.server.startup")
 JOB_SPAN = "gym.job"
-
-
-def _value(any_value: dict) -> object:
-    for kind, value in any_value.items():  # (one)
-        if kind == "intValue":
-            return int(value)
-        if kind == "arrayValue":
-            return tuple(_value(v) for v in value.get("values", ()))
-        return value if kind in ("stringValue", "doubleValue", "boolValue") else None
-    return None
 
 
 def tag(key: str, value: object) -> str:
