@@ -200,6 +200,27 @@ def test_a_campaign_is_runs_below_a_folder_and_one_trace_reads_its_own_files(tmp
     assert two.runs == [str(campaign / "run-a"), str(campaign / "run-b")]
 
 
+def test_a_trace_whose_processes_wrote_in_two_runs_is_one_row(tmp_path):
+    whole = write_synthetic_run(tmp_path / "whole", 40)["dir"]
+    apart = tmp_path / "apart"
+    (apart / "servers").mkdir(parents=True)  # the orchestrator's files in one run, the servers' in another
+    (apart / "driver").mkdir()
+    for file in whole.iterdir():
+        (apart / ("driver" if file.name.startswith("orchestrator") else "servers") / file.name).write_bytes(
+            file.read_bytes()
+        )
+    expected = sorted(r.row[: facts.R_FILES] for r in store.load([str(whole)]).rollouts)
+    for _ in range(2):  # read, then from the paths' own table
+        loaded = store.load([str(apart / "driver"), str(apart / "servers")])
+        assert sorted(r.row[: facts.R_FILES] for r in loaded.rollouts) == expected and len(expected) == 42
+        drawn = next(r for r in loaded.rollouts if r.is_rollout)
+        assert {drawn.source.files[i].parent.name for i in drawn.files} == {"driver", "servers"}
+        assert len(loaded.spans_of([drawn])) == drawn.span_count  # read from both runs' files
+    one = next(r for r in loaded.rollouts if r.is_rollout)
+    found = store.load([str(apart / "driver"), str(apart / "servers")], trace=one.trace_id[:10]).rollouts
+    assert one.trace_id in {r.trace_id for r in found}
+
+
 def test_the_summary_leads_on_a_terminal_and_a_pipe_gets_every_row(tmp_path):
     run = write_synthetic_run(tmp_path / "run", 1000)["dir"]  # the 1000th fails
     piped = _cli("view", str(run))
