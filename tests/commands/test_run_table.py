@@ -221,6 +221,32 @@ def test_a_trace_whose_processes_wrote_in_two_runs_is_one_row(tmp_path):
     assert one.trace_id in {r.trace_id for r in found}
 
 
+def test_cache_files_unused_for_a_month_are_pruned_at_most_daily(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv(store.CACHE_VARIABLE, str(tmp_path / "cache"))
+    run = write_synthetic_run(tmp_path / "run", 5)["dir"]
+    store.load([str(run)])
+    root = store.cache_root()
+
+    def cached() -> int:
+        return len(list((root / "tables").iterdir())) + len(list((root / "files").iterdir()))
+
+    kept, day = cached(), 86400
+    assert kept >= 4  # the run's table, its ids, its (plain, still written) files' partials
+    later = time.time() + (store.KEEP_DAYS - 1) * day
+    store.prune(root, later)  # a month not yet past: every file kept
+    assert cached() == kept
+    later += 2 * day
+    os.utime(root / ".pruned", (later - 3600, later - 3600))
+    store.prune(root, later)  # looked an hour ago: not again
+    assert cached() == kept
+    os.utime(root / ".pruned", (later - 2 * day, later - 2 * day))
+    store.prune(root, later)
+    assert cached() == 0
+    assert len(store.load([str(run)]).rollouts) == 7  # read again from the files
+
+
 def test_the_summary_leads_on_a_terminal_and_a_pipe_gets_every_row(tmp_path):
     run = write_synthetic_run(tmp_path / "run", 1000)["dir"]  # the 1000th fails
     piped = _cli("view", str(run))

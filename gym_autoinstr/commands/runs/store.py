@@ -129,7 +129,9 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 def _load(path: Path) -> object:
     try:
-        return marshal.loads(path.read_bytes())
+        found = marshal.loads(path.read_bytes())
+        os.utime(path)  # used: kept (``prune``)
+        return found
     except (OSError, EOFError, ValueError, TypeError):
         return None
 
@@ -455,6 +457,7 @@ def load(paths: Sequence[str], trace: str | None = None) -> Campaign:
 
     wanted = [p for p in paths if str(p) != "-"]
     sources = [find_files(wanted)] if wanted else []
+    prune(cache_root())
     pool = _Pool()
     rollouts: list[Rollout] = []
     stdin_spans: list[dict] = []
@@ -475,6 +478,33 @@ def load(paths: Sequence[str], trace: str | None = None) -> Campaign:
         rollouts.sort(key=lambda r: r.start_ns)
     link_jobs(rollouts)
     return Campaign(sources, rollouts, stdin_spans)
+
+
+KEEP_DAYS = 30  # a cache file not written or read for this long is removed (at most one look a day)
+
+
+def prune(root: Path, now: float | None = None) -> None:
+    """The cache's files unused for ``KEEP_DAYS`` removed (a run deleted, a live run's files
+    since gzipped); a run read again is read from its files.  Never raises."""
+    import time
+
+    now = time.time() if now is None else now
+    marker = root / ".pruned"
+    try:
+        if now - marker.stat().st_mtime < 86400:
+            return
+    except OSError:
+        pass
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        for folder in (root / "tables", root / "files"):
+            for file in folder.iterdir() if folder.is_dir() else ():
+                status = file.stat()
+                if now - max(status.st_mtime, status.st_atime) > KEEP_DAYS * 86400:
+                    file.unlink()
+    except OSError:
+        pass
 
 
 def _stdin(spans: list[dict]) -> list[Rollout]:
