@@ -130,10 +130,11 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _load(path: Path) -> object:
     try:
         found = marshal.loads(path.read_bytes())
-        os.utime(path)  # used: kept (``prune``)
-        return found
     except (OSError, EOFError, ValueError, TypeError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # used: kept (``prune``)
+    return found
 
 
 def _save(path: Path, data: bytes) -> None:
