@@ -136,10 +136,6 @@ class Ledger:
                 for (exporter, reason), (c, first, last) in sorted(self.lost.items())
             ]
 
-    def lost_total(self) -> int:
-        with self._lock:
-            return int(sum(entry[0] for entry in self.lost.values()))
-
     def forget(self) -> None:
         """Forget the counts (a forked child starts its own; tests); the sources stay."""
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gym_autoinstr.advice import (
@@ -46,6 +46,83 @@ class Pointcut:
     # Parameters the advice relies on; a target whose signature lacks them has drifted
     # away from what the advice understands, and is skipped with a warning.
     parameters: tuple[str, ...] = ()
+
+
+# Rows with a twin on Gym 0.2.0-0.3.x (``_legacy``), where the CLI was one module
+# (``nemo_gym.cli``) and setup_command a top-level one: the same advice, there.
+_FLEET_READY = Pointcut(
+    name="fleet.ready",
+    module="nemo_gym.cli.env",
+    attribute="RunHelper.wait_for_spinup",
+    advice=fleet.servers_ready_advice,
+    versions="0.4.0+",
+    group=None,
+    purpose="gym.servers.active = N once every server is ready (orchestrator)",
+    optional=True,
+)
+_FLEET_SHUTDOWN = Pointcut(
+    name="fleet.shutdown",
+    module="nemo_gym.cli.env",
+    attribute="RunHelper.shutdown",
+    advice=fleet.fleet_shutdown_advice,
+    versions="0.4.0+",
+    group=None,
+    purpose="gym.servers.active = 0 after Gym's shutdown, then flush (orchestrator)",
+    optional=True,
+)
+_STARTUP_RUN = Pointcut(
+    name="startup.run",
+    module="nemo_gym.cli.env",
+    attribute="RunHelper.start",
+    advice=startup.run_start_advice,
+    versions="0.4.0+",
+    group=groups.STARTUP,
+    purpose="gym.startup from the start of `gym env start` until every server is ready (fleet.ready ends it)",
+    optional=True,
+)
+_STARTUP_SPAWN = Pointcut(
+    name="startup.spawn",
+    module="nemo_gym.cli.setup_command",
+    attribute="run_command",
+    advice=startup.run_command_advice,
+    versions="0.4.0+",
+    group=groups.STARTUP,
+    purpose="gym.startup.server per spawned server; its context and spawn time go to the child's environment",
+    rebind_copies=True,
+    optional=True,
+)
+_STARTUP_READY = Pointcut(
+    name="startup.ready",
+    module="nemo_gym.cli.env",
+    attribute="RunHelper.check_http_server_statuses",
+    advice=startup.statuses_advice,
+    versions="0.4.0+",
+    group=groups.STARTUP,
+    purpose="a server's gym.startup.server ends at its first good health poll",
+    optional=True,
+)
+_VENVS_REUSED = Pointcut(
+    name="venvs.reused",
+    module="nemo_gym.cli.setup_command",
+    attribute="setup_env_command",
+    advice=venvs.setup_env_command_advice,
+    versions="0.4.0+",
+    group=None,
+    purpose="a venv reused under skip_venv_if_present without our packages: one message naming the "
+    "server, the venv and the command that fixes it (orchestrator)",
+    rebind_copies=True,
+    optional=True,
+)
+
+
+def _legacy(row: Pointcut, module: str, purpose: str = "") -> Pointcut:
+    return replace(
+        row,
+        name=f"{row.name}.legacy",
+        module=module,
+        versions="0.2.0-0.3.x",
+        purpose=purpose or f"as {row.name}, where the CLI was one module",
+    )
 
 
 POINTCUTS: tuple[Pointcut, ...] = (
@@ -198,35 +275,22 @@ POINTCUTS: tuple[Pointcut, ...] = (
         optional=True,
         parameters=("config", "benchmark_name", "remote_bench_dir"),
     ),
-    Pointcut(
-        name="sandbox.start",
-        module="nemo_gym.sandbox.api",
-        attribute="AsyncSandbox.start",
-        advice=sandbox.start_advice,
-        versions="0.4.0+",
-        group=groups.SANDBOX,
-        purpose="gym.sandbox.start with provider and sandbox id",
-        optional=True,
-    ),
-    Pointcut(
-        name="sandbox.exec",
-        module="nemo_gym.sandbox.api",
-        attribute="AsyncSandbox.exec",
-        advice=sandbox.exec_advice,
-        versions="0.4.0+",
-        group=groups.SANDBOX,
-        purpose="gym.sandbox.exec with return code and error type, never the command, cwd, env or output",
-        optional=True,
-    ),
-    Pointcut(
-        name="sandbox.stop",
-        module="nemo_gym.sandbox.api",
-        attribute="AsyncSandbox.stop",
-        advice=sandbox.stop_advice,
-        versions="0.4.0+",
-        group=groups.SANDBOX,
-        purpose="gym.sandbox.stop of a running sandbox",
-        optional=True,
+    *(
+        Pointcut(
+            name=f"sandbox.{method}",
+            module="nemo_gym.sandbox.api",
+            attribute=f"AsyncSandbox.{method}",
+            advice=advice,
+            versions="0.4.0+",
+            group=groups.SANDBOX,
+            purpose=f"gym.sandbox.{method} {what}",
+            optional=True,
+        )
+        for method, advice, what in (
+            ("start", sandbox.start_advice, "with provider and sandbox id"),
+            ("exec", sandbox.exec_advice, "with return code and error type, never the command, cwd, env or output"),
+            ("stop", sandbox.stop_advice, "of a running sandbox"),
+        )
     ),
     Pointcut(
         name="sandbox.create_retry.opensandbox",
@@ -350,108 +414,20 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="`await ref` (ObjectRef.__await__ wraps ref.future()): the awaiter's current span is marked "
         "ERROR with error.type when the task's exception surfaces there",
     ),
-    Pointcut(
-        name="fleet.ready",
-        module="nemo_gym.cli.env",
-        attribute="RunHelper.wait_for_spinup",
-        advice=fleet.servers_ready_advice,
-        versions="0.4.0+",
-        group=None,
-        purpose="gym.servers.active = N once every server is ready (orchestrator)",
-        optional=True,
+    _FLEET_READY,
+    _FLEET_SHUTDOWN,
+    _STARTUP_RUN,
+    _STARTUP_SPAWN,
+    _STARTUP_READY,
+    _legacy(_STARTUP_RUN, "nemo_gym.cli"),
+    _legacy(
+        _STARTUP_SPAWN,
+        "nemo_gym.cli_setup_command",
+        "as startup.spawn (0.2 names the server only in the command's NEMO_GYM_CONFIG_PATH=)",
     ),
-    Pointcut(
-        name="fleet.shutdown",
-        module="nemo_gym.cli.env",
-        attribute="RunHelper.shutdown",
-        advice=fleet.fleet_shutdown_advice,
-        versions="0.4.0+",
-        group=None,
-        purpose="gym.servers.active = 0 after Gym's shutdown, then flush (orchestrator)",
-        optional=True,
-    ),
-    Pointcut(
-        name="startup.run",
-        module="nemo_gym.cli.env",
-        attribute="RunHelper.start",
-        advice=startup.run_start_advice,
-        versions="0.4.0+",
-        group=groups.STARTUP,
-        purpose="gym.startup from the start of `gym env start` until every server is ready (fleet.ready ends it)",
-        optional=True,
-    ),
-    Pointcut(
-        name="startup.spawn",
-        module="nemo_gym.cli.setup_command",
-        attribute="run_command",
-        advice=startup.run_command_advice,
-        versions="0.4.0+",
-        group=groups.STARTUP,
-        purpose="gym.startup.server per spawned server; its context and spawn time go to the child's environment",
-        rebind_copies=True,
-        optional=True,
-    ),
-    Pointcut(
-        name="startup.ready",
-        module="nemo_gym.cli.env",
-        attribute="RunHelper.check_http_server_statuses",
-        advice=startup.statuses_advice,
-        versions="0.4.0+",
-        group=groups.STARTUP,
-        purpose="a server's gym.startup.server ends at its first good health poll",
-        optional=True,
-    ),
-    Pointcut(
-        name="startup.run.legacy",
-        module="nemo_gym.cli",
-        attribute="RunHelper.start",
-        advice=startup.run_start_advice,
-        versions="0.2.0-0.3.x",
-        group=groups.STARTUP,
-        purpose="as startup.run, where the CLI was one module",
-        optional=True,
-    ),
-    Pointcut(
-        name="startup.spawn.legacy",
-        module="nemo_gym.cli_setup_command",
-        attribute="run_command",
-        advice=startup.run_command_advice,
-        versions="0.2.0-0.3.x",
-        group=groups.STARTUP,
-        purpose="as startup.spawn (0.2 names the server only in the command's NEMO_GYM_CONFIG_PATH=)",
-        rebind_copies=True,
-        optional=True,
-    ),
-    Pointcut(
-        name="startup.ready.legacy",
-        module="nemo_gym.cli",
-        attribute="RunHelper.check_http_server_statuses",
-        advice=startup.statuses_advice,
-        versions="0.2.0-0.3.x",
-        group=groups.STARTUP,
-        purpose="as startup.ready, where the CLI was one module",
-        optional=True,
-    ),
-    Pointcut(
-        name="fleet.ready.legacy",
-        module="nemo_gym.cli",
-        attribute="RunHelper.wait_for_spinup",
-        advice=fleet.servers_ready_advice,
-        versions="0.2.0-0.3.x",
-        group=None,
-        purpose="as fleet.ready, where the CLI was one module",
-        optional=True,
-    ),
-    Pointcut(
-        name="fleet.shutdown.legacy",
-        module="nemo_gym.cli",
-        attribute="RunHelper.shutdown",
-        advice=fleet.fleet_shutdown_advice,
-        versions="0.2.0-0.3.x",
-        group=None,
-        purpose="as fleet.shutdown, where the CLI was one module",
-        optional=True,
-    ),
+    _legacy(_STARTUP_READY, "nemo_gym.cli"),
+    _legacy(_FLEET_READY, "nemo_gym.cli"),
+    _legacy(_FLEET_SHUTDOWN, "nemo_gym.cli"),
     Pointcut(
         name="venvs.requirements",
         module="nemo_gym.global_config",
@@ -462,29 +438,8 @@ POINTCUTS: tuple[Pointcut, ...] = (
         purpose="every server venv Gym builds installs gym-autoinstr and its OpenTelemetry stack, pinned to "
         "the orchestrator's (appended to head_server_deps, orchestrator only)",
     ),
-    Pointcut(
-        name="venvs.reused",
-        module="nemo_gym.cli.setup_command",
-        attribute="setup_env_command",
-        advice=venvs.setup_env_command_advice,
-        versions="0.4.0+",
-        group=None,
-        purpose="a venv reused under skip_venv_if_present without our packages: one message naming the "
-        "server, the venv and the command that fixes it (orchestrator)",
-        rebind_copies=True,
-        optional=True,
-    ),
-    Pointcut(
-        name="venvs.reused.legacy",
-        module="nemo_gym.cli_setup_command",
-        attribute="setup_env_command",
-        advice=venvs.setup_env_command_advice,
-        versions="0.2.0-0.3.x",
-        group=None,
-        purpose="as venvs.reused, where setup_command was a top-level module",
-        rebind_copies=True,
-        optional=True,
-    ),
+    _VENVS_REUSED,
+    _legacy(_VENVS_REUSED, "nemo_gym.cli_setup_command", "as venvs.reused, where setup_command was a top-level module"),
 )
 
 

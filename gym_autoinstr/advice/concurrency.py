@@ -1,23 +1,9 @@
-"""The concurrency limits Gym's servers enforce with asyncio semaphores, by site.
-
-Gym's servers cap their own work with ``asyncio.Semaphore`` objects they keep on the
-server (the model server's ``max_concurrent_requests``, 0.7's environment
-``max_concurrent_episodes``, the verifiers' ``num_processes``, the agents'
-``concurrency``, ...).  A server is watched from the moment it is about to serve: in
-``run_webserver`` of every process that serves (the single process, or each uvicorn
-worker of a ``num_workers > 1`` server; not the main process of such a server, which
-only supervises; ``advice/ingress.py``).  Its semaphores (attributes and pydantic
-private attributes, one level deep; ``BoundedSemaphore`` and subclasses included) are
-observed from then on, and the server is looked at again at every metrics collection,
-so a semaphore it makes or replaces later is observed from the next collection (a
-replacement takes over its site).  A site is ``<server class>.<attribute>``.
-
-* ``gym.concurrency.limit``, ``.active`` (held), ``.available`` and ``.queue_depth``
-  (waiting): observable gauges by ``nemo.gym.concurrency.site`` and
-  ``nemo.gym.server.name``, read off the semaphore at collection time;
-* ``gym.concurrency.queue_wait_duration_ms`` (histogram): how long one acquisition waited,
-  recorded only for acquisitions that had to wait (also when cancelled or timed out while
-  waiting: that time was spent queued).
+"""The concurrency limits Gym's servers enforce with asyncio semaphores, by site
+(``<server class>.<attribute>``): the ``gym.concurrency.*`` gauges, read off each semaphore
+at collection time, and ``gym.concurrency.queue_wait_duration_ms``, the acquisitions that
+waited.  A server is watched from the moment it is about to serve (``advice/ingress.py``)
+and looked at again at every metrics collection, never per request.  Which semaphores
+are observed, and how the limit is read: docs/spans-and-metrics.md, "Metrics".
 
 To time waits without a cost on the free path, each found semaphore's class is swapped
 for a subclass whose ``acquire`` tests for a free slot and no waiters and then returns
@@ -27,17 +13,7 @@ semaphore's loop binding and ``asyncio.iscoroutinefunction(acquire)`` are unchan
 copy or a pickle of it is a plain semaphore of the original class (nothing of ours
 travels); ``restore()`` swaps the classes back.  A free acquire-and-release costs about
 0.3 us more than on a bare semaphore (``semaphore`` in ``benchmarks/micro.py``), beside
-work a Gym limit guards that takes milliseconds.  The re-reading of a server's
-attributes happens at collection time (every export interval), never per request.
-
-The limit: a ``BoundedSemaphore``'s bound; for a plain ``Semaphore`` (which does not
-keep its initial value) the free slots when it was found, raised to the most free slots
-seen at any later collection.  A server is found before it serves, so its limits are
-exact; a semaphore made later may be found in use, and then its limit shows low until
-a collection sees it idle.  Not observed: semaphores kept deeper than the server's own
-attributes (in a dict, a list, a helper object such as a sandbox provider), local
-variables (Gym's collection driver's ``num_samples_in_parallel``), semaphores of objects
-that are not a Gym server about to serve, and ``threading.Semaphore``.
+work a Gym limit guards that takes milliseconds.
 """
 
 from __future__ import annotations

@@ -61,9 +61,6 @@ class ClientSpans(str, enum.Enum):
         return self.value
 
 
-CLIENT_SPANS_MODES = tuple(mode.value for mode in ClientSpans)  # the default first
-
-
 def client_spans_on_failure_only(environ: dict[str, str] | None = None) -> bool:
     """Whether ``GYM_AUTOINSTR_CLIENT_SPANS`` asks for the failures-only shape (``failures``)."""
     return ClientSpans(settings.CLIENT_SPANS.read(environ)) is ClientSpans.FAILURES

@@ -18,7 +18,6 @@ from gym_autoinstr._log import warn_once
 from gym_autoinstr.attributes import SERVER_NAME
 from gym_autoinstr.telemetry import metrics
 
-FLEET_MEMORY_VARIABLE = settings.FLEET_MEMORY.name
 # server name -> (psutil.Process of what run_command spawned, attributes)
 _spawned: dict[str, tuple[Any, dict[str, str]]] = {}
 

@@ -37,8 +37,6 @@ from gym_autoinstr.setup.flush import flush, flush_async
 from gym_autoinstr.telemetry import groups, metrics, runtime, sampling
 from gym_autoinstr.telemetry.spans import mark_error, mark_startup, tracer
 
-DEFAULT_EXCLUDED_PATHS = settings.EXCLUDED_PATHS.default  # ("/", "/health", ..., "/favicon.ico")
-
 # Set while `SimpleServer.run_webserver` runs, so that only Gym's own `uvicorn.run`
 # call is touched (the head server and user apps use uvicorn too).
 _in_run_webserver: contextvars.ContextVar[bool] = contextvars.ContextVar("gym_autoinstr_run_webserver", default=False)

@@ -1,25 +1,15 @@
-"""Gym's aiohttp client: connection-slot waits, connections, retries and timeouts.
+"""Gym's aiohttp client: connection-slot waits, connections, retries and timeouts
+(``gym.http.connection_pool.*``, ``gym.http.retry_total``, ``gym.http.timeout_total``; their
+attributes and buckets: docs/spans-and-metrics.md, "Metrics").
 
 Gym sends every inter-server request through one ``aiohttp.ClientSession`` whose
-connector caps connections (``global_aiohttp_connector_limit``, ``..._limit_per_host``).
-A request over the cap waits for a slot; aiohttp announces that wait through its public
-``TraceConfig`` (``on_connection_queued_start`` / ``_end``).  Only requests that waited
-record ``gym.http.connection_pool.queue_duration_ms`` (Gym's name, unit and buckets),
-with ``nemo.gym.http.destination.server.name``: the Gym server at that host:port in
-Gym's own config, else ``host:port`` (the model endpoint behind a model server).
-
-The same ``TraceConfig`` gives, at no cost on a request that succeeds first time:
-
-* ``gym.http.connection_pool.connect_total`` (observable counter) by destination: new
-  connections opened (``on_connection_create_end``, once per connection, not per request);
-* ``gym.http.timeout_total`` by ``nemo.gym.http.internal`` (the callee is a Gym server):
-  an attempt that ended in a timeout (``on_request_exception``, failures only);
-* ``gym.http.retry_total`` by ``nemo.gym.http.retry_reason`` (``server_disconnected``,
-  ``client_os_error``, ``timeout``, ``other``) and ``nemo.gym.http.internal``: Gym's
-  ``server_utils.request`` retries a failed attempt by sending the same request again
-  from the same task, so a failure is remembered in the task's context and the next
-  attempt at that method and URL counts as one retry.  The success path pays one
-  context-variable read and a ``None`` test.
+connector caps connections: only a request over the cap waits for a slot, and records
+that wait.  aiohttp's public ``TraceConfig`` announces waits, new connections and failed
+attempts, at no cost on a request that succeeds first time.  Gym's
+``server_utils.request`` retries a failed attempt by sending the same request again from
+the same task, so a failure is remembered in the task's context and the next attempt at
+that method and URL counts as one retry (the success path pays one context-variable read
+and a ``None`` test).
 
 Where the installed aiohttp has them (checked by name and signature; 3.14 does), these
 come from hooks on the session's own ``_request`` and its connector's

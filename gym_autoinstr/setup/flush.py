@@ -20,8 +20,6 @@ from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.losses import LEDGER
 
-DEFAULT_FLUSH_TIMEOUT_MS = settings.FLUSH_TIMEOUT_MS.default
-
 
 def flush_timeout_seconds() -> float:
     return settings.FLUSH_TIMEOUT_MS.read() / 1000

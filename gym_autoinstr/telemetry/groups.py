@@ -51,7 +51,6 @@ PRESETS: dict[str, frozenset[str]] = {
 }
 DEFAULT = PRESETS["default"]
 
-SPEC_VARIABLES = (settings.SPAN_GROUPS.name, settings.GYM_SPAN_GROUPS.name)
 VALID_NAMES = "groups " + ", ".join(sorted(ALL_GROUPS)) + "; presets " + ", ".join(p for p in PRESETS if p != "off")
 
 

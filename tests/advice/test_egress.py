@@ -21,6 +21,10 @@ def _echo_app() -> FastAPI:
         seen.append({k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate", "x-caller")})
         return {"ok": True}
 
+    @app.post("/ng-rollout/{rollout_id}/v1/responses")  # Gym's per-rollout prefix
+    async def prefixed(rollout_id: str):
+        return {}
+
     return app
 
 
@@ -150,13 +154,7 @@ def test_retries_stay_inside_one_span_with_resend_count(instrumented, spans):
 
 
 def test_rollout_id_from_gyms_rollout_path(instrumented, spans):
-    app = _echo_app()
-
-    @app.post("/ng-rollout/{rollout_id}/v1/responses")
-    async def prefixed(rollout_id: str):
-        return {}
-
-    with serve(app) as base:
+    with serve(_echo_app()) as base:
         assert _call(f"{base}/ng-rollout/3-1/v1/responses", json={}) == 200
     (span,) = _client_spans(spans)
     assert span.attributes["nemo.gym.rollout.id"] == "3-1"
@@ -381,13 +379,7 @@ def test_client_span_names_its_gym_callee_and_route(instrumented, spans, monkeyp
 
     names: dict[str, str] = {}
     monkeypatch.setattr(fleet_addresses._state, "names", names)
-    app = _echo_app()
-
-    @app.post("/ng-rollout/{rollout_id}/v1/responses")
-    async def prefixed(rollout_id: str):
-        return {}
-
-    with serve(app) as base:
+    with serve(_echo_app()) as base:
         assert _call(f"{base}/echo", json={}) == 200  # not (yet) a server of the fleet
         names[base[len("http://") :]] = "my_resources"
         assert _call(f"{base}/echo?api_key=SECRET", json={}) == 200

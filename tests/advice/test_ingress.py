@@ -11,7 +11,7 @@ from fastapi import BackgroundTasks, FastAPI
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gym_autoinstr.advice.ingress import instrument_app
-from tests.advice.ingress_helpers import PARENT_ID, TRACE_ID, _context_seeing_app, _http_scope, _server_spans
+from tests.advice.ingress_helpers import PARENT_ID, TRACE_ID, _http_scope, _seeing_middleware, _served, _server_spans
 from tests.harness.servers import post_json, serve
 
 
@@ -190,25 +190,16 @@ def test_the_middleware_changes_no_context_until_its_coroutine_runs(instrumented
 
     from opentelemetry import context as otel_context
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
-
-    seen: list = []
-    app, receive = _context_seeing_app(seen)
+    middleware, seen = _seeing_middleware("context_server")
     sent: list = []
 
     async def send(message):
         sent.append(message["type"])
 
-    middleware = GymServerMiddleware(app, server_name="context_server")
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/run",
-        "scheme": "http",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "headers": [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())],
-    }
+    async def receive():
+        return {"type": "http.request", "body": b"{}"}
+
+    scope = _http_scope("/run", headers=[(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())])
 
     async def caller():
         before = otel_context.get_current()
@@ -231,28 +222,11 @@ def test_the_callers_context_is_read_the_same_from_headers_of_any_shape(instrume
     alone (no traceparent) makes a root."""
     import asyncio
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
-
-    seen: list = []
-    app, receive = _context_seeing_app(seen)
-
-    async def send(message):
-        pass
-
-    middleware = GymServerMiddleware(app, server_name="shapes_server")
+    middleware, seen = _seeing_middleware("shapes_server")
     host = (b"host", b"127.0.0.1:8000")
 
     def request(headers):
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/run",
-            "scheme": "http",
-            "http_version": "1.1",
-            "server": ("127.0.0.1", 8000),
-            "headers": headers,
-        }
-        asyncio.run(middleware(scope, receive, send))
+        asyncio.run(_served(middleware, _http_scope("/run", headers=headers)))
         return seen[-1]
 
     for flags in ("00", "01"):
@@ -329,13 +303,6 @@ def test_a_relayed_response_ends_the_span_at_its_last_byte_not_at_the_closing_em
         marks["closing"] = time.time_ns()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def receive():
-        return {"type": "http.request", "body": b"{}"}
-
-    async def send(message):
-        pass
-
-    scope = _http_scope("/verify")
-    asyncio.run(GymServerMiddleware(relayed, server_name="my_resources")(scope, receive, send))
+    asyncio.run(_served(GymServerMiddleware(relayed, server_name="my_resources"), _http_scope("/verify")))
     (span,) = [s for s in _server_spans(spans) if s.name.startswith("POST")]
     assert span.end_time <= marks["bytes_out"] < marks["closing"]

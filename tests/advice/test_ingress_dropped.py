@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.advice.ingress_helpers import PARENT_ID, TRACE_ID, _context_seeing_app, _http_scope, _server_spans
+from tests.advice.ingress_helpers import PARENT_ID, TRACE_ID, _http_scope, _seeing_middleware, _served, _server_spans
 
 
 def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the_moment_decides(
@@ -21,29 +21,13 @@ def test_a_dropped_callers_header_seen_again_is_read_once_and_the_sampler_of_the
 
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.telemetry.spans import tracer
 
-    seen: list = []
-    app, receive = _context_seeing_app(seen)
-
-    async def send(message):
-        pass
-
-    middleware = GymServerMiddleware(app, server_name="dropped_server")
+    middleware, seen = _seeing_middleware("dropped_server")
     traceparent = (b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00".encode())
 
     def request(*headers):
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/verify",
-            "scheme": "http",
-            "http_version": "1.1",
-            "server": ("127.0.0.1", 8000),
-            "headers": [(b"host", b"127.0.0.1:8000"), *headers],
-        }
-        asyncio.run(middleware(scope, receive, send))
+        asyncio.run(_served(middleware, _http_scope("/verify", *headers)))
         return seen[-1]
 
     first, second = request(traceparent), request(traceparent)
@@ -72,24 +56,21 @@ def test_a_root_the_sampler_drops_gets_a_valid_unsampled_span_and_leaves_the_con
     from opentelemetry import context as otel_context
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.telemetry.spans import tracer
 
     monkeypatch.setattr(tracer(), "sampler", ParentBased(TraceIdRatioBased(0.0)))
-    seen: list = []
-    app, receive = _context_seeing_app(seen)
+    middleware, seen = _seeing_middleware("root_server")
     sent: list = []
 
     async def send(message):
         sent.append(message.get("status"))
 
-    middleware = GymServerMiddleware(app, server_name="root_server")
     scope = _http_scope("/run")
 
     async def caller():
         before = otel_context.get_current()
-        await middleware(scope, receive, send)
-        await middleware(dict(scope), receive, send)
+        await _served(middleware, scope, send)
+        await _served(middleware, dict(scope), send)
         assert otel_context.get_current() is before
 
     asyncio.run(caller())
@@ -137,8 +118,7 @@ def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer
     """Our middleware, with ``sampler`` installed (on a lean tracer when ``lean_tracer``),
     around a bare ASGI app that notes, before any call is made under it, what the dropped
     path has kept for its context, then what a call under it is sent with, and awaits
-    ``then(scope, receive, send)`` (when given) before it responds:
-    ``(middleware, seen, receive, send)``."""
+    ``then(scope, receive, send)`` (when given) before it responds: ``(middleware, seen)``."""
     from gym_autoinstr.advice.ingress import GymServerMiddleware
     from gym_autoinstr.fastpath import context_ops
     from gym_autoinstr.telemetry import sampling
@@ -159,13 +139,7 @@ def _calls_seeing_middleware(monkeypatch, sampler, server_name: str, lean_tracer
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    async def receive():
-        return {"type": "http.request", "body": b"{}"}
-
-    async def send(message):
-        pass
-
-    return GymServerMiddleware(app, server_name=server_name), seen, receive, send
+    return GymServerMiddleware(app, server_name=server_name), seen
 
 
 def _what_the_sdk_sends_under(context) -> dict:
@@ -189,21 +163,12 @@ def test_a_dropped_rollouts_first_request_leaves_the_headers_of_its_calls_ready(
     from gym_autoinstr.telemetry import sampling
     from gym_autoinstr.telemetry.spans import tracer
 
-    middleware, seen, receive, send = _calls_seeing_middleware(
+    middleware, seen = _calls_seeing_middleware(
         monkeypatch, ParentBased(TraceIdRatioBased(0.5)), "first_request_server"
     )
 
     def request(header: str):
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/verify",
-            "scheme": "http",
-            "http_version": "1.1",
-            "server": ("127.0.0.1", 8000),
-            "headers": [(b"host", b"127.0.0.1:8000"), (b"traceparent", header.encode())],
-        }
-        asyncio.run(middleware(scope, receive, send))
+        asyncio.run(_served(middleware, _http_scope("/verify", (b"traceparent", header.encode()))))
         return seen[-1]
 
     header = f"00-{'3' * 32}-{PARENT_ID}-00"
@@ -235,12 +200,12 @@ def test_a_dropped_root_leaves_the_headers_of_its_calls_ready(instrumented, span
 
     from gym_autoinstr.telemetry import sampling
 
-    middleware, seen, receive, send = _calls_seeing_middleware(
+    middleware, seen = _calls_seeing_middleware(
         monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "root_server", lean_tracer
     )
     scope = _http_scope("/run")
     for _ in range(2):
-        asyncio.run(middleware(dict(scope), receive, send))
+        asyncio.run(_served(middleware, dict(scope)))
     for context, kept, (_span, headers) in seen:
         assert kept == headers == _what_the_sdk_sends_under(context)
         assert not int(headers["traceparent"][-2:], 16) & 0x01 and len(headers["traceparent"]) == 55  # unsampled
@@ -264,26 +229,17 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
     from gym_autoinstr.telemetry import sampling, spans
 
     def request(path, traceparent=None):
-        headers = [(b"host", b"127.0.0.1:8000")] + ([(b"traceparent", traceparent.encode())] if traceparent else [])
-        return {
-            "type": "http",
-            "method": "POST",
-            "path": path,
-            "scheme": "http",
-            "http_version": "1.1",
-            "server": ("127.0.0.1", 8000),
-            "headers": headers,
-        }
+        return _http_scope(path, *([(b"traceparent", traceparent.encode())] if traceparent else []))
 
     async def call_itself(scope, receive, send):  # with what a call under /run carries
         if scope["path"] == "/run":
             carried = sampling.dropped_call(context_ops.current_context())[1]
             await middleware(request("/v1/responses", carried["traceparent"]), receive, send)
 
-    middleware, seen, receive, send = _calls_seeing_middleware(
+    middleware, seen = _calls_seeing_middleware(
         monkeypatch, ParentBased(TraceIdRatioBased(0.0)), "agent_server", lean_tracer=True, then=call_itself
     )
-    asyncio.run(middleware(request("/run"), receive, send))
+    asyncio.run(_served(middleware, request("/run")))
     (root, kept, (_, carried)), (inner, kept_inner, (_, carried_inner)) = seen
     header = carried["traceparent"]
     assert inner is root and kept == kept_inner == carried == carried_inner  # the root's context and headers
@@ -297,7 +253,7 @@ def test_a_call_of_a_server_to_itself_runs_under_its_dropped_roots_context(instr
         "sampler",
         ParentBased(TraceIdRatioBased(0.0), remote_parent_not_sampled=ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON),
     )
-    asyncio.run(middleware(request("/v1/responses", header), receive, send))
+    asyncio.run(_served(middleware, request("/v1/responses", header)))
     read, kept_read, dropped_read = seen[-1]
     span = trace.get_current_span(read)
     assert read is not root and kept_read is None and dropped_read is None
@@ -313,25 +269,17 @@ def test_with_the_lean_tracer_a_root_is_decided_once(instrumented, monkeypatch):
 
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    from gym_autoinstr.advice.ingress import GymServerMiddleware
-
     sampler = ParentBased(TraceIdRatioBased(0.5))
     lean_tracer = _lean_tracer(monkeypatch, sampler)
     asked: list = []
     decide = lean_tracer.decide_root
     monkeypatch.setattr(lean_tracer, "decide_root", lambda name: asked.append(name) or decide(name))
-    seen: list = []
-    app, receive = _context_seeing_app(seen)
-
-    async def send(message):
-        pass
-
-    middleware = GymServerMiddleware(app, server_name="root_server")
+    middleware, seen = _seeing_middleware("root_server")
     scope = _http_scope("/run")
 
     async def serve():
         for _ in range(400):
-            await middleware(dict(scope), receive, send)
+            await _served(middleware, dict(scope))
 
     asyncio.run(serve())
     assert asked == ["POST"] * 400  # every root decided up front

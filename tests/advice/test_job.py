@@ -26,6 +26,12 @@ from tests.harness.servers import run_async, serve
 pytest.importorskip("nemo_gym")
 
 
+@pytest.fixture(autouse=True)
+def _default_job_trace(monkeypatch):
+    """``GYM_AUTOINSTR_JOB_TRACE`` unset: each rollout its own trace (a test may set it)."""
+    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+
+
 def _agent_app() -> FastAPI:
     app = FastAPI()
     app.state.traceparents = []
@@ -69,8 +75,7 @@ def _runs(finished):
     return [s for s in finished if s.kind == SpanKind.CLIENT and s.attributes["url.full"].endswith("/run")]
 
 
-def test_each_rollout_is_a_root_linked_to_the_job_which_counts_them(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+def test_each_rollout_is_a_root_linked_to_the_job_which_counts_them(instrumented, spans):
     app = _agent_app()
     with serve(app) as base:
         _collect(base, [{}, {}, {"fail": True}])
@@ -113,8 +118,7 @@ def test_opt_in_keeps_one_trace_per_job(instrumented, spans, monkeypatch):
     assert {s.context.trace_id for s in finished} == {job_span.context.trace_id}
 
 
-def test_an_embedders_open_span_parents_the_job_and_its_rollouts(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+def test_an_embedders_open_span_parents_the_job_and_its_rollouts(instrumented, spans):
     with serve(_agent_app()) as base:
         with trace.get_tracer("embedder").start_as_current_span("train.step") as step:
             _collect(base, [{}, {}])
@@ -157,8 +161,7 @@ def _examples(base: str, bodies: list[dict]):
     return run_examples
 
 
-def test_run_examples_opens_one_job_per_call_ending_with_its_last_rollout(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+def test_run_examples_opens_one_job_per_call_ending_with_its_last_rollout(instrumented, spans):
     with serve(_agent_app()) as base:
         run_examples = _examples(base, [])
 
@@ -179,8 +182,7 @@ def test_run_examples_opens_one_job_per_call_ending_with_its_last_rollout(instru
     assert all(r.end_time <= job_span.end_time for r in runs)
 
 
-def test_run_examples_inside_run_from_config_opens_no_second_job(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+def test_run_examples_inside_run_from_config_opens_no_second_job(instrumented, spans):
     with serve(_agent_app()) as base:
         run_examples = _examples(base, [])
 
@@ -192,7 +194,7 @@ def test_run_examples_inside_run_from_config_opens_no_second_job(instrumented, s
     assert job_span.attributes[attr.JOB_ENTRY] == "run_from_config" and job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 1
 
 
-def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spans, monkeypatch):
+def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spans):
     """In a Ray actor, a ray.execute of ours with nothing upstream: the job starts its own
     trace, linked to it; a span the actor opens below it is an embedder's again."""
     from opentelemetry import context as otel_context
@@ -200,7 +202,6 @@ def test_our_own_rootless_ray_execute_is_not_an_embedders_span(instrumented, spa
     from gym_autoinstr.advice import ray_actor
     from gym_autoinstr.telemetry.spans import tracer
 
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     execute = tracer().start_span("ray.execute GymActor.run_rollouts", kind=SpanKind.CONSUMER)
     token = otel_context.attach(ray_actor.mark_rootless(execute, trace.set_span_in_context(execute)))
     try:
@@ -233,10 +234,9 @@ def _job_spans(spans):
     return _by_name(spans.get_finished_spans(), "gym.job")
 
 
-def test_an_iterator_dropped_before_its_first_next_still_ends_its_job(instrumented, spans, monkeypatch):
+def test_an_iterator_dropped_before_its_first_next_still_ends_its_job(instrumented, spans):
     import gc
 
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     iterator = job.run_examples_advice(lambda rows: iter(rows), None, ([],), {})
     assert not _job_spans(spans)
     del iterator
@@ -245,9 +245,7 @@ def test_an_iterator_dropped_before_its_first_next_still_ends_its_job(instrument
     assert job_span.attributes[attr.JOB_ROLLOUTS_SENT] == 0 and job_span.status.is_ok
 
 
-def test_an_error_from_gyms_iterator_marks_and_ends_the_job(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
-
+def test_an_error_from_gyms_iterator_marks_and_ends_the_job(instrumented, spans):
     def run_examples(rows):
         def rows_checked():  # 0.7.0 validates rows at the first next
             raise KeyError("agent_ref")
@@ -261,10 +259,7 @@ def test_an_error_from_gyms_iterator_marks_and_ends_the_job(instrumented, spans,
     assert job_span.status.status_code.name == "ERROR" and job_span.attributes["error.type"] == "KeyError"
 
 
-def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_awaited_rollout(
-    instrumented, spans, monkeypatch
-):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_awaited_rollout(instrumented, spans):
     closed, kept = [], []
     with serve(_agent_app()) as base:
         started = _examples(base, [])
@@ -292,11 +287,9 @@ def test_closing_early_closes_gyms_iterator_and_the_job_ends_with_its_last_await
     assert all(r.end_time <= job_span.end_time for r in _runs(spans.get_finished_spans()))
 
 
-def test_a_rollout_awaitable_dropped_unawaited_does_not_keep_the_job_open(instrumented, spans, monkeypatch):
+def test_a_rollout_awaitable_dropped_unawaited_does_not_keep_the_job_open(instrumented, spans):
     import gc
     import warnings
-
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
 
     async def one_rollout():
         return {"reward": 1.0}
@@ -312,9 +305,7 @@ def test_a_rollout_awaitable_dropped_unawaited_does_not_keep_the_job_open(instru
     assert len(_job_spans(spans)) == 1
 
 
-def test_tasks_pass_through_unchanged_and_settle_when_done(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
-
+def test_tasks_pass_through_unchanged_and_settle_when_done(instrumented, spans):
     async def caller():
         async def rollout(n):
             await asyncio.sleep(0.01 * n)
@@ -330,8 +321,7 @@ def test_tasks_pass_through_unchanged_and_settle_when_done(instrumented, spans, 
     assert len(_job_spans(spans)) == 1
 
 
-def test_concurrent_jobs_count_and_link_only_their_own_rollouts(instrumented, spans, monkeypatch):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
+def test_concurrent_jobs_count_and_link_only_their_own_rollouts(instrumented, spans):
     with serve(_agent_app()) as base:
         run_examples = _examples(base, [])
 
@@ -368,7 +358,6 @@ def test_the_rows_gyms_driver_hands_run_examples_are_the_jobs_size_on_its_span_a
     import os
     import time
 
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
     seen_at_dispatch = []
     with serve(_agent_app()) as base:
@@ -396,7 +385,6 @@ def test_on_gym_0_6_and_later_the_size_is_the_materialized_inputs_line_count(
     """0.6+'s driver dispatches through a private helper: the size is counted from the
     materialized input file (a line per rollout) at the first dispatch, off Gym's loop; the
     note is there from the job's start, its size null until then."""
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     run_dir = tmp_path / "run"
     monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(run_dir))
     materialized = tmp_path / "rollouts.materialized_inputs.jsonl"
@@ -427,7 +415,6 @@ def test_on_gym_0_6_and_later_the_size_is_the_materialized_inputs_line_count(
 
 
 def test_a_job_resumed_from_gyms_cache_or_with_unknown_rows_has_no_size(instrumented, spans, monkeypatch, tmp_path):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
     materialized = tmp_path / "inputs.jsonl"
     materialized.write_text("{}\n" * 5)
@@ -449,7 +436,6 @@ def test_a_job_resumed_from_gyms_cache_or_with_unknown_rows_has_no_size(instrume
 
 
 def test_an_embedders_run_examples_job_has_its_rows_as_its_size(instrumented, spans, monkeypatch, tmp_path):
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     monkeypatch.setenv("GYM_AUTOINSTR_OUTPUT_DIR", str(tmp_path))
     with serve(_agent_app()) as base:
         started = _examples(base, [])
@@ -472,7 +458,6 @@ def test_no_note_without_a_run_directory_and_an_unwritable_one_never_reaches_gym
 ):
     import logging
 
-    monkeypatch.delenv(job.JOB_TRACE_VARIABLE, raising=False)
     monkeypatch.delenv("GYM_AUTOINSTR_OUTPUT_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     with serve(_agent_app()) as base:

@@ -57,26 +57,32 @@ def test_the_wrapper_without_a_carrier_is_the_function():
     assert wrapper.__name__ == "star" and wrapper.__wrapped__ is star
 
 
-def test_the_wrapper_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(tmp_path):
-    ray_cloudpickle = pytest.importorskip("ray.cloudpickle")
-    payload = tmp_path / "task.pkl"
-
-    def task(*args, **kwargs):  # defined here so it pickles by value, as Ray's tasks do
-        return [list(args), sorted(kwargs)]
-
-    payload.write_bytes(ray_cloudpickle.dumps(ray_tasks.carrier_wrapper(task)))
-    script = (
-        "import pickle,sys\n"
-        "f = pickle.loads(open(sys.argv[1], 'rb').read())\n"
-        "carrier = {'context': {'traceparent': '00-' + '1'*32 + '-' + '2'*16 + '-01'}, 'server': 's'}\n"
-        "print(f(1, k=2, _gym_autoinstr_ctx=carrier), f(3, _gym_autoinstr_ctx=carrier))\n"
-    )
+def _run_unpickled_without_us(tmp_path, pickled: bytes, script: str) -> subprocess.CompletedProcess:
+    """``script`` on ``pickled`` (a file: argv[1]) in a Python that cannot import us; it succeeds."""
+    payload = tmp_path / "payload.pkl"
+    payload.write_bytes(pickled)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = str(SHADOW)
     result = subprocess.run(
         [sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_the_wrapper_unpickles_and_runs_where_gym_autoinstr_cannot_be_imported(tmp_path):
+    ray_cloudpickle = pytest.importorskip("ray.cloudpickle")
+
+    def task(*args, **kwargs):  # defined here so it pickles by value, as Ray's tasks do
+        return [list(args), sorted(kwargs)]
+
+    script = (
+        "import pickle,sys\n"
+        "f = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "carrier = {'context': {'traceparent': '00-' + '1'*32 + '-' + '2'*16 + '-01'}, 'server': 's'}\n"
+        "print(f(1, k=2, _gym_autoinstr_ctx=carrier), f(3, _gym_autoinstr_ctx=carrier))\n"
+    )
+    result = _run_unpickled_without_us(tmp_path, ray_cloudpickle.dumps(ray_tasks.carrier_wrapper(task)), script)
     assert result.stdout.strip() == "[[1], ['k']] [[3], []]"
     assert result.stderr.count("cannot import gym_autoinstr") == 1
 
@@ -117,8 +123,6 @@ def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_importe
     ray_tasks._install_on_class(modified)
     init = inspect.signature(inspect.unwrap(modified.__init__))
     assert str(init) == "(self, x, *, _gym_autoinstr_ctx=None)"
-    payload = tmp_path / "actor.pkl"
-    payload.write_bytes(ray_cloudpickle.dumps(modified))
     script = (
         "import pickle,sys\n"
         "C = pickle.loads(open(sys.argv[1], 'rb').read())\n"
@@ -126,12 +130,7 @@ def test_an_actor_class_unpickles_and_runs_where_gym_autoinstr_cannot_be_importe
         "a = C(40, _gym_autoinstr_ctx=carrier)\n"
         "print(a.get(1, _gym_autoinstr_ctx=carrier), a.get(_gym_autoinstr_ctx=carrier), a.get(2))\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = str(SHADOW)
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(payload)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
+    result = _run_unpickled_without_us(tmp_path, ray_cloudpickle.dumps(modified), script)
     assert result.stdout.strip() == "41 40 42"
     assert result.stderr.count("cannot import gym_autoinstr") == 1
     assert "Ray actor's Python" in result.stderr

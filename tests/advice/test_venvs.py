@@ -130,22 +130,18 @@ def test_an_index_install_is_pinned_to_its_version():
     assert requirement.shell() == f"wrapt=={distribution.version}"
 
 
-def test_a_wheel_installed_from_a_local_file_is_pinned_to_that_file(installed):
-    requirement = venvs.pinned_requirement(_distribution(installed["site"], "tiny-wheel"))
-    assert requirement.kind == "archive"
+@pytest.mark.parametrize(
+    "distribution, kind, path",
+    [("tiny-wheel", "archive", "wheel"), ("tiny-dir", "directory", "directory")],
+    ids=["a wheel from a local file", "a directory"],
+)
+def test_a_local_install_is_pinned_to_its_file_or_directory(installed, distribution, kind, path):
+    requirement = venvs.pinned_requirement(_distribution(installed["site"], distribution))
+    assert requirement.kind == kind
     (argument,) = requirement.arguments
     name, _, url = argument.partition(" @ ")
-    assert name == "tiny-wheel" and url.startswith("file://")
-    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) == installed["wheel"]
-
-
-def test_a_directory_install_is_pinned_to_that_directory(installed):
-    requirement = venvs.pinned_requirement(_distribution(installed["site"], "tiny-dir"))
-    assert requirement.kind == "directory"
-    (argument,) = requirement.arguments
-    name, _, url = argument.partition(" @ ")
-    assert name == "tiny-dir"
-    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) == installed["directory"]
+    assert name == distribution and url.startswith("file://")
+    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) == installed[path]
 
 
 def test_an_editable_install_stays_editable_from_the_same_path(installed):

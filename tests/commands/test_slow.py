@@ -13,12 +13,18 @@ from gym_autoinstr.setup import files
 from gym_autoinstr.telemetry.metrics import DURATION_BOUNDARIES_MS
 
 
-def _process(run_dir, service: str, values: list[float]) -> None:
-    exporter = files.metric_exporter(run_dir, service)
-    provider = MeterProvider(
+def _provider(run_dir, service: str) -> MeterProvider:
+    """A meter provider of ``service`` writing to ``run_dir`` through our file exporter."""
+    return MeterProvider(
         resource=Resource.create({"service.name": service}),
-        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)],
+        metric_readers=[
+            PeriodicExportingMetricReader(files.metric_exporter(run_dir, service), export_interval_millis=3_600_000)
+        ],
     )
+
+
+def _process(run_dir, service: str, values: list[float]) -> None:
+    provider = _provider(run_dir, service)
     histogram = provider.get_meter("t").create_histogram(
         "gym.rollout.duration_ms", unit="ms", explicit_bucket_boundaries_advisory=list(DURATION_BOUNDARIES_MS)
     )
@@ -53,11 +59,7 @@ def test_no_metrics_files_gives_no_summary(tmp_path, capsys):
 
 
 def test_waits_for_gyms_semaphores_and_sandbox_times_are_summarised(tmp_path):
-    exporter = files.metric_exporter(tmp_path, "nemo-gym/model")
-    provider = MeterProvider(
-        resource=Resource.create({"service.name": "nemo-gym/model"}),
-        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)],
-    )
+    provider = _provider(tmp_path, "nemo-gym/model")
     meter = provider.get_meter("t")
     waits = meter.create_histogram("gym.concurrency.queue_wait_duration_ms", unit="ms")
     for value in (5.0, 50.0, 500.0):
@@ -96,11 +98,7 @@ def test_the_page_draws_gc_pauses_to_a_scale_of_their_own(tmp_path):
     server's request bars are drawn to the scale of its requests, not of those pauses."""
     import re
 
-    exporter = files.metric_exporter(tmp_path, "nemo-gym/policy_model")
-    provider = MeterProvider(
-        resource=Resource.create({"service.name": "nemo-gym/policy_model"}),
-        metric_readers=[PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)],
-    )
+    provider = _provider(tmp_path, "nemo-gym/policy_model")
     meter = provider.get_meter("t")
     requests = meter.create_histogram("http.server.request.duration", unit="s")
     for seconds in (0.010, 0.015, 0.020):

@@ -67,37 +67,29 @@ def diagnose(
     step("checking the start-up: distro, configurator, exporters")
     start, effective, found = startup(environ)
     problems += found
-    command_section, found = command_line()
-    problems += found
-    exporter_rows, found = exporters(effective, start["configurator"]["selected"])
-    problems += found
-    metric_rows, found = signal_exporters(effective, "metrics")
-    problems += found
-    log_rows, found = signal_exporters(effective, "logs")
-    problems += found
+
+    def take(section_and_problems: tuple[Any, list]) -> Any:
+        section, found = section_and_problems
+        problems.extend(found)
+        return section
+
+    sections: dict[str, Any] = {"startup": start, "command_line": take(command_line())}
+    exporter_rows = sections["exporters"] = take(exporters(effective, start["configurator"]["selected"]))
+    sections["metric_exporters"] = take(signal_exporters(effective, "metrics"))
+    sections["log_exporters"] = take(signal_exporters(effective, "logs"))
     if not offline:
         step("sending an empty export to the endpoint")
-    pipeline_section, found = pipeline(effective, exporter_rows, offline=offline)
-    problems += found
-    group_section, found = span_groups(effective)
-    problems += found
-    job_section, found = job_trace(effective)
-    problems += found
-    client_section, found = client_spans(effective)
-    problems += found
+    sections["pipeline"] = take(pipeline(effective, exporter_rows, offline=offline))
+    sections["span_groups"] = take(span_groups(effective))
+    sections["job_trace"] = take(job_trace(effective))
+    sections["client_spans"] = take(client_spans(effective))
     step("checking Gym's own telemetry, server venvs and Ray")
-    native, found = native_telemetry(report)
-    problems += found
-    venvs_section, found = server_venvs(report)
-    problems += found
-    ray_section, found = ray_propagation(effective, report, group_section["enabled"])
-    problems += found
-    variables_section, found = variables(environ)
-    problems += found
-    fast_path_section, found = fast_path(environ)
-    problems += found
-    last_run_section, found = last_run(environ)
-    problems += found
+    sections["native_telemetry"] = take(native_telemetry(report))
+    sections["server_venvs"] = take(server_venvs(report))
+    sections["ray"] = take(ray_propagation(effective, report, sections["span_groups"]["enabled"]))
+    sections["settings"] = take(variables(environ))
+    sections["fast_path"] = take(fast_path(environ))
+    sections["last_run"] = take(last_run(environ))
 
     return {
         "ok": not any(p.severity == ERROR for p in problems),
@@ -106,21 +98,7 @@ def diagnose(
         "gym": gym,
         "pointcuts": report,
         "process_patches": process_rows,
-        "startup": start,
-        "command_line": command_section,
-        "exporters": exporter_rows,
-        "metric_exporters": metric_rows,
-        "log_exporters": log_rows,
-        "pipeline": pipeline_section,
-        "span_groups": group_section,
-        "job_trace": job_section,
-        "client_spans": client_section,
-        "native_telemetry": native,
-        "server_venvs": venvs_section,
-        "ray": ray_section,
-        "settings": variables_section,
-        "fast_path": fast_path_section,
-        "last_run": last_run_section,
+        **sections,
         "this_process": {
             "configured_by": None if STATE.configured_by is None else str(STATE.configured_by),
             "exporters": list(STATE.exporters),

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from gym_autoinstr import settings
-from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem, adder
 
 DEFAULT_ENDPOINTS = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 USUAL_PORTS = {"http/protobuf": 4318, "grpc": 4317}
@@ -158,24 +158,19 @@ def check(target: dict[str, Any]) -> list[Problem]:
     protocol, scheme, variable = target["protocol"], target["scheme"], target["variable"]
     port = USUAL_PORTS[protocol]
     problems: list[Problem] = []
+    add = adder(problems, SUBJECT)
     if target["bad_headers"]:
-        problems.append(
-            Problem(
-                WARNING,
-                SUBJECT,
-                f"{target['headers_variable']}: " + "; ".join(target["bad_headers"]),
-                f"write {target['headers_variable']} as name=value pairs separated by commas, values URL-encoded "
-                "(e.g. authorization=Bearer%20<token>)",
-            )
+        add(
+            WARNING,
+            f"{target['headers_variable']}: " + "; ".join(target["bad_headers"]),
+            f"write {target['headers_variable']} as name=value pairs separated by commas, values URL-encoded "
+            "(e.g. authorization=Bearer%20<token>)",
         )
     if "invalid" in target:
-        problems.append(
-            Problem(
-                ERROR,
-                SUBJECT,
-                f"{source(target)}={hidden(target['configured'])!r} cannot be used: {target['invalid']}",
-                set_endpoint_fix(target, f"http://<host>:{port}"),
-            )
+        add(
+            ERROR,
+            f"{source(target)}={hidden(target['configured'])!r} cannot be used: {target['invalid']}",
+            set_endpoint_fix(target, f"http://<host>:{port}"),
         )
         return problems
     if protocol == "http/protobuf":
@@ -188,73 +183,54 @@ def check(target: dict[str, Any]) -> list[Problem]:
                 if scheme == "grpc"
                 else ""
             )
-            problems.append(
-                Problem(
-                    ERROR,
-                    SUBJECT,
-                    f"{source(target)}={target['configured']!r}: "
-                    f"the http/protobuf exporter needs an http:// or https:// URL{hint}",
-                    set_endpoint_fix(
-                        target,
-                        f"http://{host_for_url(target)}:{target['port'] if target['port'] not in (80, 443) else port}",
-                    ),
-                )
+            add(
+                ERROR,
+                f"{source(target)}={target['configured']!r}: "
+                f"the http/protobuf exporter needs an http:// or https:// URL{hint}",
+                set_endpoint_fix(
+                    target,
+                    f"http://{host_for_url(target)}:{target['port'] if target['port'] not in (80, 443) else port}",
+                ),
             )
         elif variable == "OTEL_EXPORTER_OTLP_ENDPOINT" and target["path"].rstrip("/").endswith("/v1/traces/v1/traces"):
-            problems.append(
-                Problem(
-                    ERROR,
-                    SUBJECT,
-                    "OTEL_EXPORTER_OTLP_ENDPOINT already ends in /v1/traces, and the exporter appends /v1/traces "
-                    f"to the generic endpoint: spans would go to {target['path']}",
-                    "drop /v1/traces from OTEL_EXPORTER_OTLP_ENDPOINT, or set the full URL in "
-                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (used as-is)",
-                )
+            add(
+                ERROR,
+                "OTEL_EXPORTER_OTLP_ENDPOINT already ends in /v1/traces, and the exporter appends /v1/traces "
+                f"to the generic endpoint: spans would go to {target['path']}",
+                "drop /v1/traces from OTEL_EXPORTER_OTLP_ENDPOINT, or set the full URL in "
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (used as-is)",
             )
         elif variable == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" and target["path"] in ("", "/"):
-            problems.append(
-                Problem(
-                    WARNING,
-                    SUBJECT,
-                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is and has no path, so spans are POSTed to /",
-                    "end it in /v1/traces (e.g. http://<host>:4318/v1/traces), or set the base URL in "
-                    "OTEL_EXPORTER_OTLP_ENDPOINT instead",
-                )
+            add(
+                WARNING,
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as-is and has no path, so spans are POSTed to /",
+                "end it in /v1/traces (e.g. http://<host>:4318/v1/traces), or set the base URL in "
+                "OTEL_EXPORTER_OTLP_ENDPOINT instead",
             )
         proxy = next(
             (name for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY") if target["proxies"].get(name)), None
         )
         if proxy:
-            problems.append(
-                Problem(
-                    INFO,
-                    SUBJECT,
-                    f"{proxy} is set: the exporter (requests) sends through that proxy unless NO_PROXY covers "
-                    f"{target['host']}, while the doctor connects directly",
-                    "if spans do not arrive but the doctor passes, "
-                    f"check the proxy or add {target['host']} to NO_PROXY",
-                )
+            add(
+                INFO,
+                f"{proxy} is set: the exporter (requests) sends through that proxy unless NO_PROXY covers "
+                f"{target['host']}, while the doctor connects directly",
+                f"if spans do not arrive but the doctor passes, check the proxy or add {target['host']} to NO_PROXY",
             )
     else:
         if scheme not in ("http", "https") and target["tls"]:
-            problems.append(
-                Problem(
-                    INFO,
-                    SUBJECT,
-                    f"{source(target)}={target['configured']!r}: with a scheme other than http:// the gRPC exporter "
-                    "connects with TLS",
-                    f"use http://{host_for_url(target)}:{target['port']} for a plain-text collector, https:// for TLS",
-                )
+            add(
+                INFO,
+                f"{source(target)}={target['configured']!r}: with a scheme other than http:// the gRPC exporter "
+                "connects with TLS",
+                f"use http://{host_for_url(target)}:{target['port']} for a plain-text collector, https:// for TLS",
             )
         if target["path"] not in ("", "/") and target["scheme"] in ("http", "https"):
-            problems.append(
-                Problem(
-                    INFO,
-                    SUBJECT,
-                    f"{source(target)} has a path ({target['path']}), "
-                    "which the gRPC exporter ignores: only host and port count",
-                    "drop the path",
-                )
+            add(
+                INFO,
+                f"{source(target)} has a path ({target['path']}), "
+                "which the gRPC exporter ignores: only host and port count",
+                "drop the path",
             )
     return problems
 

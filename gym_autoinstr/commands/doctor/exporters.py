@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gym_autoinstr import settings
-from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import ERROR, INFO, WARNING, Problem, adder
 from gym_autoinstr.commands.doctor.startup import OUR_CONFIGURATOR, _entry_points
 from gym_autoinstr.fastpath import contract
 from gym_autoinstr.setup import files
@@ -31,11 +31,10 @@ def _otlp_protocol(environ: Mapping[str, str]) -> str:
 def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[list[dict[str, Any]], list[Problem]]:
     """The trace exporters the configurator would build, and whether their packages import."""
     problems: list[Problem] = []
+    add = adder(problems, "exporter")
     rows: list[dict[str, Any]] = []
     if settings.SDK_DISABLED.read(environ):
-        problems.append(
-            Problem(ERROR, "exporter", "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED")
-        )
+        add(ERROR, "OTEL_SDK_DISABLED=true: no span is recorded", "unset OTEL_SDK_DISABLED")
         return rows, problems
     if configurator == OUR_CONFIGURATOR and files.embedded_default_applies(environ):
         return _embedded_default(environ)
@@ -43,13 +42,10 @@ def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[lis
     names = [n.strip().lower() for n in ("otlp" if configured is None else configured).split(",") if n.strip()]
     names = [n for n in names if n != "none"]
     if not names:
-        problems.append(
-            Problem(
-                ERROR,
-                "exporter",
-                f"OTEL_TRACES_EXPORTER={configured!r}: spans are created but never exported",
-                "set OTEL_TRACES_EXPORTER=otlp (or console to see spans on stderr)",
-            )
+        add(
+            ERROR,
+            f"OTEL_TRACES_EXPORTER={configured!r}: spans are created but never exported",
+            "set OTEL_TRACES_EXPORTER=otlp (or console to see spans on stderr)",
         )
     falls_back = configurator == OUR_CONFIGURATOR
     working = 0
@@ -77,25 +73,19 @@ def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[lis
                 if falls_back and _importable(other_module) is None:
                     row["used"] = other
                     working += 1
-                    problems.append(
-                        Problem(
-                            WARNING,
-                            "exporter",
-                            f"the OTLP {protocol} exporter cannot be imported ({error}); "
-                            f"spans go over OTLP {other} instead, to that protocol's port",
-                            f"pip install {package}, or set OTEL_EXPORTER_OTLP_PROTOCOL={other} and point "
-                            "OTEL_EXPORTER_OTLP_ENDPOINT at the collector's port for it (4317 grpc, 4318 http)",
-                        )
+                    add(
+                        WARNING,
+                        f"the OTLP {protocol} exporter cannot be imported ({error}); "
+                        f"spans go over OTLP {other} instead, to that protocol's port",
+                        f"pip install {package}, or set OTEL_EXPORTER_OTLP_PROTOCOL={other} and point "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT at the collector's port for it (4317 grpc, 4318 http)",
                     )
                 else:
-                    problems.append(
-                        Problem(
-                            ERROR,
-                            "exporter",
-                            f"the OTLP {protocol} exporter cannot be imported ({error}): "
-                            "spans are created but never exported",
-                            f"pip install {package}",
-                        )
+                    add(
+                        ERROR,
+                        f"the OTLP {protocol} exporter cannot be imported ({error}): "
+                        "spans are created but never exported",
+                        f"pip install {package}",
                     )
             rows.append(row)
         elif name == "console" or (name == "files" and configurator == OUR_CONFIGURATOR):
@@ -108,13 +98,10 @@ def exporters(environ: Mapping[str, str], configurator: str | None) -> tuple[lis
             if provided:
                 working += 1
             else:
-                problems.append(
-                    Problem(
-                        ERROR if len(names) == 1 else WARNING,
-                        "exporter",
-                        f"OTEL_TRACES_EXPORTER names {name!r}, which no installed package provides",
-                        "set OTEL_TRACES_EXPORTER=otlp, or install the package providing that exporter",
-                    )
+                add(
+                    ERROR if len(names) == 1 else WARNING,
+                    f"OTEL_TRACES_EXPORTER names {name!r}, which no installed package provides",
+                    "set OTEL_TRACES_EXPORTER=otlp, or install the package providing that exporter",
                 )
     return rows, problems
 
@@ -182,6 +169,7 @@ def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict
         names = logs.requested(environ)
     rows: list[dict[str, Any]] = []
     problems: list[Problem] = []
+    add = adder(problems, "exporter")
     for name in names:
         if name == "otlp":
             raw = _SIGNAL_PROTOCOLS[signal].raw(environ) or settings.OTLP_PROTOCOL.raw(environ) or ""
@@ -197,13 +185,10 @@ def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict
                 }
             )
             if error is not None:
-                problems.append(
-                    Problem(
-                        WARNING,
-                        "exporter",
-                        f"the OTLP {protocol} {signal} exporter cannot be imported ({error}): no {signal} are exported",
-                        f"pip install opentelemetry-exporter-otlp-proto-{'grpc' if protocol == 'grpc' else 'http'}",
-                    )
+                add(
+                    WARNING,
+                    f"the OTLP {protocol} {signal} exporter cannot be imported ({error}): no {signal} are exported",
+                    f"pip install opentelemetry-exporter-otlp-proto-{'grpc' if protocol == 'grpc' else 'http'}",
                 )
         elif name in ("console", "files"):
             row: dict[str, Any] = {"name": name, "importable": True, "used": name}
@@ -214,12 +199,9 @@ def signal_exporters(environ: Mapping[str, str], signal: str) -> tuple[list[dict
             rows.append(row)
         else:
             rows.append({"name": name, "importable": False, "used": None})
-            problems.append(
-                Problem(
-                    WARNING,
-                    "exporter",
-                    f"{variable} names {name!r}, which gym-autoinstr does not build: no {signal} from it",
-                    f"set {variable} to otlp, console, files or none",
-                )
+            add(
+                WARNING,
+                f"{variable} names {name!r}, which gym-autoinstr does not build: no {signal} from it",
+                f"set {variable} to otlp, console, files or none",
             )
     return rows, problems

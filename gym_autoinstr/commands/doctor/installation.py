@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import ERROR, WARNING, Problem, adder
 from gym_autoinstr.pointcuts import POINTCUTS, PROCESS_PATCHES, Pointcut, gym_release, version_applies
 
 # Top-level packages the nemo-gym distribution ships (0.2.0 - 0.7.0).
@@ -270,27 +270,22 @@ def _pointcut_fix(row: dict[str, Any]) -> str:
 def gym_section(version: str | None) -> tuple[dict[str, Any], list[Problem]]:
     """The installed release, and whether it is one we know."""
     problems: list[Problem] = []
+    add = adder(problems, "nemo-gym")
     gym: dict[str, Any] = {
         "version": version,
         "known": bool(version and is_known_release(version)),
         "known_range": KNOWN_RANGE,
     }
     if version is None:
-        problems.append(
-            Problem(
-                ERROR,
-                "nemo-gym",
-                "nemo-gym is not installed in this environment",
-                "pip install nemo-gym (in the environment gym-autoinstr runs in)",
-            )
+        add(
+            ERROR,
+            "nemo-gym is not installed in this environment",
+            "pip install nemo-gym (in the environment gym-autoinstr runs in)",
         )
     elif not gym["known"]:
-        problems.append(
-            Problem(
-                WARNING,
-                "nemo-gym",
-                f"nemo-gym {version} is outside the releases gym-autoinstr was built against ({KNOWN_RANGE})",
-                "check the pointcuts in this report: where they resolve, tracing works",
-            )
+        add(
+            WARNING,
+            f"nemo-gym {version} is outside the releases gym-autoinstr was built against ({KNOWN_RANGE})",
+            "check the pointcuts in this report: where they resolve, tracing works",
         )
     return gym, problems

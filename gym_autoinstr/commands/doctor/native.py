@@ -6,7 +6,7 @@ import importlib
 import sys
 from typing import Any
 
-from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem, adder
 
 # The names Gym 0.7's ``init_telemetry`` imports from nemo-lens; without every one of
 # them it logs "nemo-lens is not installed" and its call sites stay inert.
@@ -29,6 +29,7 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
         "live": False,
     }
     problems: list[Problem] = []
+    add = adder(problems, "Gym telemetry")
     setup = sys.modules.get("nemo_gym.telemetry.setup")
     server_utils = sys.modules.get("nemo_gym.server_utils")
     if setup is None:
@@ -53,33 +54,23 @@ def native_telemetry(report: list[dict[str, Any]]) -> tuple[dict[str, Any], list
     standing_down = next((r for r in report if r["name"] == "coexistence"), None)
     if section["live"]:
         if standing_down is not None and not standing_down["resolved"]:
-            problems.append(
-                Problem(
-                    WARNING,
-                    "Gym telemetry",
-                    "Gym's own telemetry is live but the coexistence pointcut did not resolve: "
-                    "every span would be doubled",
-                    "turn Gym's telemetry off (unset NEMO_GYM_OTEL_ENABLED / NEMO_LENS_ENABLED)",
-                )
+            add(
+                WARNING,
+                "Gym's own telemetry is live but the coexistence pointcut did not resolve: every span would be doubled",
+                "turn Gym's telemetry off (unset NEMO_GYM_OTEL_ENABLED / NEMO_LENS_ENABLED)",
             )
         else:
-            problems.append(
-                Problem(
-                    INFO,
-                    "Gym telemetry",
-                    "Gym's own telemetry is live (nemo-lens): gym-autoinstr stands down in Gym servers, "
-                    "traces come from Gym",
-                    "to trace with gym-autoinstr instead, unset NEMO_GYM_OTEL_ENABLED / NEMO_LENS_ENABLED",
-                )
+            add(
+                INFO,
+                "Gym's own telemetry is live (nemo-lens): gym-autoinstr stands down in Gym servers, "
+                "traces come from Gym",
+                "to trace with gym-autoinstr instead, unset NEMO_GYM_OTEL_ENABLED / NEMO_LENS_ENABLED",
             )
     elif section["enabled"] and section["call_sites"]:
-        problems.append(
-            Problem(
-                INFO,
-                "Gym telemetry",
-                f"Gym's own telemetry is enabled but inert (nemo-lens {section['nemo_lens']}): "
-                "gym-autoinstr traces instead",
-                "nothing to do",
-            )
+        add(
+            INFO,
+            f"Gym's own telemetry is enabled but inert (nemo-lens {section['nemo_lens']}): "
+            "gym-autoinstr traces instead",
+            "nothing to do",
         )
     return section, problems

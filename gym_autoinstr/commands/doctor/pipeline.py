@@ -212,14 +212,7 @@ def _http_export(target: dict[str, Any], deadline: float) -> list[Problem]:
         return []
     if status in (401, 403):
         what = "unauthenticated" if status == 401 else "forbidden"
-        sent = ", ".join(sorted(target["headers"])) or "none"
-        return [
-            _error(
-                f"{target['url'].split('?')[0]} refused the export: {status} ({what}); headers sent: {sent}",
-                f"check the credentials in {target['headers_variable']} "
-                "(e.g. authorization=Bearer%20<token>, URL-encoded)",
-            )
-        ]
+        return [_refused(target, target["url"].split("?")[0], f"{status} ({what})")]
     if status in (404, 405):
         if target["variable"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
             fix = (
@@ -358,11 +351,7 @@ def _grpc_problem(target: dict[str, Any], code: Any, details: str, deadline: flo
     where = endpoint.address(target)
     lowered = details.lower()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        sent = ", ".join(sorted(target["headers"])) or "none"
-        return _error(
-            f"{where} refused the export: {code.name}; headers sent: {sent}",
-            f"check the credentials in {target['headers_variable']} (e.g. authorization=Bearer%20<token>, URL-encoded)",
-        )
+        return _refused(target, where, code.name)
     if target["tls"] and ("ssl" in lowered or "handshake" in lowered or "tls" in lowered):
         return _tls_problem(target, details)
     # An HTTP/1.1 answer means an OTLP/HTTP receiver (some also take HTTP/2 and answer a

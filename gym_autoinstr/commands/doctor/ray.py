@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem
+from gym_autoinstr.commands.doctor.report import INFO, WARNING, Problem, adder
 from gym_autoinstr.telemetry import groups
 
 # The Ray releases the carrier was built and tested against.
@@ -61,6 +61,7 @@ def ray_propagation(
 ) -> tuple[dict[str, Any], list[Problem]]:
     section: dict[str, Any] = {"ray_version": None, "active": False, "reason": None, "worker_pointcuts": []}
     problems: list[Problem] = []
+    add = adder(problems, "ray")
     try:
         section["worker_pointcuts"] = worker_pointcuts()
     except Exception as error:  # the doctor reports; it never fails on its own checks
@@ -75,13 +76,10 @@ def ray_propagation(
     row = next((r for r in report if r["name"] == "ray.task"), None)
     if row is None or not row["resolved"]:
         section["reason"] = f"pointcut ray.task did not resolve: {row['reason'] if row else 'not in the table'}"
-        problems.append(
-            Problem(
-                WARNING,
-                "ray",
-                section["reason"],
-                f"report the Ray version ({section['ray_version']}); tested with Ray {TESTED_RAY}",
-            )
+        add(
+            WARNING,
+            section["reason"],
+            f"report the Ray version ({section['ray_version']}); tested with Ray {TESTED_RAY}",
         )
         return section, problems
     try:
@@ -90,34 +88,25 @@ def ray_propagation(
         shape = f"could not build a RemoteFunction ({type(error).__name__})"
     if shape:
         section["reason"] = shape
-        problems.append(
-            Problem(
-                WARNING,
-                "ray",
-                f"Ray {section['ray_version']}: {shape}; Ray tasks run untraced",
-                f"use a Ray release like {TESTED_RAY}, or report this version",
-            )
+        add(
+            WARNING,
+            f"Ray {section['ray_version']}: {shape}; Ray tasks run untraced",
+            f"use a Ray release like {TESTED_RAY}, or report this version",
         )
         return section, problems
     if groups.RAY not in enabled:
         section["reason"] = "span group 'ray' is off"
-        problems.append(
-            Problem(
-                INFO,
-                "ray",
-                "Ray tasks are not traced: span group 'ray' is off",
-                "add 'ray' to GYM_AUTOINSTR_SPAN_GROUPS to follow Gym's Ray tasks into the workers",
-            )
+        add(
+            INFO,
+            "Ray tasks are not traced: span group 'ray' is off",
+            "add 'ray' to GYM_AUTOINSTR_SPAN_GROUPS to follow Gym's Ray tasks into the workers",
         )
         return section, problems
     section["active"] = True
     if not section["ray_version"].startswith(TESTED_RAY):
-        problems.append(
-            Problem(
-                INFO,
-                "ray",
-                f"Ray {section['ray_version']} is not the release tested ({TESTED_RAY}); its shape checks out",
-                "nothing to do; report anything odd with the Ray version",
-            )
+        add(
+            INFO,
+            f"Ray {section['ray_version']} is not the release tested ({TESTED_RAY}); its shape checks out",
+            "nothing to do; report anything odd with the Ray version",
         )
     return section, problems

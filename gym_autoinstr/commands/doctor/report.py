@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,11 @@ class Problem:
     subject: str
     problem: str
     fix: str
+
+
+def adder(problems: list[Problem], subject: str) -> Callable[[str, str, str], None]:
+    """``add(severity, problem, fix)``: one more problem of ``subject`` in ``problems``."""
+    return lambda severity, problem, fix: problems.append(Problem(severity, subject, problem, fix))
 
 
 SEVERITY_ORDER = (ERROR, WARNING, INFO)

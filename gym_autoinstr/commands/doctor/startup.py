@@ -53,6 +53,10 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
     """Distro, configurator and instrumentors as ``opentelemetry-instrument`` would pick
     them, and the environment after the chosen distro's defaults."""
     problems: list[Problem] = []
+
+    def add(severity: str, subject: str, problem: str, fix: str) -> None:
+        problems.append(Problem(severity, subject, problem, fix))
+
     effective = dict(environ)
 
     distros = _entry_points("opentelemetry_distro")
@@ -62,54 +66,46 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
         for name, value in DISTRO_DEFAULTS.get(distro["value"].split(":")[0], {}).items():
             effective.setdefault(name, value)
     elif requested_distro:
-        problems.append(
-            Problem(
-                WARNING,
-                "distro",
-                f"OTEL_PYTHON_DISTRO={requested_distro!r} names no installed distro; "
-                "OpenTelemetry's default distro is used",
-                "unset OTEL_PYTHON_DISTRO or set it to one of: "
-                f"{', '.join(d['name'] for d in distros) or 'none installed'}",
-            )
+        add(
+            WARNING,
+            "distro",
+            f"OTEL_PYTHON_DISTRO={requested_distro!r} names no installed distro; "
+            "OpenTelemetry's default distro is used",
+            "unset OTEL_PYTHON_DISTRO or set it to one of: "
+            f"{', '.join(d['name'] for d in distros) or 'none installed'}",
         )
     if distro is not None and distro["name"] != OUR_DISTRO:
-        problems.append(
-            Problem(
-                INFO,
-                "distro",
-                f"the {distro['name']!r} distro is found first, so its defaults apply, not ours",
-                f"set OTEL_PYTHON_DISTRO={OUR_DISTRO} to use ours",
-            )
+        add(
+            INFO,
+            "distro",
+            f"the {distro['name']!r} distro is found first, so its defaults apply, not ours",
+            f"set OTEL_PYTHON_DISTRO={OUR_DISTRO} to use ours",
         )
 
     configurators = _entry_points("opentelemetry_configurator")
     requested_configurator = settings.PYTHON_CONFIGURATOR.raw(effective)
     configurator = _first_found(configurators, requested_configurator)
     if configurator is None:
-        problems.append(
-            Problem(
-                ERROR,
-                "configurator",
-                (
-                    f"OTEL_PYTHON_CONFIGURATOR={requested_configurator!r} names no installed configurator"
-                    if requested_configurator
-                    else "no OpenTelemetry configurator is installed"
-                )
-                + ": no tracer provider is built, so no span is recorded",
-                f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR} "
-                "(pip install gym-autoinstr in the environment that runs Gym)",
+        add(
+            ERROR,
+            "configurator",
+            (
+                f"OTEL_PYTHON_CONFIGURATOR={requested_configurator!r} names no installed configurator"
+                if requested_configurator
+                else "no OpenTelemetry configurator is installed"
             )
+            + ": no tracer provider is built, so no span is recorded",
+            f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR} "
+            "(pip install gym-autoinstr in the environment that runs Gym)",
         )
     elif configurator["name"] != OUR_CONFIGURATOR:
-        problems.append(
-            Problem(
-                WARNING,
-                "configurator",
-                f"the {configurator['name']!r} configurator builds the SDK: Gym identity is added to it, "
-                "but Ray's daemons export too, a missing exporter package is not worked around, "
-                "and the exit flush is not time-boxed",
-                f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR}",
-            )
+        add(
+            WARNING,
+            "configurator",
+            f"the {configurator['name']!r} configurator builds the SDK: Gym identity is added to it, "
+            "but Ray's daemons export too, a missing exporter package is not worked around, "
+            "and the exit flush is not time-boxed",
+            f"set OTEL_PYTHON_CONFIGURATOR={OUR_CONFIGURATOR}",
         )
 
     instrumentors = _entry_points("opentelemetry_instrumentor")
@@ -120,23 +116,19 @@ def startup(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str],
     ]
     ours = [i for i in instrumentors if i["name"] == OUR_INSTRUMENTOR]
     if not ours:
-        problems.append(
-            Problem(
-                ERROR,
-                "instrumentor",
-                f"no {OUR_INSTRUMENTOR!r} instrumentor is installed: Gym is not patched",
-                "pip install gym-autoinstr in the environment that runs Gym (and in every Gym server venv)",
-            )
+        add(
+            ERROR,
+            "instrumentor",
+            f"no {OUR_INSTRUMENTOR!r} instrumentor is installed: Gym is not patched",
+            "pip install gym-autoinstr in the environment that runs Gym (and in every Gym server venv)",
         )
     elif OUR_INSTRUMENTOR in disabled or "*" in disabled:
-        problems.append(
-            Problem(
-                ERROR,
-                "instrumentor",
-                f"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS={effective['OTEL_PYTHON_DISABLED_INSTRUMENTATIONS']!r} "
-                f"turns off the {OUR_INSTRUMENTOR!r} instrumentor",
-                f"remove {OUR_INSTRUMENTOR!r} (or '*') from OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
-            )
+        add(
+            ERROR,
+            "instrumentor",
+            f"OTEL_PYTHON_DISABLED_INSTRUMENTATIONS={effective['OTEL_PYTHON_DISABLED_INSTRUMENTATIONS']!r} "
+            f"turns off the {OUR_INSTRUMENTOR!r} instrumentor",
+            f"remove {OUR_INSTRUMENTOR!r} (or '*') from OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
         )
     section = {
         "distro": {"requested": requested_distro, "selected": distro["name"] if distro else None, "installed": distros},
