@@ -79,3 +79,13 @@ REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+# Ray: where a Gym task ran (``advice/ray_worker.py``) and which actor a worker is (``ray_actor``)
+RAY_TASK_FUNCTION = "ray.task.function"
+RAY_TASK_ID = "ray.task.id"
+RAY_TASK_WAIT = "ray.task.wait.duration"  # seconds between submission and the start of execution
+RAY_NODE_ID = "ray.node.id"
+RAY_WORKER_ID = "ray.worker.id"
+RAY_ACTOR_ID = "ray.actor.id"
+RAY_ACTOR_NAME = "ray.actor.name"
+RAY_JOB_ID = "ray.job.id"

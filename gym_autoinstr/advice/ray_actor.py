@@ -31,6 +31,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr import settings
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice.guard import guarded_advice
@@ -92,6 +93,28 @@ def _promote() -> bool:
     return _promoted
 
 
+_RUNTIME_GETTERS = {
+    attr.RAY_TASK_ID: "get_task_id",
+    attr.RAY_NODE_ID: "get_node_id",
+    attr.RAY_WORKER_ID: "get_worker_id",
+    attr.RAY_ACTOR_ID: "get_actor_id",
+    attr.RAY_JOB_ID: "get_job_id",
+}
+
+
+def runtime_ids(context: Any, keys: tuple[str, ...]) -> dict[str, str]:
+    """The ids Ray's runtime ``context`` has of ``keys`` (``attributes.RAY_*``), as text."""
+    found = {}
+    for key in keys:
+        try:
+            value = getattr(context, _RUNTIME_GETTERS[key])()
+        except Exception:
+            value = None
+        if value:
+            found[key] = str(value)
+    return found
+
+
 def ray_actor_attributes() -> dict[str, Any]:
     """Which actor, shard and node this worker is: resource attributes (no argument,
     config or environment value of Gym's)."""
@@ -107,22 +130,12 @@ def ray_actor_attributes() -> dict[str, Any]:
         import ray
 
         context = ray.get_runtime_context()
-        for key, getter in (
-            ("ray.node.id", "get_node_id"),
-            ("ray.job.id", "get_job_id"),
-            ("ray.actor.id", "get_actor_id"),
-        ):
-            try:
-                value = getattr(context, getter)()
-            except Exception:
-                value = None
-            if value:
-                attributes[key] = str(value)
-        actor_id = attributes.get("ray.actor.id")
+        attributes.update(runtime_ids(context, (attr.RAY_NODE_ID, attr.RAY_JOB_ID, attr.RAY_ACTOR_ID)))
+        actor_id = attributes.get(attr.RAY_ACTOR_ID)
         get_name = getattr(context, "get_actor_name", None)
         actor_name = get_name() if get_name is not None and actor_id else None
         if actor_name:
-            attributes["ray.actor.name"] = str(actor_name)
+            attributes[attr.RAY_ACTOR_NAME] = str(actor_name)
     except Exception as error:
         warn_once("ray_actor:context", "Ray's runtime context is unavailable here (%r); no actor or node id.", error)
 

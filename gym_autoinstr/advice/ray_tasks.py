@@ -54,11 +54,11 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr._log import logger, warn_once
 from gym_autoinstr.advice import coexistence, ray_actor
 from gym_autoinstr.advice.guard import guarded_advice
 from gym_autoinstr.advice.ray_carrier import CARRIER, call_parts, signature_with_carrier, stand_in, with_call_kwargs
-from gym_autoinstr.advice.ray_worker import ACTOR_ID, FUNCTION, TASK_ID
 from gym_autoinstr.advice.ray_worker import function_name as _function_name
 from gym_autoinstr.fastpath import context_ops
 from gym_autoinstr.telemetry import groups
@@ -209,7 +209,7 @@ def _submit(wrapped: Any, prepared: tuple[Any, tuple, dict]) -> Any:
     try:
         task_id = _refs_task_id(result)
         if task_id:
-            span.set_attribute(TASK_ID, task_id)
+            span.set_attribute(attr.RAY_TASK_ID, task_id)
     except Exception:
         pass
     span.end()
@@ -253,7 +253,7 @@ def remote_function_advice(instance: Any) -> tuple[str, dict] | None:
         return None
     function = instance._function
     name = _function_name(getattr(function, "__wrapped__", function))
-    return getattr(function, "__qualname__", name), {FUNCTION: name}
+    return getattr(function, "__qualname__", name), {attr.RAY_TASK_FUNCTION: name}
 
 
 # --- actors ---------------------------------------------------------------------------
@@ -379,10 +379,10 @@ def actor_method_advice(instance: Any) -> tuple[str, dict] | None:
     descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
     class_name = getattr(descriptor, "class_name", None) or "actor"
     method = f"{class_name}.{instance.__dict__.get('_method_name', '?')}"
-    attributes = {FUNCTION: f"{getattr(descriptor, 'module_name', '?')}.{method}"}
+    attributes = {attr.RAY_TASK_FUNCTION: f"{getattr(descriptor, 'module_name', '?')}.{method}"}
     actor_id = getattr(handle, "_ray_actor_id", None)
     if actor_id is not None:
-        attributes[ACTOR_ID] = actor_id.hex()
+        attributes[attr.RAY_ACTOR_ID] = actor_id.hex()
     return method, attributes
 
 
@@ -434,14 +434,14 @@ def client_call_advice(instance: Any) -> tuple[str, dict] | None:
     if kind == "ClientRemoteFunc":
         function = stub.__dict__.get("_func")
         unwrapped = getattr(function, "__wrapped__", function)
-        attributes = {FUNCTION: _function_name(unwrapped)}
+        attributes = {attr.RAY_TASK_FUNCTION: _function_name(unwrapped)}
         name = getattr(unwrapped, "__qualname__", "?")
     else:
         # The client's actor handle knows its methods, not its class's name.
         name = stub.__dict__.get("_method_name", "?")
-        attributes = {FUNCTION: name}
+        attributes = {attr.RAY_TASK_FUNCTION: name}
         try:
-            attributes[ACTOR_ID] = stub.__dict__["_actor_handle"].actor_ref.id.hex()
+            attributes[attr.RAY_ACTOR_ID] = stub.__dict__["_actor_handle"].actor_ref.id.hex()
         except Exception:
             pass
     return name, attributes

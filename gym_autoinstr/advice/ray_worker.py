@@ -18,18 +18,10 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr._log import warn_once
 from gym_autoinstr.advice import ray_actor
 from gym_autoinstr.telemetry.spans import mark_error, tracer
-
-FUNCTION = "ray.task.function"
-TASK_ID = "ray.task.id"
-NODE_ID = "ray.node.id"
-WORKER_ID = "ray.worker.id"
-ACTOR_ID = "ray.actor.id"
-JOB_ID = "ray.job.id"
-WAIT = "ray.task.wait.duration"
-WORKER_PID = "process.pid"
 
 
 def function_name(function: Any) -> str:
@@ -38,27 +30,13 @@ def function_name(function: Any) -> str:
 
 
 def _runtime_facts() -> dict:
-    facts: dict[str, Any] = {}
     try:
         import ray
 
-        runtime = ray.get_runtime_context()
-        for key, getter in (
-            (TASK_ID, "get_task_id"),
-            (NODE_ID, "get_node_id"),
-            (WORKER_ID, "get_worker_id"),
-            (ACTOR_ID, "get_actor_id"),
-            (JOB_ID, "get_job_id"),
-        ):
-            try:
-                value = getattr(runtime, getter)()
-            except Exception:
-                value = None
-            if value:
-                facts[key] = str(value)
+        keys = (attr.RAY_TASK_ID, attr.RAY_NODE_ID, attr.RAY_WORKER_ID, attr.RAY_ACTOR_ID, attr.RAY_JOB_ID)
+        return ray_actor.runtime_ids(ray.get_runtime_context(), keys)
     except Exception:
-        pass
-    return facts
+        return {}
 
 
 def _begin(function: Any, carrier: Any) -> tuple[Any, Any] | None:
@@ -68,20 +46,20 @@ def _begin(function: Any, carrier: Any) -> tuple[Any, Any] | None:
 
     facts = _runtime_facts()
     if not configurator.configure_ray_worker(
-        str(carrier.get("server") or "unknown"), dict(carrier.get("settings") or {}), facts.get(NODE_ID)
+        str(carrier.get("server") or "unknown"), dict(carrier.get("settings") or {}), facts.get(attr.RAY_NODE_ID)
     ):
         return None
     parent = propagate.extract(carrier.get("context") or {})
     attributes: dict[str, Any] = {
-        FUNCTION: function_name(function),
+        attr.RAY_TASK_FUNCTION: function_name(function),
         "messaging.system": "ray",
         "messaging.operation.type": "process",
         **facts,
     }
-    attributes[WORKER_PID] = os.getpid()
+    attributes[attr.PROCESS_PID] = os.getpid()
     submitted = carrier.get("submitted")
     if isinstance(submitted, (int, float)):
-        attributes[WAIT] = max(0.0, time.time() - float(submitted))
+        attributes[attr.RAY_TASK_WAIT] = max(0.0, time.time() - float(submitted))
     span = tracer().start_span(
         f"ray.execute {getattr(function, '__qualname__', '?')}",
         context=parent,

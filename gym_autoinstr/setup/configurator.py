@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from gym_autoinstr import settings as env  # the declared variables (a function below takes `settings`)
 from gym_autoinstr._log import logger, warn_once
-from gym_autoinstr.attributes import SERVICE_NAME, SHARD
+from gym_autoinstr.attributes import RAY_NODE_ID, SERVICE_NAME, SHARD
 from gym_autoinstr.fastpath import batching, contract, parts
 from gym_autoinstr.setup import files, identity, meters, notes, runs, wind_down
 from gym_autoinstr.setup.flush import WatchedExporter, flush, start_flusher
@@ -318,7 +318,7 @@ def configure_ray_worker(server_name: str, settings: dict[str, str], node_id: st
             if env.SDK_DISABLED.read():
                 STATE.configured_by = ConfiguredBy.DISABLED
                 return False
-            provider = build_tracer_provider(who, extra={"ray.node.id": node_id} if node_id else None)
+            provider = build_tracer_provider(who, extra={RAY_NODE_ID: node_id} if node_id else None)
         finally:
             for name, value in saved.items():
                 if value is None:

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from gym_autoinstr import attributes as attr
 from gym_autoinstr.advice import ray_carrier, ray_tasks
 
 SHADOW = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ray_probe" / "shadow"
@@ -240,7 +241,7 @@ def test_a_ray_client_stub_of_a_traced_function_gets_the_carrier(ray_on, spans):
     assert args == (7,) and set(kwargs) == {ray_tasks.CARRIER}
     (span,) = spans.get_finished_spans()
     assert span.name == "ray.submit plain" and span.kind.name == "PRODUCER"
-    assert span.attributes[ray_tasks.FUNCTION] == f"{__name__}.plain"
+    assert span.attributes[attr.RAY_TASK_FUNCTION] == f"{__name__}.plain"
     assert kwargs[ray_tasks.CARRIER]["context"]["traceparent"].split("-")[2] == format(span.context.span_id, "016x")
     # a call that has it already (converted from a RemoteFunction, whose advice added it)
     seen.clear()

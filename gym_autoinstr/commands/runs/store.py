@@ -234,7 +234,9 @@ def _cached_partials(file: Path, cache: Path) -> dict[str, list] | None:
 
 def _file_partials(path: str, cache: str, keep: bool) -> dict[str, list]:
     found = _cached_partials(Path(path), Path(cache))
-    return found if found is not None else marshal.loads(read_file(path, cache if keep else None))
+    if found is not None:
+        return found
+    return marshal.loads(read_file(path, cache)) if keep else segment_partials(Path(path))
 
 
 def read_run(files: list[str], caches: list[str], keep: bool, table: str, stamps: list) -> bytes:

@@ -36,8 +36,8 @@ KEY_ATTRIBUTES = (
     (attr.MASK_SAMPLE, "masked"),
     (attr.TASK_INDEX, "task"),
     (attr.ROLLOUT_INDEX, "repeat"),
-    ("ray.task.wait.duration", "wait"),
-    ("ray.node.id", "node"),
+    (attr.RAY_TASK_WAIT, "wait"),
+    (attr.RAY_NODE_ID, "node"),
 )
 
 ELLIPSIS = "…"
@@ -45,9 +45,9 @@ UNLIMITED = 1_000_000  # columns: no terminal to fit
 
 
 def _shown(key: str, value: object) -> str:
-    if key == "ray.task.wait.duration" and isinstance(value, (int, float)):
+    if key == attr.RAY_TASK_WAIT and isinstance(value, (int, float)):
         return f"{value * 1000:.1f}ms"  # how long the Ray task waited to start
-    if key == "ray.node.id":
+    if key == attr.RAY_NODE_ID:
         return str(value)[:8]
     return str(value)
 
